@@ -1,0 +1,49 @@
+"""Tree-GRPO / DAPO objectives as pure tensor functions (DeepSearch §3.3, Eq. 13-15; DAPO).
+
+Data flow: the search gives each step node a raw value q; `trajectory_step_scores` turns
+a trajectory's path into per-step token scores (soft clip, terminal reward, overlong);
+`tree_grpo_advantages` subtracts the tree's mean final score; `per_token` spreads the
+step advantages over tokens; the module computes `token_logprobs` and `policy_loss`.
+"""
+
+from flywheel.objectives.advantages import (
+    dapo_advantages,
+    group_baseline,
+    per_token,
+    tree_grpo_advantages,
+    tree_grpo_token_advantages,
+)
+from flywheel.objectives.aggregation import aggregate, masked_mean
+from flywheel.objectives.config import Aggregation, KLEstimator, ObjectiveConfig
+from flywheel.objectives.kl import kl_penalty, kl_per_token
+from flywheel.objectives.logprobs import entropy_from_logits, token_logprobs
+from flywheel.objectives.policy_loss import policy_loss, truncated_importance_weight
+from flywheel.objectives.scores import (
+    node_score,
+    overlong_penalty,
+    soft_clip,
+    trajectory_step_scores,
+)
+
+__all__ = [
+    "Aggregation",
+    "KLEstimator",
+    "ObjectiveConfig",
+    "aggregate",
+    "dapo_advantages",
+    "entropy_from_logits",
+    "group_baseline",
+    "kl_penalty",
+    "kl_per_token",
+    "masked_mean",
+    "node_score",
+    "overlong_penalty",
+    "per_token",
+    "policy_loss",
+    "soft_clip",
+    "token_logprobs",
+    "trajectory_step_scores",
+    "tree_grpo_advantages",
+    "tree_grpo_token_advantages",
+    "truncated_importance_weight",
+]

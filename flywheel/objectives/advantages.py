@@ -1,0 +1,156 @@
+"""Advantage estimators: Tree-GRPO (node score minus the tree's mean final score) and DAPO.
+
+Both subtract the mean FINAL score of a group (the K trajectories of one tree, or the G
+samples of one prompt). With `normalize_std` they also divide by the group's
+POPULATION std (divide by K, not K - 1; as DeepSearch's code, `std(unbiased=False)`)
+plus eps. A group whose final scores are all equal (std 0) is not scaled at all: its
+finals already have advantage 0, and dividing its intermediate-step deviations by eps
+would blow them up to ~1e6 (the official code does divide by std + eps there).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from flywheel.objectives.config import ObjectiveConfig
+
+_D = ObjectiveConfig
+
+
+def group_baseline(
+    final_scores: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    normalize_std: bool = _D.normalize_std,
+    eps: float = _D.adv_eps,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's group mean and divisor: A = (score - mean) / divisor.
+
+    Args:
+        final_scores: [N] final token score of each trajectory (terminal reward + overlong).
+        group_ids: [N] any integer ids; rows with equal ids form a group. None = one group.
+    Returns:
+        mean [N], divisor [N] (1 when `normalize_std` is off or the group's std is 0, else
+        population std + eps).
+    """
+    if final_scores.dim() != 1:
+        raise ValueError(f"final_scores must be 1-D [N], got shape {tuple(final_scores.shape)}")
+    if group_ids is None:
+        group_ids = torch.zeros_like(final_scores, dtype=torch.long)
+    _, inverse = torch.unique(group_ids, return_inverse=True)  # [N] in 0..G-1
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    zeros = final_scores.new_zeros(n_groups)
+    count = zeros.index_add(0, inverse, torch.ones_like(final_scores))  # [G]
+    mean = zeros.index_add(0, inverse, final_scores) / count  # [G]
+    if not normalize_std:
+        return mean[inverse], torch.ones_like(final_scores)
+    var = zeros.index_add(0, inverse, (final_scores - mean[inverse]) ** 2) / count  # [G]
+    std = var.sqrt()
+    divisor = torch.where(std > 0, std + eps, torch.ones_like(std))
+    return mean[inverse], divisor[inverse]
+
+
+def dapo_advantages(
+    rewards: torch.Tensor,
+    group_ids: torch.Tensor | None = None,
+    normalize_std: bool = _D.normalize_std,
+    eps: float = _D.adv_eps,
+) -> torch.Tensor:
+    """Flat group baseline (DAPO / GRPO outcome advantage): A_i = r_i - mean_group(r).
+
+    Every token of sample i gets A_i. With `normalize_std`, divided by the group's
+    population std + eps (GRPO's normalisation; DAPO and DeepSearch use mean-only).
+
+    Args:
+        rewards: [N] outcome score of each sample (reward + overlong).
+        group_ids: [N] prompt id of each sample; None = all N form one group.
+    Returns:
+        [N] advantages.
+    """
+    mean, divisor = group_baseline(rewards, group_ids, normalize_std, eps)
+    return (rewards - mean) / divisor
+
+
+def tree_grpo_advantages(
+    step_scores: Sequence[Sequence[float]],
+    final_scores: Sequence[float] | None = None,
+    normalize_std: bool = _D.normalize_std,
+    eps: float = _D.adv_eps,
+) -> list[list[float]]:
+    """Per-step Tree-GRPO advantages of one tree (DeepSearch Eq. 14-15):
+
+        A_j = score(s_j) - mu_t,   mu_t = mean over the tree's K trajectories of their
+                                          final token score (terminal reward + overlong)
+
+    Args:
+        step_scores: K lists, one per trajectory: the token score of each step
+            (`trajectory_step_scores`: q~(s_j) + overlong(t)). Lengths may differ.
+        final_scores: [K'] the scores mu_t averages; None = the last step score of each of
+            the K trajectories (their terminal). Give it to take the baseline over a
+            different set of trajectories than the ones trained on.
+    Returns:
+        K lists, same lengths as `step_scores`: the advantage of each step, which every
+        token of that step carries (`per_token` spreads it).
+    """
+    if not step_scores or any(len(steps) == 0 for steps in step_scores):
+        raise ValueError("step_scores needs at least one trajectory, each with at least one step")
+    if final_scores is None:
+        final_scores = [steps[-1] for steps in step_scores]
+    finals = torch.tensor(list(final_scores), dtype=torch.float64)  # [K]
+    mean, divisor = group_baseline(finals, None, normalize_std, eps)
+    mu, div = float(mean[0]), float(divisor[0])
+    return [[(score - mu) / div for score in steps] for steps in step_scores]
+
+
+def tree_grpo_token_advantages(
+    token_scores: torch.Tensor,
+    mask: torch.Tensor,
+    group_ids: torch.Tensor,
+    normalize_std: bool = _D.normalize_std,
+    eps: float = _D.adv_eps,
+) -> torch.Tensor:
+    """Tree-GRPO advantages on a padded batch (DeepSearch Eq. 14-15, code layout).
+
+    A row's final score is its score at its last response token. Rows sharing a group id
+    are one tree's K trajectories (or one prompt's samples). With token_scores equal to
+    the outcome score on every token this is exactly DAPO.
+
+    Args:
+        token_scores: [B, T] score of each response token (its step's q~ + overlong).
+        mask: [B, T] 1/True on response tokens; every row needs at least one.
+        group_ids: [B] tree (or prompt) id of each row.
+    Returns:
+        [B, T] advantages, 0 where mask is 0.
+    """
+    if token_scores.shape != mask.shape or token_scores.dim() != 2:
+        raise ValueError(
+            f"token_scores {tuple(token_scores.shape)} and mask {tuple(mask.shape)} must both "
+            "be [B, T]"
+        )
+    valid = mask.bool()
+    if not valid.any(dim=1).all():
+        raise ValueError("every row of mask needs at least one response token (a row is empty)")
+    positions = torch.arange(valid.shape[1], device=valid.device)  # [T]
+    last = torch.where(valid, positions, -1).argmax(dim=1)  # [B] index of last response token
+    finals = token_scores.gather(1, last[:, None]).squeeze(1)  # [B]
+    mean, divisor = group_baseline(finals, group_ids, normalize_std, eps)
+    adv = (token_scores - mean[:, None]) / divisor[:, None]
+    return torch.where(valid, adv, torch.zeros_like(adv))
+
+
+def per_token(step_values: Sequence[float], step_lengths: Sequence[int]) -> list[float]:
+    """Spread one value per step over that step's tokens.
+
+    Args:
+        step_values: [S] one value per step (e.g. its advantage).
+        step_lengths: [S] token count of each step.
+    Returns:
+        [sum(step_lengths)].
+    """
+    if len(step_values) != len(step_lengths):
+        raise ValueError(
+            f"{len(step_values)} step values but {len(step_lengths)} step lengths; give one "
+            "length per step"
+        )
+    return [value for value, n in zip(step_values, step_lengths) for _ in range(n)]

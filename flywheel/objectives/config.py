@@ -1,0 +1,112 @@
+"""The objective's settings, with the paper's defaults in one place.
+
+Every function in `flywheel.objectives` takes its defaults from this class
+(`clip_low: float = ObjectiveConfig.clip_low`), so a default is written once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, NoReturn
+
+Aggregation = Literal["token_mean", "step_mean", "sequence_mean"]
+"""How per-token losses become one scalar (see `flywheel.objectives.aggregation`)."""
+
+KLEstimator = Literal["k1", "k2", "k3"]
+"""Schulman's estimators of KL(pi_theta || pi_ref) from samples of pi_theta."""
+
+AGGREGATIONS: tuple[str, ...] = ("token_mean", "step_mean", "sequence_mean")
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+
+@dataclass(frozen=True)
+class ObjectiveConfig:
+    """Tree-GRPO / DAPO objective settings (DeepSearch paper and code defaults).
+
+    Args:
+        clip_low: PPO lower clip, rho >= 1 - clip_low (DAPO clip-higher: 0.2).
+        clip_high: PPO upper clip, rho <= 1 + clip_high (DAPO clip-higher: 0.28).
+        dual_clip: for A < 0 the per-token loss is capped at -A * dual_clip (dual-clip
+            PPO, Ye et al. 2020; DeepSearch code: 10). `math.inf` turns it off.
+        aggregation: "token_mean" (mean over every response token of the mini-batch; the
+            code's default), "step_mean" (the paper's per-step 1/|s_j| normalisation) or
+            "sequence_mean" (per-sequence mean, then mean over sequences).
+        normalize_std: divide advantages by (population std + adv_eps) of the group's final
+            scores. Off by default: the paper's Table 4 found mean-only better.
+        adv_eps: the epsilon added to the std when `normalize_std` is on.
+        eps_q: soft-clip temperature, q~ = tanh(q / eps_q) * q_max (paper Eq. 13).
+        q_max: soft-clip magnitude.
+        kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
+            model at all (the paper's setting).
+        kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
+        use_overlong_penalty: add the DAPO overlong penalty to every token score of a
+            trajectory (DeepSearch code does).
+        overlong_max_len: L_max, the response budget in tokens.
+        overlong_buffer: L_buf; the penalty ramps from 0 at L_max - L_buf to -1 at L_max.
+        tis_cap: cap C of the truncated importance weight min(pi_old / pi_behaviour, C),
+            used when the old log-probs come from the generator (see
+            `truncated_importance_weight`).
+    """
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+    dual_clip: float = 10.0
+    aggregation: Aggregation = "token_mean"
+    normalize_std: bool = False
+    adv_eps: float = 1e-6
+    eps_q: float = 1.0
+    q_max: float = 1.0
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    use_overlong_penalty: bool = True
+    overlong_max_len: int = 16384
+    overlong_buffer: int = 4096
+    tis_cap: float = 2.0
+
+    def __post_init__(self) -> None:
+        def fail(field: str, why: str, fix: str) -> NoReturn:
+            raise ValueError(
+                f"ObjectiveConfig.{field}={getattr(self, field)!r} is invalid: {why}. {fix}"
+            )
+
+        if not 0.0 <= self.clip_low < 1.0:
+            fail("clip_low", "the lower ratio bound 1 - clip_low must stay in (0, 1]",
+                 "Set `clip_low` in [0, 1), e.g. 0.2 (the paper's value).")
+        if self.clip_high < 0.0:
+            fail("clip_high", "the upper ratio bound 1 + clip_high must be >= 1",
+                 "Set `clip_high` >= 0, e.g. 0.28 (DAPO clip-higher).")
+        if not self.dual_clip > 1.0 + self.clip_high:
+            fail("dual_clip",
+                 f"the dual-clip cap must lie above the upper clip bound 1 + clip_high = "
+                 f"{1.0 + self.clip_high}, or it would cap losses PPO keeps",
+                 "Set `dual_clip` > 1 + clip_high, e.g. 10.0 (the paper's value), or "
+                 "math.inf to turn it off.")
+        if self.aggregation not in AGGREGATIONS:
+            fail("aggregation", f"it must be one of {AGGREGATIONS}",
+                 "Set `aggregation` to 'token_mean' (the default) or another listed mode.")
+        if not self.adv_eps > 0.0:
+            fail("adv_eps", "the std divisor std + adv_eps needs a positive epsilon",
+                 "Set `adv_eps` > 0, e.g. 1e-6.")
+        if not self.eps_q > 0.0:
+            fail("eps_q", "the soft clip divides q by eps_q",
+                 "Set `eps_q` > 0, e.g. 1.0 (the paper's value).")
+        if not self.q_max > 0.0:
+            fail("q_max", "the soft clip scales tanh by q_max; <= 0 would flip or erase scores",
+                 "Set `q_max` > 0, e.g. 1.0 (the paper's value).")
+        if self.kl_coef < 0.0:
+            fail("kl_coef", "a negative coefficient would reward drifting from the reference",
+                 "Set `kl_coef` >= 0 (0 = no KL, the paper's setting).")
+        if self.kl_estimator not in KL_ESTIMATORS:
+            fail("kl_estimator", f"it must be one of {KL_ESTIMATORS}",
+                 "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
+        if self.overlong_max_len < 1:
+            fail("overlong_max_len", "the response budget must be at least one token",
+                 "Set `overlong_max_len` to the generator's max response tokens, e.g. 16384.")
+        if not 0 < self.overlong_buffer <= self.overlong_max_len:
+            fail("overlong_buffer",
+                 f"the penalty ramp must have a positive width not above overlong_max_len="
+                 f"{self.overlong_max_len}",
+                 "Set `overlong_buffer` in (0, overlong_max_len], e.g. 4096 (a quarter of it).")
+        if not self.tis_cap >= 1.0:
+            fail("tis_cap", "a cap below 1 would down-weight even on-policy tokens",
+                 "Set `tis_cap` >= 1, e.g. 2.0.")

@@ -1,0 +1,523 @@
+"""Hand-worked checks of flywheel.objectives: every expected value is derived in a comment."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flywheel.objectives import (
+    ObjectiveConfig,
+    aggregate,
+    dapo_advantages,
+    entropy_from_logits,
+    kl_penalty,
+    kl_per_token,
+    node_score,
+    overlong_penalty,
+    per_token,
+    policy_loss,
+    soft_clip,
+    token_logprobs,
+    trajectory_step_scores,
+    tree_grpo_advantages,
+    tree_grpo_token_advantages,
+    truncated_importance_weight,
+)
+from flywheel.objectives import logprobs as logprobs_module
+
+approx = pytest.approx
+
+
+# ---------------------------------------------------------------- soft clip, scores
+
+def test_soft_clip_values():
+    # tanh(1) = 0.76159; tanh(0) = 0; tanh(-2 / 2) * 0.5 = -0.76159 * 0.5 = -0.38080
+    assert soft_clip(1.0) == approx(0.761594, abs=1e-6)
+    assert soft_clip(0.0) == 0.0
+    assert soft_clip(-2.0, eps_q=2.0, q_max=0.5) == approx(-0.380797, abs=1e-6)
+    # a sum of many backups, q = 5, stays below q_max: tanh(5) = 0.99991
+    assert soft_clip(5.0) == approx(0.999909, abs=1e-6)
+
+
+def test_soft_clip_tensor_matches_float():
+    q = torch.tensor([-3.0, -0.5, 0.0, 0.5, 3.0])
+    expected = [soft_clip(float(v)) for v in q]
+    assert soft_clip(q).tolist() == approx(expected, abs=1e-6)
+
+
+def test_node_score_keeps_terminal_reward():
+    # a terminal keeps its reward exactly (+1, not tanh(1) = 0.7616); an intermediate
+    # node with the same q is soft-clipped
+    assert node_score(1.0, terminal=True) == 1.0
+    assert node_score(-1.0, terminal=True) == -1.0
+    assert node_score(1.0, terminal=False) == approx(0.761594, abs=1e-6)
+    q = torch.tensor([1.0, 1.0, -2.0])
+    terminal = torch.tensor([True, False, False])
+    # [1, tanh(1), tanh(-2)] = [1, 0.76159, -0.96403]
+    assert node_score(q, terminal).tolist() == approx([1.0, 0.761594, -0.964028], abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (0, 0.0),  # far below the ramp
+        (12288, 0.0),  # L_max - L_buf = 16384 - 4096: the ramp starts here, still 0
+        (14336, -0.5),  # -(14336 - 12288) / 4096 = -2048 / 4096
+        (16384, -1.0),  # -(16384 - 12288) / 4096 = -1
+        (20480, -2.0),  # formula as written keeps falling past L_max: -8192 / 4096
+    ],
+)
+def test_overlong_penalty(length, expected):
+    assert overlong_penalty(length) == approx(expected)
+    assert overlong_penalty(torch.tensor([length])).tolist() == approx([expected])
+
+
+def test_overlong_penalty_small_budget():
+    # L_max = 100, L_buf = 20: ramp from 80; L = 90 -> -(90 - 80) / 20 = -0.5
+    assert overlong_penalty(90, max_len=100, buffer=20) == approx(-0.5)
+
+
+def test_trajectory_step_scores():
+    # path q = [0.5, -0.3, +1 (terminal)], 14336 tokens -> overlong -0.5 on every step:
+    # [tanh(0.5) - 0.5, tanh(-0.3) - 0.5, 1 - 0.5] = [0.46212 - 0.5, -0.29131 - 0.5, 0.5]
+    scores = trajectory_step_scores([0.5, -0.3, 1.0], response_len=14336)
+    assert scores == approx([-0.037883, -0.791313, 0.5], abs=1e-6)
+    off = ObjectiveConfig(use_overlong_penalty=False)
+    no_penalty = trajectory_step_scores([0.5, -0.3, 1.0], 14336, off)
+    assert no_penalty == approx([0.462117, -0.291313, 1.0], abs=1e-6)
+    # a mixed-rollout sample: one step holding its outcome reward, short -> no penalty
+    assert trajectory_step_scores([-1.0], response_len=300) == [-1.0]
+    with pytest.raises(ValueError, match="at least its terminal"):
+        trajectory_step_scores([], 10)
+
+
+# ---------------------------------------------------------------- advantages
+
+# One tree, K = 3 trajectories (step token scores, overlong 0):
+#   t1: [0.5, 1.0]          correct
+#   t2: [0.5, -0.2, -1.0]   incorrect, shares its first step with t1
+#   t3: [-0.6, -1.0]        incorrect
+# finals [1, -1, -1] -> mu = -1/3
+TREE = [[0.5, 1.0], [0.5, -0.2, -1.0], [-0.6, -1.0]]
+
+
+def test_tree_grpo_advantages_mean_only():
+    adv = tree_grpo_advantages(TREE)
+    # t1: [0.5 + 1/3, 1 + 1/3] = [0.8333, 1.3333]
+    # t2: [0.8333, -0.2 + 1/3, -1 + 1/3] = [0.8333, 0.1333, -0.6667]
+    # t3: [-0.6 + 1/3, -0.6667] = [-0.2667, -0.6667]
+    assert adv[0] == approx([0.833333, 1.333333], abs=1e-6)
+    assert adv[1] == approx([0.833333, 0.133333, -0.666667], abs=1e-6)
+    assert adv[2] == approx([-0.266667, -0.666667], abs=1e-6)
+    # signs: the correct terminal and the step on the correct path are pushed up, the
+    # incorrect terminals down; a weak step of a failed path is still above mu
+    assert adv[0][1] > 0 and adv[1][2] < 0 and adv[2][1] < 0 and adv[1][1] > 0
+
+
+def test_tree_grpo_advantages_std_is_population_std():
+    adv = tree_grpo_advantages(TREE, normalize_std=True)
+    # finals [1, -1, -1], mean -1/3; population var = ((4/3)^2 + 2 (2/3)^2) / 3 = 8/9,
+    # std = 0.94281 (the sample std would be sqrt(4/3) = 1.1547)
+    # t1 final: (4/3) / (0.94281 + 1e-6) = 1.41421 = sqrt(2)
+    assert adv[0][1] == approx(math.sqrt(2), abs=1e-5)
+    # t3 first step: (-0.6 + 1/3) / 0.94281 = -0.28284
+    assert adv[2][0] == approx(-0.282843, abs=1e-5)
+
+
+def test_tree_grpo_std_switch_leaves_all_equal_group_unscaled():
+    # all trajectories failed: finals [-1, -1], std 0. Intermediate step 0.29 above mu
+    # keeps A = -0.29 + 1 = 0.71 instead of 0.71 / 1e-6
+    adv = tree_grpo_advantages([[-0.29, -1.0], [-1.0]], normalize_std=True)
+    assert adv == [approx([0.71, 0.0]), approx([0.0])]
+
+
+def test_tree_grpo_explicit_final_scores():
+    # baseline over finals [1, 0] (mu = 0.5) while training one trajectory
+    assert tree_grpo_advantages([[0.25, 1.0]], final_scores=[1.0, 0.0]) == [approx([-0.25, 0.5])]
+
+
+def test_dapo_advantages():
+    # [1, -1, -1, -1]: mean -0.5 -> [1.5, -0.5, -0.5, -0.5]
+    r = torch.tensor([1.0, -1.0, -1.0, -1.0])
+    assert dapo_advantages(r).tolist() == approx([1.5, -0.5, -0.5, -0.5])
+    # std: population var = (1.5^2 + 3 * 0.5^2) / 4 = 0.75, std 0.86603
+    # -> [1.5 / 0.86603, -0.5 / 0.86603] = [1.73205 (sqrt 3), -0.57735]
+    adv = dapo_advantages(r, normalize_std=True)
+    assert adv.tolist() == approx([1.732049, -0.577350, -0.577350, -0.577350], abs=1e-5)
+
+
+def test_dapo_advantages_groups():
+    # group 7: [1, -1] mean 0 -> [1, -1]; group 3: [1, 1] mean 1 -> [0, 0] (with std on
+    # too: std 0 leaves the group unscaled, no 0/0)
+    r = torch.tensor([1.0, -1.0, 1.0, 1.0])
+    g = torch.tensor([7, 7, 3, 3])
+    assert dapo_advantages(r, g).tolist() == [1.0, -1.0, 0.0, 0.0]
+    # group 7 std = 1 -> (1 / (1 + 1e-6)) ~ 1
+    adv = dapo_advantages(r, g, normalize_std=True)
+    assert adv.tolist() == approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
+
+
+def test_tree_grpo_with_terminal_reward_everywhere_is_dapo():
+    # Replace every node's score by its trajectory's final score (reward + overlong):
+    # A_j = r_t - mu = the DAPO advantage of trajectory t, on every step.
+    finals = [1.0 - 0.25, -1.0, -1.0 - 0.5, 1.0]
+    steps = [3, 1, 4, 2]
+    tree = [[f] * n for f, n in zip(finals, steps)]
+    for normalize_std in (False, True):
+        rewards = torch.tensor(finals, dtype=torch.float64)
+        flat = dapo_advantages(rewards, normalize_std=normalize_std)
+        adv = tree_grpo_advantages(tree, normalize_std=normalize_std)
+        assert adv == [approx([float(a)] * n) for a, n in zip(flat, steps)]
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([-1.0, 1.0]), st.floats(-1.0, 0.0), st.integers(1, 5)),
+        min_size=1,
+        max_size=8,
+    ),
+    st.booleans(),
+)
+def test_tree_grpo_equals_dapo_property(trajectories, normalize_std):
+    finals = [r + overlong for r, overlong, _ in trajectories]
+    tree = [[f] * n for f, (_, _, n) in zip(finals, trajectories)]
+    flat = dapo_advantages(torch.tensor(finals, dtype=torch.float64), normalize_std=normalize_std)
+    for steps, a in zip(tree_grpo_advantages(tree, normalize_std=normalize_std), flat.tolist()):
+        assert steps == approx([a] * len(steps), abs=1e-9)
+
+
+def test_tree_grpo_token_advantages_matches_list_version():
+    # TREE with step lengths t1: [2, 1], t2: [1, 2, 1], t3: [3, 1]; a second tree
+    # (group 9) of two one-step trajectories [1.0], [0.0] -> mu 0.5 -> [0.5], [-0.5]
+    lengths = [[2, 1], [1, 2, 1], [3, 1]]
+    rows = [per_token(s, n) for s, n in zip(TREE, lengths)] + [[1.0] * 2, [0.0] * 3]
+    T = max(len(r) for r in rows)
+    scores = torch.full((len(rows), T), float("nan"))  # padding holds garbage
+    mask = torch.zeros(len(rows), T, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        scores[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = True
+    adv = tree_grpo_token_advantages(scores, mask, torch.tensor([4, 4, 4, 9, 9]))
+    expected = [per_token(a, n) for a, n in zip(tree_grpo_advantages(TREE), lengths)]
+    expected += [[0.5] * 2, [-0.5] * 3]
+    for i, row in enumerate(expected):
+        assert adv[i, : len(row)].tolist() == approx(row, abs=1e-6)
+        assert adv[i, len(row):].eq(0).all()  # padding -> 0, not NaN
+
+
+def test_tree_grpo_token_advantages_rejects_empty_row():
+    with pytest.raises(ValueError, match="at least one response token"):
+        mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
+        tree_grpo_token_advantages(torch.zeros(2, 3), mask, torch.tensor([0, 0]))
+
+
+def test_per_token():
+    assert per_token([0.5, -1.0], [2, 1]) == [0.5, 0.5, -1.0]
+    with pytest.raises(ValueError, match="one length per step"):
+        per_token([0.5], [2, 1])
+
+
+# ---------------------------------------------------------------- policy loss
+
+def _one_token(rho: float, adv: float, **kwargs):
+    """Loss and d loss / d logprob for a single response token with ratio rho."""
+    lp = torch.tensor([[math.log(rho)]], requires_grad=True)
+    old, mask = torch.zeros(1, 1), torch.ones(1, 1)
+    loss, stats = policy_loss(lp, old, torch.tensor([[adv]]), mask, **kwargs)
+    loss.backward()
+    return loss.item(), lp.grad.item(), stats
+
+
+@pytest.mark.parametrize(
+    "rho, adv, loss, grad, clipped",
+    [
+        # A = +1, rho = e = 2.718: unclipped -2.718, clip(rho) = 1.28 -> -1.28;
+        # max(-2.718, -1.28) = -1.28 (constant: no gradient), upper clip engaged
+        (math.e, 1.0, -1.28, 0.0, "clip_frac_high"),
+        # A = +1, rho = 0.5: unclipped -0.5, clip(rho) = 0.8 -> -0.8; max = -0.5.
+        # No clip for A > 0 below 1: grad = d(-A rho)/d lp = -A rho = -0.5
+        (0.5, 1.0, -0.5, -0.5, None),
+        # A = -1, rho = 0.5: unclipped 0.5, clipped 0.8; max = 0.8, lower clip engaged
+        (0.5, -1.0, 0.8, 0.0, "clip_frac_low"),
+        # A = -1, rho = 1.2 (inside [0.8, 1.28]): L = 1.2, grad = -A rho = 1.2
+        (1.2, -1.0, 1.2, 1.2, None),
+        # A = -1, rho = 5: unclipped 5, clipped 1.28; max = 5 < dual cap 10 -> 5, grad 5
+        (5.0, -1.0, 5.0, 5.0, None),
+        # A = -1, rho = 20: unclipped 20, clipped 1.28; max = 20; dual clip
+        # min(20, -A * 10) = 10 (constant: no gradient)
+        (20.0, -1.0, 10.0, 0.0, "dual_clip_frac"),
+        # A = -2, rho = 1.5: unclipped 3, clipped 2 * 1.28 = 2.56; max 3 < cap 20; grad 3
+        (1.5, -2.0, 3.0, 3.0, None),
+        # A = 0: no loss, no gradient
+        (3.0, 0.0, 0.0, 0.0, None),
+    ],
+)
+def test_policy_loss_single_token(rho, adv, loss, grad, clipped):
+    got_loss, got_grad, stats = _one_token(rho, adv)
+    assert got_loss == approx(loss, abs=1e-5)
+    assert got_grad == approx(grad, abs=1e-5)
+    for name in ("clip_frac_low", "clip_frac_high", "dual_clip_frac"):
+        assert stats[name].item() == (1.0 if name == clipped else 0.0), name
+
+
+def test_policy_loss_clip_settings():
+    # clip_high 0.5: A = +1, rho = e -> clip to 1.5, L = -1.5
+    assert _one_token(math.e, 1.0, clip_high=0.5)[0] == approx(-1.5)
+    # dual_clip 4: A = -1, rho = 5 -> min(5, 4) = 4
+    assert _one_token(5.0, -1.0, dual_clip=4.0)[0] == approx(4.0)
+    # dual clip off: A = -1, rho = 20 -> 20
+    assert _one_token(20.0, -1.0, dual_clip=math.inf)[0] == approx(20.0)
+
+
+def test_policy_loss_stats():
+    # rho = e, A = +1: ratio_mean e; approx_kl (k3) = e - 1 - 1 = 0.71828
+    _, _, stats = _one_token(math.e, 1.0)
+    assert stats["ratio_mean"].item() == approx(math.e, rel=1e-6)
+    assert stats["approx_kl"].item() == approx(math.e - 2.0, rel=1e-6)
+    assert all(not v.requires_grad for v in stats.values())
+
+
+def test_policy_loss_huge_log_ratio_is_finite():
+    # log rho = 1000 would overflow exp; clamped to 20: A = -1 -> dual clip -> 10
+    lp = torch.tensor([[1000.0, -1000.0]], requires_grad=True)
+    loss, stats = policy_loss(lp, torch.zeros(1, 2), torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2))
+    loss.backward()
+    # token 1: rho = exp(-20) ~ 0, A = +1: max(-0, -0.8) = 0. Mean (10 + 0) / 2 = 5
+    assert loss.item() == approx(5.0, abs=1e-6)
+    assert torch.isfinite(lp.grad).all() and torch.isfinite(stats["ratio_mean"])
+
+
+# Aggregation example, per-token losses (NaN at padding):
+#   row 0: [1, 2, 4, pad]  steps [0, 0, 1]
+#   row 1: [3, 6, pad, pad] steps [0, 1]
+# token_mean    = (1 + 2 + 4 + 3 + 6) / 5                 = 16 / 5   = 3.2
+# sequence_mean = ((1 + 2 + 4) / 3 + (3 + 6) / 2) / 2      = (2.3333 + 4.5) / 2 = 3.41667
+# step_mean     = ((1 + 2) / 2 + 4 + 3 + 6) / 4           = 14.5 / 4 = 3.625
+LOSSES = torch.tensor([[1.0, 2.0, 4.0, float("nan")], [3.0, 6.0, float("nan"), float("nan")]])
+MASK = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+STEPS = torch.tensor([[0, 0, 1, -1], [0, 1, -1, -1]])
+EXPECTED = {"token_mean": 3.2, "sequence_mean": 3.416667, "step_mean": 3.625}
+
+
+@pytest.mark.parametrize("aggregation", sorted(EXPECTED))
+def test_aggregation_modes(aggregation):
+    loss = aggregate(LOSSES, MASK, aggregation, STEPS)
+    assert loss.item() == approx(EXPECTED[aggregation], abs=1e-5)
+
+
+@pytest.mark.parametrize("aggregation", sorted(EXPECTED))
+def test_policy_loss_aggregation_modes(aggregation):
+    # rho = 1 (logprobs = old) makes the per-token loss -A, so A = -LOSSES gives LOSSES
+    lp = torch.zeros(2, 4)
+    loss, _ = policy_loss(lp, lp, -LOSSES, MASK, aggregation=aggregation, step_ids=STEPS)
+    assert loss.item() == approx(EXPECTED[aggregation], abs=1e-5)
+
+
+def test_step_ids_need_not_be_contiguous():
+    # row 0 steps [3, 3, 7] are the same two steps as [0, 0, 1]: still 3.625
+    steps = torch.tensor([[3, 3, 7, -1], [0, 1, -1, -1]])
+    assert aggregate(LOSSES, MASK, "step_mean", steps).item() == approx(3.625)
+
+
+def test_aggregation_denominator():
+    # token_mean over a micro-batch whose mini-batch has 10 tokens: 16 / 10
+    assert aggregate(LOSSES, MASK, "token_mean", denominator=10).item() == approx(1.6)
+
+
+def test_aggregation_errors():
+    with pytest.raises(ValueError, match="needs step_ids"):
+        aggregate(LOSSES, MASK, "step_mean")
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(LOSSES, MASK, "sum")
+
+
+def test_token_mean_gradient_by_hand():
+    # two tokens, rho = 1, A = [+1, -1]: L = (-A1 rho1 - A2 rho2) / 2,
+    # d L / d lp_i = -A_i rho_i / 2 = [-0.5, +0.5]
+    lp = torch.zeros(1, 2, requires_grad=True)
+    loss, _ = policy_loss(lp, torch.zeros(1, 2), torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert lp.grad.tolist() == [[-0.5, 0.5]]
+
+
+def test_masked_tokens_add_no_loss_and_no_nan_gradient():
+    # valid tokens: rho = 1, A = [2, -1] -> per-token [-2, 1], token mean -0.5.
+    # Padding holds -inf log-probs (and -inf old, so lp - old = NaN) and NaN advantages.
+    inf, nan = float("inf"), float("nan")
+    lp = torch.tensor([[0.0, -inf], [0.0, -inf]], requires_grad=True)
+    old = torch.tensor([[0.0, 0.0], [0.0, -inf]])
+    adv = torch.tensor([[2.0, nan], [-1.0, nan]])
+    mask = torch.tensor([[True, False], [True, False]])
+    for aggregation in EXPECTED:
+        lp.grad = None
+        steps = torch.zeros(2, 2, dtype=torch.long)
+        loss, stats = policy_loss(lp, old, adv, mask, aggregation=aggregation, step_ids=steps)
+        loss.backward()
+        # every mode gives -0.5 here: two one-token rows, one step each
+        assert loss.item() == approx(-0.5)
+        # d L / d lp = -A rho / 2 = [-1, +0.5] on valid tokens, exactly 0 on padding
+        assert lp.grad.tolist() == [[-1.0, 0.0], [0.5, 0.0]]
+        assert all(torch.isfinite(v) for v in stats.values())
+
+
+@pytest.mark.parametrize("aggregation", sorted(EXPECTED))
+def test_empty_mask_gives_zero_loss(aggregation):
+    lp = torch.zeros(1, 3, requires_grad=True)
+    steps = torch.full((1, 3), -1)
+    loss, stats = policy_loss(
+        lp, torch.zeros(1, 3), torch.ones(1, 3), torch.zeros(1, 3), aggregation=aggregation, step_ids=steps
+    )
+    loss.backward()
+    assert loss.item() == 0.0 and lp.grad.eq(0).all()
+    assert stats["clip_frac_high"].item() == 0.0
+
+
+def test_policy_loss_weights_scale_token_loss():
+    # rho = 1, A = [1, 1] -> per-token [-1, -1]; weights [2, 0.5] -> [-2, -0.5], mean -1.25
+    lp = torch.zeros(1, 2)
+    weights = torch.tensor([[2.0, 0.5]])
+    loss, _ = policy_loss(lp, lp, torch.ones(1, 2), torch.ones(1, 2), weights=weights)
+    assert loss.item() == approx(-1.25)
+
+
+def test_policy_loss_shape_mismatch():
+    with pytest.raises(ValueError, match="share one"):
+        policy_loss(torch.zeros(1, 2), torch.zeros(1, 3), torch.zeros(1, 2), torch.ones(1, 2))
+
+
+def test_truncated_importance_weight():
+    # token 0: pi_old / mu = 1 / 0.25 = 4 -> capped at 2; token 1: 0.5 / 1 = 0.5;
+    # token 2 is padding (NaN inputs) -> 1
+    target = torch.tensor([[0.0, math.log(0.5), float("nan")]], requires_grad=True)
+    behaviour = torch.tensor([[math.log(0.25), 0.0, float("nan")]])
+    w = truncated_importance_weight(target, behaviour, torch.tensor([[1, 1, 0]]), cap=2.0)
+    assert w[0].tolist() == approx([2.0, 0.5, 1.0])
+    assert not w.requires_grad
+
+
+# ---------------------------------------------------------------- KL
+
+def test_kl_zero_when_equal():
+    lp = torch.tensor([[-0.3, -2.0, -5.0]])
+    for kind in ("k1", "k2", "k3"):
+        assert kl_per_token(lp, lp.clone(), torch.ones(1, 3), kind).abs().max().item() == 0.0
+
+
+def test_kl_estimators_by_hand():
+    # lp = 0, ref = log 0.5: d = ref - lp = -0.69315
+    # k1 = -d = 0.69315; k2 = d^2 / 2 = 0.24023; k3 = e^d - d - 1 = 0.5 + 0.69315 - 1 = 0.19315
+    lp, ref, mask = torch.zeros(1, 1), torch.full((1, 1), math.log(0.5)), torch.ones(1, 1)
+    assert kl_per_token(lp, ref, mask, "k1").item() == approx(0.693147, abs=1e-6)
+    assert kl_per_token(lp, ref, mask, "k2").item() == approx(0.240227, abs=1e-6)
+    assert kl_per_token(lp, ref, mask, "k3").item() == approx(0.193147, abs=1e-6)
+    with pytest.raises(ValueError, match="unknown KL estimator"):
+        kl_per_token(lp, ref, mask, "k4")
+
+
+def test_kl_penalty_aggregates_and_ignores_padding():
+    # token 0: k3 = 0.19315 (as above); token 1: equal -> 0; token 2 padding with -inf
+    # token mean over 2 tokens: 0.19315 / 2 = 0.09657, and the gradient stays finite
+    lp = torch.tensor([[0.0, -1.0, -float("inf")]], requires_grad=True)
+    ref = torch.tensor([[math.log(0.5), -1.0, 0.0]])
+    kl = kl_penalty(lp, ref, torch.tensor([[1, 1, 0]]))
+    kl.backward()
+    assert kl.item() == approx(0.096574, abs=1e-6)
+    # d k3 / d lp = -(e^d - 1) = -(0.5 - 1) = 0.5, halved by the mean: 0.25
+    assert lp.grad[0].tolist() == approx([0.25, 0.0, 0.0])
+
+
+# ---------------------------------------------------------------- log-probs, entropy
+
+def test_token_logprobs_by_hand():
+    # logits [0, ln 3] -> p = [1/4, 3/4]; log p(token 1) = ln 0.75 = -0.28768
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert token_logprobs(logits, torch.tensor([[1]])).item() == approx(-0.287682, abs=1e-6)
+    # temperature 2 halves the logits: [0, ln 3 / 2] -> p1 = sqrt3 / (1 + sqrt3) = 0.63397
+    hot = token_logprobs(logits, torch.tensor([[1]]), temperature=2.0)
+    assert hot.item() == approx(math.log(0.633975), abs=1e-6)
+
+
+@pytest.mark.parametrize("chunk_rows", [1024, 3])
+def test_token_logprobs_equals_log_softmax_gather(monkeypatch, chunk_rows):
+    monkeypatch.setattr(logprobs_module, "CHUNK_ROWS", chunk_rows)  # 3: several chunks of 8 rows
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 11, generator=gen, requires_grad=True)
+    ids = torch.randint(0, 11, (2, 4), generator=gen)
+    got = token_logprobs(logits, ids, temperature=0.7)
+    ref = torch.log_softmax(logits / 0.7, dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+    assert torch.allclose(got, ref, atol=1e-6)
+    (g_got,) = torch.autograd.grad(got.sum(), logits)
+    (g_ref,) = torch.autograd.grad(ref.sum(), logits)
+    assert torch.allclose(g_got, g_ref, atol=1e-6)
+
+
+def test_token_logprobs_bf16_in_fp32_out():
+    logits = torch.randn(1, 3, 7, generator=torch.Generator().manual_seed(1)).bfloat16()
+    ids = torch.tensor([[0, 3, 6]])
+    got = token_logprobs(logits, ids)
+    assert got.dtype == torch.float32
+    ref = torch.log_softmax(logits.float(), dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+    assert torch.allclose(got, ref, atol=1e-6)
+
+
+def test_token_logprobs_errors():
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        token_logprobs(torch.zeros(1, 1, 2), torch.zeros(1, 1, dtype=torch.long), 0.0)
+    with pytest.raises(ValueError, match="must match logits"):
+        token_logprobs(torch.zeros(1, 2, 2), torch.zeros(1, 3, dtype=torch.long))
+
+
+def test_entropy_from_logits():
+    # uniform over 4 -> ln 4 = 1.38629; p = [1/4, 3/4] -> -(0.25 ln 0.25 + 0.75 ln 0.75)
+    # = 0.34657 + 0.21576 = 0.56233; [0, 0, -inf] -> uniform over 2 = ln 2, no NaN
+    assert entropy_from_logits(torch.zeros(1, 1, 4)).item() == approx(1.386294, abs=1e-6)
+    skewed = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert entropy_from_logits(skewed).item() == approx(0.562335, abs=1e-6)
+    masked_vocab = torch.tensor([[[0.0, 0.0, -float("inf")]]])
+    assert entropy_from_logits(masked_vocab).item() == approx(0.693147, abs=1e-6)
+
+
+def test_entropy_matches_reference():
+    logits = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(2))
+    p = torch.softmax(logits / 1.5, dim=-1)
+    ref = -(p * torch.log(p)).sum(-1)
+    assert torch.allclose(entropy_from_logits(logits, temperature=1.5), ref, atol=1e-6)
+
+
+# ---------------------------------------------------------------- config
+
+def test_config_defaults_are_the_papers():
+    c = ObjectiveConfig()
+    assert (c.clip_low, c.clip_high, c.dual_clip, c.aggregation) == (0.2, 0.28, 10.0, "token_mean")
+    assert (c.normalize_std, c.eps_q, c.q_max, c.kl_coef) == (False, 1.0, 1.0, 0.0)
+    assert (c.use_overlong_penalty, c.overlong_max_len, c.overlong_buffer) == (True, 16384, 4096)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("clip_low", 1.0),
+        ("clip_low", -0.1),
+        ("clip_high", -0.1),
+        ("dual_clip", 1.2),  # not above 1 + clip_high = 1.28
+        ("aggregation", "sum"),
+        ("adv_eps", 0.0),
+        ("eps_q", 0.0),
+        ("q_max", -1.0),
+        ("kl_coef", -0.1),
+        ("kl_estimator", "k4"),
+        ("overlong_max_len", 0),
+        ("overlong_buffer", 0),
+        ("overlong_buffer", 20000),
+        ("tis_cap", 0.5),
+    ],
+)
+def test_config_validation_names_field_and_fix(field, value):
+    with pytest.raises(ValueError, match=rf"ObjectiveConfig\.{field}=.*Set `{field}`"):
+        ObjectiveConfig(**{field: value})
