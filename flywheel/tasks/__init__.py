@@ -1,5 +1,6 @@
 """Tasks: prompt format, step definition, verifier and problem source, behind one seam."""
 
 from flywheel.tasks.base import Problem, StepSpec, Task
+from flywheel.tasks.countdown import CountdownProblem, CountdownTask
 
-__all__ = ["Problem", "StepSpec", "Task"]
+__all__ = ["CountdownProblem", "CountdownTask", "Problem", "StepSpec", "Task"]

@@ -1,0 +1,263 @@
+"""The Countdown verifier (rest-mcts-and-countdown.md §C, dense reward §B).
+
+The completion is untrusted model output, so the rule is narrow and every bound is explicit:
+
+- the answer is the LAST complete `<answer>...</answer>` block (multi-line allowed); an
+  unclosed trailing tag (a step cut off at its token cap) does not hide an earlier answer;
+- the expression may hold ASCII non-negative integer literals without leading zeros, binary
+  `+ - * /`, unary minus, parentheses and ASCII whitespace; everything else (`**`, `//`, `%`,
+  `^`, `=`, unicode digits or operators, names, calls, LaTeX) is a parse error;
+- a hand-written recursive-descent parser evaluates it over `fractions.Fraction`, so a route
+  through fractions (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
+- the literals must be the given numbers as a multiset: each exactly once, or with
+  `each_number="at_most_once"` each at most once;
+- bounds: the completion length, the answer length, the nesting depth (explicit counter, so
+  no RecursionError) and the bit length of every intermediate value (so a product of huge
+  literals cannot blow up). Every call returns in well under a millisecond or two.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from fractions import Fraction
+from typing import Sequence
+
+from flywheel.rewards import Verdict
+
+__all__ = [
+    "EACH_NUMBER_RULES",
+    "INVALID_EXPRESSION_REWARD",
+    "MAX_ANSWER_CHARS",
+    "MAX_COMPLETION_CHARS",
+    "MAX_DEPTH",
+    "MAX_VALUE_BITS",
+    "extract_answer",
+    "verify",
+]
+
+EACH_NUMBER_RULES = ("exactly_once", "at_most_once")
+MAX_COMPLETION_CHARS = 1_000_000
+"""Longer completions are rejected outright ("too_long"): a bound on the tag search itself."""
+MAX_ANSWER_CHARS = 256
+"""Longest answer expression parsed (stripped); a 4-number answer needs about 20."""
+MAX_DEPTH = 32
+"""Deepest nesting of parentheses plus unary minus ("too_deep")."""
+MAX_VALUE_BITS = 1024
+"""Largest numerator or denominator bit length of any literal or intermediate ("too_big")."""
+INVALID_EXPRESSION_REWARD = -0.9
+"""Dense reward of an answer that is present but unusable (§B: invalid numbers, unevaluable)."""
+
+_OPEN, _CLOSE = "<answer>", "</answer>"
+_WHITESPACE = frozenset(" \t\r\n")
+_SYMBOLS = frozenset("+-*/()")
+_DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit() would accept '٣'
+
+
+class _Reject(Exception):
+    """Ends a parse early; `reason` becomes the Verdict's reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def extract_answer(completion: str) -> str | None:
+    """The stripped text of the last complete `<answer>...</answer>` block, or None.
+
+    >>> extract_answer("<answer>1+2</answer> no, <answer>\\n 3*1 \\n</answer>")
+    '3*1'
+    >>> extract_answer("9*8=72\\n<answer>(9*8)-") is None
+    True
+    """
+    end = completion.rfind(_CLOSE)
+    if end < 0:
+        return None
+    start = completion.rfind(_OPEN, 0, end)
+    if start < 0:
+        return None
+    return completion[start + len(_OPEN) : end].strip()
+
+
+def verify(
+    numbers: Sequence[int],
+    target: int,
+    completion: str,
+    *,
+    each_number: str = "exactly_once",
+    dense: bool = False,
+) -> Verdict:
+    """Grade a Countdown completion: does its last answer use `numbers` and equal `target`?
+
+    `correct` always means an exact match. The reward is +1 / -1 by default; with
+    `dense=True` it is the Countdown reference's shaped reward (§B): 1 - 2 * min(|t - p| / |t|, 1)
+    for a valid expression of value p (so exactly 1.0 when correct), -0.9 for an answer with
+    the wrong numbers or one that cannot be evaluated, -1 for no answer at all. (|t| is taken
+    as 1 when the target is 0.)
+
+    Reasons: "correct", "wrong_value", "no_answer", "too_long", "parse_error", "too_deep",
+    "bad_numbers", "too_big", "div_by_zero". `answer` is the extracted expression (cut to
+    MAX_ANSWER_CHARS when too long), or None when there is no complete answer block.
+
+    >>> verify([5, 9, 8], 67, "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>")
+    Verdict(correct=True, reward=1.0, answer='(9*8)-5', reason='correct')
+    >>> verify([6, 1, 3, 4], 24, "<answer>6 / (1 - 3/4)</answer>").correct
+    True
+    >>> verify([5, 9, 8], 67, "<answer>9*8-5+0</answer>").reason
+    'bad_numbers'
+    >>> verify([5, 9, 8], 67, "<answer>9*8</answer>", each_number="at_most_once").reason
+    'wrong_value'
+    >>> verify([2, 3], 8, "<answer>2**3</answer>").reason
+    'parse_error'
+    >>> verify([5, 9, 8], 67, "<answer>9*8+5</answer>", dense=True).reward  # 1 - 2*10/67
+    0.7014925373134329
+    >>> verify([5, 9, 8], 67, "I give up", dense=True).reward
+    -1.0
+    """
+    if each_number not in EACH_NUMBER_RULES:
+        raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
+
+    def reject(reason: str, answer: str | None) -> Verdict:
+        reward = INVALID_EXPRESSION_REWARD if dense and answer is not None else -1.0
+        return Verdict(correct=False, reward=reward, answer=answer, reason=reason)
+
+    if len(completion) > MAX_COMPLETION_CHARS:
+        return reject("too_long", None)
+    answer = extract_answer(completion)
+    if answer is None:
+        return reject("no_answer", None)
+    if len(answer) > MAX_ANSWER_CHARS:
+        return reject("too_long", answer[:MAX_ANSWER_CHARS])
+    try:
+        parser = _Parser(_tokenize(answer))
+        value = parser.parse()
+    except _Reject as err:
+        return reject(err.reason, answer)
+
+    used, given = Counter(parser.literals), Counter(numbers)
+    if not (used == given if each_number == "exactly_once" else used <= given):
+        return reject("bad_numbers", answer)
+    if parser.failure is not None:
+        return reject(parser.failure, answer)
+    if value == target:
+        return Verdict(correct=True, reward=1.0, answer=answer, reason="correct")
+    reward = -1.0
+    if dense:
+        reward = float(1 - 2 * min(abs(Fraction(target) - value) / (abs(target) or 1), 1))
+    return Verdict(correct=False, reward=reward, answer=answer, reason="wrong_value")
+
+
+def _tokenize(text: str) -> list[str]:
+    """Split into integer literals and single-character symbols; anything else is rejected."""
+    tokens: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char in _WHITESPACE:
+            i += 1
+        elif char in _SYMBOLS:
+            tokens.append(char)
+            i += 1
+        elif char in _DIGITS:
+            j = i + 1
+            while j < n and text[j] in _DIGITS:
+                j += 1
+            if text[i] == "0" and j - i > 1:
+                raise _Reject("parse_error")  # leading zero: "07" is not a given number
+            tokens.append(text[i:j])
+            i = j
+        else:
+            raise _Reject("parse_error")
+    return tokens
+
+
+class _Parser:
+    """Recursive descent that evaluates as it parses.
+
+        expression := term (("+" | "-") term)*
+        term       := unary (("*" | "/") unary)*
+        unary      := "-" unary | primary
+        primary    := INTEGER | "(" expression ")"
+
+    Division by zero and oversized values do not stop the parse: they are recorded in
+    `failure` (the first one wins) and the value continues as 0, so a malformed expression
+    still reports "parse_error" and wrong numbers still report "bad_numbers" first.
+    """
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+        self.pos = 0
+        self.depth = 0
+        self.literals: list[int] = []
+        self.failure: str | None = None
+
+    def parse(self) -> Fraction:
+        value = self.expression()
+        if self.pos != len(self.tokens):
+            raise _Reject("parse_error")
+        return value
+
+    def peek(self) -> str | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def fail(self, reason: str) -> Fraction:
+        if self.failure is None:
+            self.failure = reason
+        return Fraction(0)
+
+    def bounded(self, value: Fraction) -> Fraction:
+        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_VALUE_BITS:
+            return self.fail("too_big")
+        return value
+
+    def descend(self) -> None:
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _Reject("too_deep")
+
+    def expression(self) -> Fraction:
+        value = self.term()
+        while (op := self.peek()) in ("+", "-"):
+            self.pos += 1
+            right = self.term()
+            value = self.bounded(value + right if op == "+" else value - right)
+        return value
+
+    def term(self) -> Fraction:
+        value = self.unary()
+        while (op := self.peek()) in ("*", "/"):
+            self.pos += 1
+            right = self.unary()
+            if op == "*":
+                value = self.bounded(value * right)
+            elif right == 0:
+                value = self.fail("div_by_zero")
+            else:
+                value = self.bounded(value / right)
+        return value
+
+    def unary(self) -> Fraction:
+        if self.peek() != "-":
+            return self.primary()
+        self.pos += 1
+        self.descend()
+        value = -self.unary()
+        self.depth -= 1
+        return value
+
+    def primary(self) -> Fraction:
+        token = self.peek()
+        if token == "(":
+            self.pos += 1
+            self.descend()
+            value = self.expression()
+            if self.peek() != ")":
+                raise _Reject("parse_error")
+            self.pos += 1
+            self.depth -= 1
+            return value
+        if token is None or token[0] not in _DIGITS:
+            raise _Reject("parse_error")
+        self.pos += 1
+        literal = int(token)
+        self.literals.append(literal)
+        return self.bounded(Fraction(literal))

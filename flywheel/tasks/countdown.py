@@ -1,0 +1,226 @@
+"""Countdown as a flywheel Task: the CPU demo task that the tiny policy is trained on.
+
+A problem is a few numbers and a target; the policy writes one arithmetic step per line,
+then the answer expression, e.g. for "5 9 8|67\\n":
+
+    9*8=72
+    72-5=67
+    <answer>(9*8)-5</answer>
+
+A search step is one line, so the tree branches on step lines. Only the answer is graded
+(flywheel.rewards.countdown.verify); step lines are free text. The generator, solver and
+trace format live in flywheel.tasks.countdown_data; tools/make_countdown_splits.py writes
+the shipped splits.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Mapping, Sequence
+
+from flywheel.assets import asset_path
+from flywheel.rewards import Verdict
+from flywheel.rewards.countdown import EACH_NUMBER_RULES, verify
+from flywheel.tasks.base import Problem, StepSpec, Task
+
+__all__ = ["DEFAULT_PROMPT_TEMPLATE", "SHIPPED_SPLITS", "CountdownProblem", "CountdownTask"]
+
+DEFAULT_PROMPT_TEMPLATE = "{numbers}|{target}\n"
+SHIPPED_SPLITS = {"train": "train.jsonl", "test": "test.jsonl", "test_hard": "test_hard.jsonl"}
+"""Split name -> file under flywheel/assets/countdown/ (disjoint by number multiset)."""
+
+_INTEGER = re.compile(r"[0-9]+")
+_NUMBER_SEPARATOR = re.compile(r"[,\s]+")
+
+
+@dataclass(frozen=True)
+class CountdownProblem(Problem):
+    """A Countdown problem: reach `target` from `numbers` with + - * /.
+
+    `question` is the numbers as text ("5 9 8") and `answer` the target ("67"): the same
+    encoding as a file row with `problem`/`answer` columns, so such rows round-trip. Build
+    one with `CountdownProblem.create`; `numbers` is a tuple, so problems are hashable.
+    """
+
+    numbers: tuple[int, ...]
+    target: int
+
+    @classmethod
+    def create(cls, problem_id: str, numbers: Sequence[int], target: int) -> CountdownProblem:
+        numbers = tuple(numbers)
+        return cls(
+            id=problem_id,
+            question=" ".join(str(n) for n in numbers),
+            answer=str(target),
+            numbers=numbers,
+            target=target,
+        )
+
+
+class CountdownTask(Task):
+    """Countdown: combine the given numbers with + - * / to reach the target.
+
+    The prompt shows the numbers and the target ("5 9 8|67\\n"); the completion is one step
+    per line ("9*8=72") and then `<answer>(9*8)-5</answer>`. Grading reads only the last
+    answer block of the completion, never the prompt.
+
+    Args:
+        split_files: split files to add or replace, as {"split name": "path.jsonl"}, merged
+            over the shipped splits: "train" (3-number and 4-number hard problems), "test"
+            (3-number, held out) and "test_hard" (4-number hard, held out); the shipped
+            splits share no number multiset. Rows have `numbers` and `target`, or
+            `problem` ("5 9 8") and `answer` ("67") text.
+        each_number: "exactly_once" (use every given number once) or "at_most_once"
+            (the Countdown reference's rule).
+        reward: "binary" (+1 correct, -1 otherwise) or "dense" (the reference's shaped
+            reward 1 - 2 * min(|target - value| / target, 1); -0.9 for a bad expression,
+            -1 for no answer). Correctness is always an exact match.
+        prompt_template: the prompt as a str.format template with the fields {numbers}
+            (space-separated) and {target}; BOS is added by the tokenizer, not here.
+        step_delimiter: text that ends one search step (one trace line).
+        max_step_tokens: most tokens in one step. It must fit the answer line, about 32
+            characters for 4 numbers up to 13, so 40 leaves slack for a character tokenizer.
+        max_depth: d_T, the most steps in a completion (4 numbers: 3 step lines and the
+            answer line, plus slack).
+        max_response_tokens: most tokens in a whole completion.
+    """
+
+    def __init__(
+        self,
+        split_files: dict[str, str] | None = None,
+        each_number: Literal["exactly_once", "at_most_once"] = "exactly_once",
+        reward: Literal["binary", "dense"] = "binary",
+        prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
+        step_delimiter: str = "\n",
+        max_step_tokens: int = 40,
+        max_depth: int = 8,
+        max_response_tokens: int = 128,
+    ) -> None:
+        if each_number not in EACH_NUMBER_RULES:
+            raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
+        if reward not in ("binary", "dense"):
+            raise ValueError(f"reward must be 'binary' or 'dense', got {reward!r}")
+        _check_prompt_template(prompt_template)
+        if max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1 step, got {max_depth}")
+        if max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
+        self.each_number = each_number
+        self.reward = reward
+        self.prompt_template = prompt_template
+        self.step = StepSpec(max_tokens=max_step_tokens, delimiter=step_delimiter)
+        self.max_depth = max_depth
+        self.max_response_tokens = max_response_tokens
+        self.split_files: dict[str, Path] = {
+            name: asset_path("countdown", file) for name, file in SHIPPED_SPLITS.items()
+        }
+        self.split_files.update({name: Path(file) for name, file in (split_files or {}).items()})
+        self._loaded: dict[str, tuple[CountdownProblem, ...]] = {}
+
+    def prompt(self, problem: Problem) -> str:
+        problem = _as_countdown(problem)
+        numbers = " ".join(str(n) for n in problem.numbers)
+        return self.prompt_template.format(numbers=numbers, target=problem.target)
+
+    def score(self, problem: Problem, completion: str) -> Verdict:
+        problem = _as_countdown(problem)
+        return verify(
+            problem.numbers,
+            problem.target,
+            completion,
+            each_number=self.each_number,
+            dense=self.reward == "dense",
+        )
+
+    def problems(self, split: str) -> list[CountdownProblem]:
+        if split not in self.split_files:
+            raise ValueError(
+                f"unknown countdown split {split!r}; known: {sorted(self.split_files)}. "
+                "Add one with split_files={name: path.jsonl}."
+            )
+        if split not in self._loaded:
+            self._loaded[split] = tuple(self._read(self.split_files[split]))
+        return list(self._loaded[split])
+
+    def problem_from_row(self, row: Mapping[str, Any], where: str) -> CountdownProblem:
+        if "numbers" in row or "target" in row:
+            numbers = _numbers_from_list(row.get("numbers"), where)
+            target = row.get("target")
+            if not isinstance(target, int) or isinstance(target, bool):
+                raise ValueError(f"{where}: `target` must be an integer, got {target!r}")
+        elif "problem" in row or "answer" in row:
+            numbers = _numbers_from_text(row.get("problem"), where)
+            target = _integer_from_text(row.get("answer"), where)
+        else:
+            raise ValueError(
+                f"{where}: a countdown row needs `numbers` (list of int) and `target` (int), "
+                f"or `problem` ('5 9 8') and `answer` ('67'); got columns {sorted(row)}"
+            )
+        return CountdownProblem.create(str(row.get("id", where)), numbers, target)
+
+    def _read(self, path: Path) -> list[CountdownProblem]:
+        if not path.is_file():
+            raise FileNotFoundError(f"countdown split file {path} does not exist")
+        problems = []
+        with path.open(encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if not line.strip():
+                    continue
+                where = f"{path}:{number}"
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+                problems.append(self.problem_from_row(row, where))
+        return problems
+
+
+def _check_prompt_template(template: str) -> None:
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise ValueError(f"prompt_template {template!r} is not a valid format string: {err}") from None
+    if fields != {"numbers", "target"}:
+        raise ValueError(
+            f"prompt_template must use exactly the fields {{numbers}} and {{target}}, "
+            f"got {sorted(fields)} in {template!r}"
+        )
+
+
+def _as_countdown(problem: Problem) -> CountdownProblem:
+    """A CountdownProblem as is; a plain Problem read from its `question`/`answer` text."""
+    if isinstance(problem, CountdownProblem):
+        return problem
+    where = f"problem {problem.id}"
+    numbers = _numbers_from_text(problem.question, where)
+    return CountdownProblem.create(problem.id, numbers, _integer_from_text(problem.answer, where))
+
+
+def _numbers_from_list(value: object, where: str) -> tuple[int, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) < 2:
+        raise ValueError(f"{where}: `numbers` must be a list of at least two integers, got {value!r}")
+    for n in value:
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"{where}: `numbers` must be non-negative integers, got {n!r} in {value!r}")
+    return tuple(value)
+
+
+def _numbers_from_text(value: object, where: str) -> tuple[int, ...]:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: `problem` must be the numbers as text like '5 9 8', got {value!r}")
+    parts = [part for part in _NUMBER_SEPARATOR.split(value.strip()) if part]
+    if len(parts) < 2 or not all(_INTEGER.fullmatch(part) for part in parts):
+        raise ValueError(f"{where}: `problem` must be two or more integers like '5 9 8', got {value!r}")
+    return tuple(int(part) for part in parts)
+
+
+def _integer_from_text(value: object, where: str) -> int:
+    if not isinstance(value, str) or not _INTEGER.fullmatch(value.strip()):
+        raise ValueError(f"{where}: `answer` must be the target as text like '67', got {value!r}")
+    return int(value)
