@@ -1,0 +1,44 @@
+"""DeepSearch tree search (deepsearch.md §1-5): pure Python over token ids, driven through
+the Generator seam. No torch, no Lightning, no I/O.
+
+    results = run_search(problems, generator, SearchConfig(), step=task.step, decode=decode,
+                         max_concurrent_trees=16)
+    for tree in results:
+        for trajectory in tree.trajectories:   # K per complete tree
+            ... trajectory.steps[j].q_soft, trajectory.reward, trajectory.overlong_penalty
+
+Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selection
+(local UCT, frontier score, vanilla UCT, pUCT), terminal (Eq. 2, 4), values (soft clip,
+overlong), driver (the batched multi-tree driver), flat (baseline rollouts), outputs
+(records and the JSON dump), scripted (fake generators for tests and benchmarks).
+"""
+
+from flywheel.search.config import SearchConfig
+from flywheel.search.driver import (
+    DriverStats,
+    SearchDriver,
+    SearchProblem,
+    SearchProgress,
+    derive_seed,
+    run_search,
+)
+from flywheel.search.flat import flat_rollouts
+from flywheel.search.outputs import StepRecord, Trajectory, TreeResult, TreeStats, tree_to_json
+from flywheel.search.tree import SearchTree
+
+__all__ = [
+    "DriverStats",
+    "SearchConfig",
+    "SearchDriver",
+    "SearchProblem",
+    "SearchProgress",
+    "SearchTree",
+    "StepRecord",
+    "Trajectory",
+    "TreeResult",
+    "TreeStats",
+    "derive_seed",
+    "flat_rollouts",
+    "run_search",
+    "tree_to_json",
+]

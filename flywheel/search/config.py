@@ -1,0 +1,140 @@
+"""SearchConfig: every knob of the DeepSearch tree search, with the paper's defaults.
+
+Equation and section numbers refer to shared/specs/deepsearch.md (arXiv 2509.25454).
+Where the paper and the official code differ, the paper's rule is the default and the
+code's rule sits behind a switch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+Selection = Literal["frontier", "vanilla_uct", "puct"]
+DepthBonus = Literal["sqrt", "linear", "log"]
+BackupRule = Literal["constrained", "vanilla"]
+GammaRule = Literal["paper", "code"]
+TerminalChoice = Literal["mean_nll", "entropy", "random"]
+UctSampling = Literal["argmax", "softmax"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "selection": ("frontier", "vanilla_uct", "puct"),
+    "depth_bonus": ("sqrt", "linear", "log"),
+    "backup": ("constrained", "vanilla"),
+    "gamma_rule": ("paper", "code"),
+    "terminal_choice": ("mean_nll", "entropy", "random"),
+    "uct_sampling": ("argmax", "softmax"),
+}
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How one DeepSearch tree is grown, backed up and read out.
+
+    Args:
+        expansion_width: n, children sampled per expansion; all are added (§1).
+        max_depth: d_T, a node at this depth is terminal (§1). Root (the prompt) is depth 0.
+        trajectories_per_tree: K, a tree stops once K terminal trajectories were backed up (§1).
+        max_expansions_per_tree: safety cap on expansions (generator requests) per tree; a tree
+            that hits it finishes with the trajectories it has (status "expansion_cap").
+        selection: "frontier" = local UCT while expansions produce no terminal, global frontier
+            selection after one does (§5, the paper's default); "vanilla_uct" = restart UCT from
+            the root after each terminal (Table 3 baseline); "puct" = descend from the root
+            every iteration by pUCT with sequence-level priors (the Countdown reference).
+        uct_lambda: lambda of local UCT, Q(c) + lambda * sqrt(ln N(parent) / N(c)) (§5).
+        uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
+            softmax of the UCT scores).
+        frontier_lambda1: weight of tanh(Q(parent)) in the frontier score (§5).
+        frontier_lambda2: weight of the node's uncertainty H(s) (mean NLL of its own step);
+            0 = off, as in the paper's final configuration.
+        frontier_lambda3: weight of the depth bonus D(depth) (§5).
+        depth_bonus: D(d): "sqrt" = sqrt(d / d_T) (paper), "linear" = d, "log" = log(d + 1).
+        puct_c: c in Q + c * P * sqrt(N(parent)) / (1 + N) for selection "puct".
+        backup: "constrained" (Eq. 5) or "vanilla" (Table 4 row 1 ablation).
+        gamma_min: floor of the time-decay weight gamma(i, l) (Eq. 3).
+        gamma_rule: "paper" = max(i / l, gamma_min); "code" = max((i + 1) / (l + 1), gamma_min).
+        terminal_choice: which new terminal of an expansion is backed up, within the best kind
+            (correct > incorrect > incomplete): "mean_nll" = lowest mean negative log-prob of
+            the whole trajectory (paper A.2 and code), "entropy" = lowest mean Shannon entropy
+            (needs a generator that returns entropies), "random" (Table 5 ablation).
+        entropy_top_k: top log-probs the generator uses for entropies (terminal_choice "entropy").
+        backup_all_terminals: back up every new terminal of an expansion, best first, instead
+            of only one (keeps correct siblings that the official code drops, §9).
+        incomplete_reward: terminal reward of an incomplete trajectory (max depth, no EOS, no
+            parsable answer), Eq. 4.
+        overlong_penalty: add the DAPO overlong penalty to the trajectory outputs (§2).
+        overlong_max_tokens: L_max, the response budget of the overlong penalty.
+        overlong_buffer_tokens: L_buf, the penalty ramps from 0 at L_max - L_buf to -1 at L_max.
+        soft_clip_eps: eps_q of the soft clip q~ = tanh(q / eps_q) * q_max (§6).
+        soft_clip_qmax: q_max of the soft clip.
+        temperature: sampling temperature of expansions (§1: 1.0).
+        top_p: nucleus sampling of expansions (§1: 1.0).
+        seed: root of every random choice and every per-request generator seed.
+    """
+
+    expansion_width: int = 8
+    max_depth: int = 64
+    trajectories_per_tree: int = 8
+    max_expansions_per_tree: int = 1024
+    selection: Selection = "frontier"
+    uct_lambda: float = 2.0
+    uct_sampling: UctSampling = "argmax"
+    frontier_lambda1: float = 0.4
+    frontier_lambda2: float = 0.0
+    frontier_lambda3: float = 0.01
+    depth_bonus: DepthBonus = "sqrt"
+    puct_c: float = 0.5
+    backup: BackupRule = "constrained"
+    gamma_min: float = 0.1
+    gamma_rule: GammaRule = "paper"
+    terminal_choice: TerminalChoice = "mean_nll"
+    entropy_top_k: int = 20
+    backup_all_terminals: bool = False
+    incomplete_reward: float = -1.0
+    overlong_penalty: bool = True
+    overlong_max_tokens: int = 16384
+    overlong_buffer_tokens: int = 4096
+    soft_clip_eps: float = 1.0
+    soft_clip_qmax: float = 1.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name, allowed in _CHOICES.items():
+            value = getattr(self, name)
+            if value not in allowed:
+                raise ValueError(f"search.{name} must be one of {allowed}, got {value!r}")
+        for name in ("expansion_width", "max_depth", "trajectories_per_tree", "max_expansions_per_tree"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 < self.gamma_min <= 1:
+            raise ValueError(
+                f"search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "
+                "on a correct path keep q = 0 (Eq. 3); set search.gamma_min=0.1"
+            )
+        for name in ("uct_lambda", "puct_c", "frontier_lambda1", "frontier_lambda2", "frontier_lambda3"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"search.{name} must be >= 0, got {getattr(self, name)}")
+        if self.terminal_choice == "entropy" and self.entropy_top_k < 1:
+            raise ValueError(
+                "search.terminal_choice='entropy' needs search.entropy_top_k >= 1 (the generator computes "
+                f"entropies from that many top log-probs), got {self.entropy_top_k}"
+            )
+        if self.overlong_penalty and not 0 < self.overlong_buffer_tokens <= self.overlong_max_tokens:
+            raise ValueError(
+                f"search.overlong_buffer_tokens must be in (0, overlong_max_tokens={self.overlong_max_tokens}], "
+                f"got {self.overlong_buffer_tokens}; or turn the penalty off with search.overlong_penalty=false"
+            )
+        if self.soft_clip_eps <= 0 or self.soft_clip_qmax <= 0:
+            raise ValueError(
+                f"search.soft_clip_eps and search.soft_clip_qmax must be > 0, got {self.soft_clip_eps}, "
+                f"{self.soft_clip_qmax}"
+            )
+        if self.temperature < 0:
+            raise ValueError(f"search.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"search.top_p must be in (0, 1], got {self.top_p}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

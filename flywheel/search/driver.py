@@ -1,0 +1,430 @@
+"""The batched multi-tree driver: many DeepSearch trees in lock-step over one Generator.
+
+Every round: each live tree names the one leaf it wants expanded; ONE `generator.sample`
+call carries all of those expansions (n children each); then each tree adds its
+children, grades its new terminals, backs one up (§3-4) and selects its next leaf (§5).
+Finished trees leave and queued problems join at once (continuous batching), so the
+generator batch stays at `max_concurrent_trees` requests until the queue runs dry.
+
+A tree's evolution depends only on its own generator outputs, its index in the input
+and the config seed (per-request seeds and its rng are derived from them), so the same
+seed and the same generator outputs give an identical tree at any concurrency.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
+from flywheel.rewards import Verdict
+from flywheel.search.backup import backup_trajectory
+from flywheel.search.config import SearchConfig
+from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
+from flywheel.search.selection import descend_puct, descend_uct, local_uct_select, select_frontier
+from flywheel.search.terminal import choose_terminals, is_terminal_step, terminal_kind, terminal_reward
+from flywheel.search.tree import ROOT, SearchTree
+from flywheel.tasks.base import StepSpec
+
+log = logging.getLogger(__name__)
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """One problem to search: the prompt as token ids and its grader.
+
+    `score` grades the full response text (every step from the root to a terminal, decoded;
+    never the prompt), e.g. `functools.partial(task.score, problem)`.
+    """
+
+    prompt_ids: tuple[int, ...]
+    score: Callable[[str], Verdict]
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"problem {self.id!r}: prompt_ids must not be empty")
+
+
+@dataclass(frozen=True)
+class SearchProgress:
+    """A snapshot after each round, for a progress bar (the DataModule wraps it in tqdm)."""
+
+    trees_done: int
+    trees_live: int
+    trees_total: int | None
+    """None when the problems came from an iterable without len()."""
+    trajectories: int
+    """Backed-up trajectories so far, finished and live trees together."""
+    expansions: int
+    generated_tokens: int
+    rounds: int
+    elapsed_seconds: float
+
+
+@dataclass
+class DriverStats:
+    """Cumulative accounting of one driver (logged under search/)."""
+
+    rounds: int = 0
+    requests: int = 0
+    expansions: int = 0
+    generated_tokens: int = 0
+    trees_done: int = 0
+    trajectories: int = 0
+    generator_seconds: float = 0.0
+    total_seconds: float = 0.0
+
+    @property
+    def bookkeeping_seconds(self) -> float:
+        """Everything that is not the generator call: selection, grading, backup, batching."""
+        return self.total_seconds - self.generator_seconds
+
+    @property
+    def overhead_pct(self) -> float:
+        """Share of the driver's wall time spent outside generator calls (paper: < 0.4%)."""
+        return 100.0 * self.bookkeeping_seconds / self.total_seconds if self.total_seconds else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "rounds": float(self.rounds),
+            "requests": float(self.requests),
+            "expansions": float(self.expansions),
+            "generated_tokens": float(self.generated_tokens),
+            "trees_done": float(self.trees_done),
+            "trajectories": float(self.trajectories),
+            "generator_seconds": self.generator_seconds,
+            "bookkeeping_seconds": self.bookkeeping_seconds,
+            "overhead_pct": self.overhead_pct,
+        }
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (same on every machine and Python run).
+
+    >>> derive_seed(0, 1, 2) == derive_seed(0, 1, 2) != derive_seed(0, 2, 1)
+    True
+    """
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(int(part).to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "little") >> 33
+
+
+def step_sampling_params(step: StepSpec, config: SearchConfig) -> SamplingParams:
+    """One step's request (§1): a fixed chunk of max_tokens, or text up to the delimiter capped at max_tokens."""
+    return SamplingParams(
+        max_new_tokens=step.max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        stop_strings=(step.delimiter,) if step.delimiter is not None else (),
+        top_logprobs=config.entropy_top_k if config.terminal_choice == "entropy" else 0,
+    )
+
+
+def emitted_eos(completion: Completion, eos_token_ids: frozenset[int]) -> bool:
+    """EOS as the generator reports it, or as the last token when the caller names EOS ids."""
+    if completion.finish_reason == "eos":
+        return True
+    return bool(eos_token_ids) and bool(completion.token_ids) and completion.token_ids[-1] in eos_token_ids
+
+
+def grade_terminal(
+    tree: SearchTree, node: int, problem: SearchProblem, decode: Decode, eos: bool, config: SearchConfig
+) -> None:
+    """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2)."""
+    text = decode(tree.response_ids(node))
+    try:
+        verdict = problem.score(text)
+    except Exception as err:  # a verifier must never raise; say which problem broke it
+        raise RuntimeError(f"the verifier of problem {problem.id!r} raised on a completion: {err!r}") from err
+    kind = terminal_kind(verdict, emitted_eos=eos)
+    tree.texts[node] = text
+    tree.verdicts[node] = verdict
+    tree.kind[node] = kind
+    tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)
+
+
+def check_outputs(generator: Generator, requests: Sequence[GenerationRequest], outputs: Sequence[Sequence[Completion]]) -> None:
+    """The Generator contract: one list per request, `n` completions each."""
+    if len(outputs) != len(requests):
+        raise RuntimeError(
+            f"{type(generator).__name__}.sample returned {len(outputs)} results for {len(requests)} requests"
+        )
+    for i, (request, comps) in enumerate(zip(requests, outputs)):
+        if len(comps) != request.n:
+            raise RuntimeError(
+                f"{type(generator).__name__}.sample returned {len(comps)} completions for request {i} with n={request.n}"
+            )
+
+
+class _LiveTree:
+    """One tree being searched: its state between rounds."""
+
+    def __init__(self, index: int, problem: SearchProblem, config: SearchConfig) -> None:
+        self.index = index
+        self.problem = problem
+        self.config = config
+        self.tree = SearchTree(problem.prompt_ids)
+        self.rng = random.Random(derive_seed(config.seed, index, -1))
+        self.next_node: int = ROOT
+        self.expansions = 0
+        self.trajectories: list[int] = []
+        self.generated_tokens = 0
+        self.terminals = 0
+        self.rounds = 0
+        self.status: str | None = None
+        self.started = time.perf_counter()
+
+    def request(self, params: SamplingParams) -> GenerationRequest:
+        return GenerationRequest(
+            prompt_ids=self.tree.prefix_ids(self.next_node),
+            n=self.config.expansion_width,
+            params=params,
+            seed=derive_seed(self.config.seed, self.index, self.expansions),
+        )
+
+    def absorb(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """Expand `next_node` with `completions`, back up, and pick the next node (or finish)."""
+        cfg, tree = self.config, self.tree
+        node = self.next_node
+        depth = tree.depth[node] + 1
+        eos = [emitted_eos(c, eos_ids) for c in completions]
+        terminal = [
+            is_terminal_step("eos" if e else c.finish_reason, depth, cfg.max_depth) for c, e in zip(completions, eos)
+        ]
+        children = tree.add_children(node, completions, terminal)
+        self.expansions += 1
+        self.rounds += 1
+        self.generated_tokens += sum(len(c.token_ids) for c in completions)
+
+        new_terminals = [c for c, t in zip(children, terminal) if t]
+        for child, is_eos in zip(children, eos):
+            if tree.terminal[child]:
+                grade_terminal(tree, child, self.problem, decode, is_eos, cfg)
+        self.terminals += len(new_terminals)
+        if new_terminals:
+            self._back_up(new_terminals)
+
+        if len(self.trajectories) >= cfg.trajectories_per_tree:
+            self.status = "complete"
+        elif self.expansions >= cfg.max_expansions_per_tree:
+            self.status = "expansion_cap"
+        else:
+            nxt = self._select(node, produced_terminal=bool(new_terminals))
+            if nxt is None:
+                self.status = "exhausted"
+            else:
+                self.next_node = nxt
+
+    def _back_up(self, new_terminals: list[int]) -> None:
+        cfg, tree = self.config, self.tree
+        if cfg.terminal_choice == "entropy":
+            missing = [t for t in new_terminals if tree.entropies[t] is None]
+            if missing:
+                raise RuntimeError(
+                    "search.terminal_choice='entropy' needs per-token entropies, but the generator returned "
+                    "Completion.entropies=None; use a backend that honours SamplingParams.top_logprobs or set "
+                    "search.terminal_choice='mean_nll'"
+                )
+            uncertainty = [tree.trajectory_mean_entropy(t) for t in new_terminals]
+        else:
+            uncertainty = [tree.trajectory_mean_nll(t) for t in new_terminals]
+        chosen = choose_terminals(
+            new_terminals,
+            [tree.kind[t] or "incomplete" for t in new_terminals],
+            uncertainty,
+            rule=cfg.terminal_choice,
+            rng=self.rng,
+            back_up_all=cfg.backup_all_terminals,
+        )
+        for terminal in chosen:
+            if len(self.trajectories) >= cfg.trajectories_per_tree:
+                break
+            reward = tree.reward[terminal]
+            assert reward is not None
+            backup_trajectory(tree, terminal, reward, cfg)
+            tree.backup_index[terminal] = len(self.trajectories)
+            self.trajectories.append(terminal)
+
+    def _select(self, expanded: int, produced_terminal: bool) -> int | None:
+        """§5: local UCT among the new children while no terminal appeared, else the global rule."""
+        cfg, tree = self.config, self.tree
+        if cfg.selection == "puct":
+            return descend_puct(tree, cfg)
+        if not produced_terminal:
+            child = local_uct_select(tree, expanded, cfg, self.rng)
+            if child is not None:
+                return child
+        if cfg.selection == "frontier":
+            return select_frontier(tree, cfg)
+        return descend_uct(tree, cfg, self.rng)
+
+    def result(self) -> TreeResult:
+        tree = self.tree
+        assert self.status is not None
+        return TreeResult(
+            index=self.index,
+            problem_id=self.problem.id,
+            prompt_ids=self.problem.prompt_ids,
+            trajectories=tuple(build_trajectory(tree, t, self.config) for t in self.trajectories),
+            status=self.status,  # type: ignore[arg-type]
+            stats=TreeStats(
+                expansions=self.expansions,
+                nodes=len(tree),
+                generated_tokens=self.generated_tokens,
+                max_depth=max(tree.depth),
+                terminals=self.terminals,
+                rounds=self.rounds,
+                wall_seconds=time.perf_counter() - self.started,
+            ),
+            config=self.config,
+            tree=tree,
+        )
+
+
+class SearchDriver:
+    """Runs DeepSearch trees for a stream of problems over one Generator, in lock-step rounds.
+
+    Args:
+        generator: any `Generator`; each round makes exactly one `sample` call.
+        config: the search rules and their parameters.
+        step: what one step is (the Task's StepSpec): fixed chunk or delimiter + cap.
+        decode: token ids -> text, used to build the response text the verifier grades.
+        max_concurrent_trees: trees searched at once = requests per generator call (the
+            official code: 16 per rank). Finished trees are replaced from the queue at once.
+        eos_token_ids: also treat a completion whose last token is one of these as EOS (for
+            backends that report it as "stop"); the generator's "eos" finish reason always counts.
+        progress: called with a SearchProgress after every round.
+        log_every_seconds: how often to log progress at INFO level (0 = every round).
+    """
+
+    def __init__(
+        self,
+        generator: Generator,
+        config: SearchConfig,
+        *,
+        step: StepSpec,
+        decode: Decode,
+        max_concurrent_trees: int = 16,
+        eos_token_ids: Iterable[int] = (),
+        progress: Callable[[SearchProgress], None] | None = None,
+        log_every_seconds: float = 30.0,
+    ) -> None:
+        if max_concurrent_trees < 1:
+            raise ValueError(f"max_concurrent_trees must be >= 1, got {max_concurrent_trees}")
+        self.generator = generator
+        self.config = config
+        self.step = step
+        self.decode = decode
+        self.max_concurrent_trees = max_concurrent_trees
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.progress = progress
+        self.log_every_seconds = log_every_seconds
+        self.stats = DriverStats()
+        self.params = step_sampling_params(step, config)
+
+    def run(self, problems: Iterable[SearchProblem]) -> list[TreeResult]:
+        """Search every problem; results in input order."""
+        results = list(self.iter_run(problems))
+        results.sort(key=lambda r: r.index)
+        return results
+
+    def iter_run(self, problems: Iterable[SearchProblem]) -> Iterator[TreeResult]:
+        """Search every problem, yielding each TreeResult as soon as its tree finishes (so the
+        caller can persist it); the order is completion order, `TreeResult.index` is input order."""
+        total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
+        queue = enumerate(problems)
+        live: list[_LiveTree] = []
+        stats = self.stats
+        done = done_trajectories = 0
+        start = last_log = time.perf_counter()
+
+        def refill() -> None:
+            while len(live) < self.max_concurrent_trees:
+                item = next(queue, None)
+                if item is None:
+                    return
+                live.append(_LiveTree(item[0], item[1], self.config))
+
+        refill()
+        while live:
+            round_start = time.perf_counter()
+            requests = [t.request(self.params) for t in live]
+            gen_start = time.perf_counter()
+            outputs = self.generator.sample(requests)
+            gen_seconds = time.perf_counter() - gen_start
+            check_outputs(self.generator, requests, outputs)
+            finished: list[TreeResult] = []
+            still: list[_LiveTree] = []
+            for tree, completions in zip(live, outputs):
+                before = tree.generated_tokens
+                tree.absorb(completions, self.decode, self.eos_token_ids)
+                stats.generated_tokens += tree.generated_tokens - before
+                if tree.status is None:
+                    still.append(tree)
+                else:
+                    finished.append(tree.result())
+                    done_trajectories += len(tree.trajectories)
+            live[:] = still
+            refill()
+            done += len(finished)
+            stats.rounds += 1
+            stats.requests += len(requests)
+            stats.expansions += len(requests)
+            stats.trees_done += len(finished)
+            stats.trajectories += sum(len(r.trajectories) for r in finished)
+            stats.generator_seconds += gen_seconds
+            now = time.perf_counter()
+            stats.total_seconds += now - round_start
+            if self.progress is not None or now - last_log >= self.log_every_seconds:
+                snapshot = SearchProgress(
+                    trees_done=done,
+                    trees_live=len(live),
+                    trees_total=total,
+                    trajectories=done_trajectories + sum(len(t.trajectories) for t in live),
+                    expansions=stats.expansions,
+                    generated_tokens=stats.generated_tokens,
+                    rounds=stats.rounds,
+                    elapsed_seconds=now - start,
+                )
+                if self.progress is not None:
+                    self.progress(snapshot)
+                if now - last_log >= self.log_every_seconds:
+                    last_log = now
+                    log.info(
+                        "search: %d/%s trees done, %d live, %d trajectories, %d expansions, %d tokens, %.0f s",
+                        done, total if total is not None else "?", len(live), snapshot.trajectories,
+                        snapshot.expansions, snapshot.generated_tokens, snapshot.elapsed_seconds,
+                    )
+            yield from finished
+
+
+def run_search(
+    problems: Iterable[SearchProblem],
+    generator: Generator,
+    config: SearchConfig,
+    *,
+    step: StepSpec,
+    decode: Decode,
+    max_concurrent_trees: int = 16,
+    eos_token_ids: Iterable[int] = (),
+    progress: Callable[[SearchProgress], None] | None = None,
+) -> list[TreeResult]:
+    """Search every problem with a fresh SearchDriver; results in input order."""
+    driver = SearchDriver(
+        generator,
+        config,
+        step=step,
+        decode=decode,
+        max_concurrent_trees=max_concurrent_trees,
+        eos_token_ids=eos_token_ids,
+        progress=progress,
+    )
+    return driver.run(problems)

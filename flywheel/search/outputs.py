@@ -1,0 +1,246 @@
+"""What a finished search hands to training: trajectories with per-step values, and a JSON dump.
+
+Values are read after the tree is complete (deepsearch.md §6: "after the tree is
+complete"), not at the time each trajectory was backed up.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+from flywheel.rewards import Verdict
+from flywheel.search.config import SearchConfig
+from flywheel.search.tree import SearchTree
+from flywheel.search.values import overlong_penalty, soft_clip
+
+TreeStatus = Literal["complete", "expansion_cap", "exhausted"]
+"""complete: K trajectories backed up. expansion_cap: the tree hit max_expansions_per_tree
+first and carries fewer than K. exhausted: nothing was left to expand (every leaf terminal)
+before K; also fewer than K."""
+
+JSON_FORMAT = "flywheel.search.tree/v1"
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """One step (node) of a trajectory, with its values at the end of the search."""
+
+    node_id: int
+    depth: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """Behaviour log-probs of `token_ids`, as the generator returned them (may hold NaN)."""
+    q: float
+    """Accumulated value q(s) (a sum, §4)."""
+    q_soft: float
+    """q~(s) = tanh(q / eps_q) * q_max for an intermediate step; the terminal reward for the
+    terminal step (§6); the terminal reward for every step of a flat rollout (DAPO)."""
+    visits: int
+    finish_reason: str
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A backed-up root-to-terminal path: the unit of training data (K per tree)."""
+
+    terminal_id: int
+    backup_index: int
+    """Order in which it was backed up within its tree (0 = first)."""
+    steps: tuple[StepRecord, ...]
+    kind: str
+    """"correct" | "incorrect" | "incomplete" (§2)."""
+    reward: float
+    """Terminal reward q(s_end) (Eq. 4)."""
+    overlong_penalty: float
+    """DAPO overlong penalty of the whole response (§2), 0 when off; added to every token score."""
+    verdict: Verdict
+    response_text: str
+    """decode(response_ids): what the verifier graded."""
+
+    @property
+    def response_ids(self) -> tuple[int, ...]:
+        return tuple(t for step in self.steps for t in step.token_ids)
+
+    @property
+    def response_logprobs(self) -> tuple[float, ...]:
+        return tuple(lp for step in self.steps for lp in step.logprobs)
+
+    @property
+    def step_lengths(self) -> tuple[int, ...]:
+        return tuple(len(step.token_ids) for step in self.steps)
+
+    @property
+    def final_score(self) -> float:
+        """The final token's score, reward + overlong: what the tree mean mu_t averages (§6)."""
+        return self.reward + self.overlong_penalty
+
+
+@dataclass(frozen=True)
+class TreeStats:
+    """Per-tree accounting (logged under search/)."""
+
+    expansions: int
+    """Generator requests made for this tree (iterations; the paper's Table 3 ~189)."""
+    nodes: int
+    generated_tokens: int
+    max_depth: int
+    """Depth of the deepest node."""
+    terminals: int
+    """Terminal nodes created (graded), backed up or not."""
+    rounds: int
+    """Driver rounds the tree was live."""
+    wall_seconds: float
+    """From joining the batch to finishing (includes waiting on shared generator calls)."""
+
+
+@dataclass(frozen=True)
+class TreeResult:
+    """One problem's finished search (or flat rollouts): its trajectories and the whole tree."""
+
+    index: int
+    """Position of the problem in the input iterable."""
+    problem_id: str
+    prompt_ids: tuple[int, ...]
+    trajectories: tuple[Trajectory, ...]
+    status: TreeStatus
+    stats: TreeStats
+    config: SearchConfig
+    tree: SearchTree = field(repr=False, compare=False)
+    """The finished tree itself (read-only by convention), for the JSON dump and debugging."""
+    mode: Literal["search", "flat"] = "search"
+    """"search" = DeepSearch MCTS; "flat" = independent rollouts (DAPO / best-of-N baselines)."""
+
+    @property
+    def complete(self) -> bool:
+        """True when the tree holds all K trajectories; False when it stopped short (see status)."""
+        return self.status == "complete"
+
+    def to_json(self, decode: Callable[[Sequence[int]], str] | None = None, *, logprobs: bool = True) -> dict[str, Any]:
+        """The whole tree as plain JSON data (format "flywheel.search.tree/v1"), for the viewer."""
+        return tree_to_json(self, decode=decode, logprobs=logprobs)
+
+
+def node_soft_value(tree: SearchTree, node: int, config: SearchConfig, mode: str = "search") -> float:
+    """q~ of one node: a terminal keeps its reward; a flat rollout's nodes carry the terminal
+    reward (DAPO, §6); otherwise tanh(q / eps_q) * q_max."""
+    reward = tree.reward[node]
+    if reward is not None:
+        return reward
+    if mode == "flat":
+        return tree.value[node]
+    return soft_clip(tree.value[node], config.soft_clip_eps, config.soft_clip_qmax)
+
+
+def build_trajectory(tree: SearchTree, terminal: int, config: SearchConfig, mode: str = "search") -> Trajectory:
+    """Read one backed-up trajectory out of a finished tree."""
+    steps = tuple(
+        StepRecord(
+            node_id=node,
+            depth=tree.depth[node],
+            token_ids=tree.tokens[node],
+            logprobs=tree.logprobs[node],
+            q=tree.value[node],
+            q_soft=node_soft_value(tree, node, config, mode),
+            visits=tree.visits[node],
+            finish_reason=tree.finish[node] or "",
+        )
+        for node in tree.path(terminal)[1:]
+    )
+    penalty = 0.0
+    if config.overlong_penalty:
+        penalty = overlong_penalty(tree.path_length[terminal], config.overlong_max_tokens, config.overlong_buffer_tokens)
+    reward = tree.reward[terminal]
+    kind = tree.kind[terminal]
+    assert reward is not None and kind is not None, f"terminal {terminal} was never graded"
+    return Trajectory(
+        terminal_id=terminal,
+        backup_index=tree.backup_index[terminal],
+        steps=steps,
+        kind=kind,
+        reward=reward,
+        overlong_penalty=penalty,
+        verdict=tree.verdicts[terminal],
+        response_text=tree.texts[terminal],
+    )
+
+
+def _num(x: float | None) -> float | None:
+    """JSON has no NaN/inf: write them as null."""
+    if x is None or math.isnan(x) or math.isinf(x):
+        return None
+    return x
+
+
+def tree_to_json(
+    result: TreeResult, decode: Callable[[Sequence[int]], str] | None = None, *, logprobs: bool = True
+) -> dict[str, Any]:
+    """Dump a finished tree: every node (structure, N, q, Q, q~, step tokens, terminal info) and
+    the trajectories as node-id paths. NaN and inf become null. `decode` adds each step's text."""
+    tree, config = result.tree, result.config
+    nodes = []
+    for node in range(len(tree)):
+        verdict = tree.verdicts.get(node)
+        entry: dict[str, Any] = {
+            "id": node,
+            "parent": tree.parent[node] if node else None,
+            "depth": tree.depth[node],
+            "children": list(tree.children[node]),
+            "visits": tree.visits[node],
+            "q": tree.value[node],
+            "Q": tree.mean_q(node),
+            "q_soft": node_soft_value(tree, node, config, result.mode) if node else None,
+            "terminal": tree.terminal[node],
+            "kind": tree.kind[node],
+            "reward": tree.reward[node],
+            "backup_index": tree.backup_index[node] if tree.backup_index[node] >= 0 else None,
+            "finish_reason": tree.finish[node],
+            "token_ids": list(tree.tokens[node]),
+            "mean_nll": _num(tree.step_mean_nll(node)) if node else None,
+        }
+        if logprobs:
+            entry["logprobs"] = [_num(lp) for lp in tree.logprobs[node]]
+        if decode is not None and node:
+            entry["text"] = decode(tree.tokens[node])
+        if verdict is not None:
+            entry["verdict"] = {
+                "correct": verdict.correct,
+                "reward": verdict.reward,
+                "answer": verdict.answer,
+                "reason": verdict.reason,
+            }
+        nodes.append(entry)
+    return {
+        "format": JSON_FORMAT,
+        "index": result.index,
+        "problem_id": result.problem_id,
+        "mode": result.mode,
+        "status": result.status,
+        "prompt_ids": list(result.prompt_ids),
+        "prompt_text": decode(result.prompt_ids) if decode is not None else None,
+        "config": config.to_dict(),
+        "stats": {
+            "expansions": result.stats.expansions,
+            "nodes": result.stats.nodes,
+            "generated_tokens": result.stats.generated_tokens,
+            "max_depth": result.stats.max_depth,
+            "terminals": result.stats.terminals,
+            "rounds": result.stats.rounds,
+            "wall_seconds": result.stats.wall_seconds,
+        },
+        "nodes": nodes,
+        "trajectories": [
+            {
+                "terminal_id": t.terminal_id,
+                "backup_index": t.backup_index,
+                "node_ids": [s.node_id for s in t.steps],
+                "kind": t.kind,
+                "reward": t.reward,
+                "overlong_penalty": t.overlong_penalty,
+                "final_score": t.final_score,
+                "response_text": t.response_text,
+            }
+            for t in result.trajectories
+        ],
+    }

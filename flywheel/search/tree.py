@@ -1,0 +1,193 @@
+"""SearchTree: one problem's search tree, stored as flat per-node lists indexed by node id.
+
+Node 0 is the root (the prompt, depth 0); every other node is one reasoning step, a span
+of generated token ids. A node stores only its own step; the prefix it continues is
+rebuilt by walking parents (no full-prefix copy per node). Per node we keep what the
+rules need in O(1): visit count N, accumulated value q (a SUM, deepsearch.md §4), and
+running sums along the path from the root (NLL, entropy, response length) so that a
+terminal's trajectory statistics cost nothing to read.
+
+The tree does no search logic beyond the structural bookkeeping of §1 (a new non-terminal
+child starts with N = 1) and two derived sets the selection rules read:
+- the frontier: non-terminal nodes without children (§5's F), grouped by parent;
+- dead nodes: terminal, or expanded with every child dead (nothing left to expand below).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from flywheel.generation.base import Completion
+from flywheel.rewards import Verdict
+
+ROOT = 0
+
+
+def _finite_sum(values: Sequence[float]) -> tuple[float, int]:
+    """Sum and count of the non-NaN entries (NaN log-probs are skipped, see terminal.py)."""
+    total = sum(values, 0.0)
+    if total == total:  # not NaN: the fast path
+        return total, len(values)
+    kept = [v for v in values if v == v]
+    return sum(kept, 0.0), len(kept)
+
+
+class SearchTree:
+    """Flat storage of one search tree. Node ids are creation order, root = 0."""
+
+    def __init__(self, prompt_ids: Sequence[int]) -> None:
+        if not prompt_ids:
+            raise ValueError("prompt_ids must not be empty")
+        self.prompt_ids: tuple[int, ...] = tuple(prompt_ids)
+        # Structure.
+        self.parent: list[int] = [-1]
+        self.children: list[list[int]] = [[]]
+        self.depth: list[int] = [0]
+        # Statistics (§4): N and q (a sum); Q = q / N is derived.
+        self.visits: list[int] = [0]
+        self.value: list[float] = [0.0]
+        # The step itself.
+        self.tokens: list[tuple[int, ...]] = [()]
+        self.logprobs: list[tuple[float, ...]] = [()]
+        self.entropies: list[tuple[float, ...] | None] = [None]
+        self.finish: list[str | None] = [None]
+        # Per-step sums of finite log-probs, and running sums along the path from the root.
+        self.step_logprob_sum: list[float] = [0.0]
+        self.step_logprob_count: list[int] = [0]
+        self.path_nll_sum: list[float] = [0.0]
+        self.path_nll_count: list[int] = [0]
+        self.path_entropy_sum: list[float] = [0.0]
+        self.path_entropy_count: list[int] = [0]
+        self.path_length: list[int] = [0]
+        # Terminals: kind ("correct" | "incorrect" | "incomplete") and reward once graded,
+        # backup_index = order among backed-up trajectories (-1 = not backed up).
+        self.terminal: list[bool] = [False]
+        self.kind: list[str | None] = [None]
+        self.reward: list[float | None] = [None]
+        self.backup_index: list[int] = [-1]
+        self.verdicts: dict[int, Verdict] = {}
+        self.texts: dict[int, str] = {}
+        """Graded terminals: the decoded response text the verifier saw."""
+        # Derived sets for selection.
+        self.dead: list[bool] = [False]
+        self.live_children: list[int] = [0]
+        self.frontier: dict[int, list[int]] = {}
+        """parent id -> its children that are in F (non-terminal, no children), ids ascending."""
+
+    def __len__(self) -> int:
+        return len(self.parent)
+
+    # ----------------------------------------------------------------------------- growth
+    def add_children(
+        self, node: int, completions: Sequence[Completion], terminal: Sequence[bool], *, initial_visit: bool = True
+    ) -> list[int]:
+        """Attach one child per completion under the leaf `node`; return the new ids.
+
+        `terminal[i]` says whether child i ends its trajectory (EOS or max depth, §1).
+        With `initial_visit`, a new non-terminal child starts with N = 1 and no value (§1);
+        terminal children start at N = 0 and get their visit from the backup (§4).
+        """
+        if self.children[node]:
+            raise ValueError(f"node {node} is already expanded; only leaves are expanded")
+        if self.terminal[node]:
+            raise ValueError(f"node {node} is terminal and cannot be expanded")
+        depth = self.depth[node] + 1
+        new_ids: list[int] = []
+        live: list[int] = []
+        for completion, is_terminal in zip(completions, terminal, strict=True):
+            child = len(self.parent)
+            new_ids.append(child)
+            lp_sum, lp_count = _finite_sum(completion.logprobs)
+            ent = completion.entropies
+            ent_sum, ent_count = _finite_sum(ent) if ent is not None else (0.0, 0)
+            self.parent.append(node)
+            self.children.append([])
+            self.depth.append(depth)
+            self.visits.append(1 if (initial_visit and not is_terminal) else 0)
+            self.value.append(0.0)
+            self.tokens.append(completion.token_ids)
+            self.logprobs.append(completion.logprobs)
+            self.entropies.append(ent)
+            self.finish.append(completion.finish_reason)
+            self.step_logprob_sum.append(lp_sum)
+            self.step_logprob_count.append(lp_count)
+            self.path_nll_sum.append(self.path_nll_sum[node] - lp_sum)
+            self.path_nll_count.append(self.path_nll_count[node] + lp_count)
+            self.path_entropy_sum.append(self.path_entropy_sum[node] + ent_sum)
+            self.path_entropy_count.append(self.path_entropy_count[node] + ent_count)
+            self.path_length.append(self.path_length[node] + len(completion.token_ids))
+            self.terminal.append(is_terminal)
+            self.kind.append(None)
+            self.reward.append(None)
+            self.backup_index.append(-1)
+            self.dead.append(is_terminal)
+            self.live_children.append(0)
+            if not is_terminal:
+                live.append(child)
+        self.children[node] = new_ids
+        self.live_children[node] = len(live)
+        # F loses the expanded node and gains its non-terminal children.
+        siblings = self.frontier.get(self.parent[node])
+        if siblings is not None:
+            siblings.remove(node)
+            if not siblings:
+                del self.frontier[self.parent[node]]
+        if live:
+            self.frontier[node] = live
+        else:
+            self._mark_dead(node)
+        return new_ids
+
+    def _mark_dead(self, node: int) -> None:
+        """`node` has nothing left to expand below it; propagate to ancestors whose children all died."""
+        while node >= 0 and not self.dead[node]:
+            self.dead[node] = True
+            parent = self.parent[node]
+            if parent < 0:
+                return
+            self.live_children[parent] -= 1
+            if self.live_children[parent] > 0:
+                return
+            node = parent
+
+    # ---------------------------------------------------------------------------- reading
+    def path(self, node: int) -> list[int]:
+        """Node ids from the root to `node`, both included."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parent[node]
+        out.reverse()
+        return out
+
+    def response_ids(self, node: int) -> list[int]:
+        """The generated token ids from the root to `node` (the prompt excluded)."""
+        out: list[int] = []
+        for step in self.path(node)[1:]:
+            out.extend(self.tokens[step])
+        return out
+
+    def prefix_ids(self, node: int) -> tuple[int, ...]:
+        """Prompt + response up to `node`: what the generator continues to expand `node`."""
+        return self.prompt_ids + tuple(self.response_ids(node))
+
+    def mean_q(self, node: int) -> float:
+        """Q(s) = q(s) / N(s), 0 for an unvisited node (used only for selection, §5)."""
+        n = self.visits[node]
+        return self.value[node] / n if n else 0.0
+
+    def step_mean_nll(self, node: int) -> float:
+        """Mean NLL of the node's own step (the code's H(s) for the frontier's lambda2 term)."""
+        count = self.step_logprob_count[node]
+        return -self.step_logprob_sum[node] / count if count else math.nan
+
+    def trajectory_mean_nll(self, node: int) -> float:
+        """Mean NLL over every finite sampled-token log-prob from the root to `node`; +inf if none."""
+        count = self.path_nll_count[node]
+        return self.path_nll_sum[node] / count if count else math.inf
+
+    def trajectory_mean_entropy(self, node: int) -> float:
+        """Mean per-token entropy from the root to `node`; +inf if the generator gave none."""
+        count = self.path_entropy_count[node]
+        return self.path_entropy_sum[node] / count if count else math.inf
