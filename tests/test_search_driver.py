@@ -55,7 +55,7 @@ def test_scripted_small_tree_reproduced_exactly():
     assert [call[0].seed for call in gen.calls] == [derive_seed(0, 0, e) for e in range(3)]
     assert gen.calls[0][0].params.max_new_tokens == 2 and gen.calls[0][0].params.stop_strings == ()
     assert tree.parent == [-1, 0, 0, 1, 1, 2, 2]
-    assert tree.children == [[1, 2], [3, 4], [5, 6], [], [], [], []]
+    assert tree.children == [(1, 2), (3, 4), (5, 6), (), (), (), ()]
     assert tree.visits == [2, 2, 2, 1, 0, 1, 1]  # D was never backed up: N 0
     assert tree.value == pytest.approx([0.1, 0.5, -0.5, 1.0, 0.0, 0.0, -1.0])
     assert tree.kind == [None, None, None, "correct", "incorrect", None, "incorrect"]

@@ -48,6 +48,7 @@ class SearchProblem:
     id: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))  # a list is accepted
         if not self.prompt_ids:
             raise ValueError(f"problem {self.id!r}: prompt_ids must not be empty")
 
@@ -181,10 +182,20 @@ class _LiveTree:
         self.rounds = 0
         self.status: str | None = None
         self.started = time.perf_counter()
+        # The last request's prefix: while local UCT dives, the next node is a child of the
+        # last expanded one, so its prefix is that prefix + one step (no walk to the root).
+        self._prefix_node = -1
+        self._prefix: tuple[int, ...] = ()
 
     def request(self, params: SamplingParams) -> GenerationRequest:
+        tree, node = self.tree, self.next_node
+        if node != ROOT and tree.parent[node] == self._prefix_node:
+            prefix = self._prefix + tree.tokens[node]
+        else:
+            prefix = tree.prefix_ids(node)
+        self._prefix_node, self._prefix = node, prefix
         return GenerationRequest(
-            prompt_ids=self.tree.prefix_ids(self.next_node),
+            prompt_ids=prefix,
             n=self.config.expansion_width,
             params=params,
             seed=derive_seed(self.config.seed, self.index, self.expansions),

@@ -42,7 +42,8 @@ class SearchTree:
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids)
         # Structure.
         self.parent: list[int] = [-1]
-        self.children: list[list[int]] = [[]]
+        self.children: list[tuple[int, ...]] = [()]
+        """Tuples, set once at expansion (tuples of ints are untracked by the cyclic GC)."""
         self.depth: list[int] = [0]
         # Statistics (§4): N and q (a sum); Q = q / N is derived.
         self.visits: list[int] = [0]
@@ -102,7 +103,7 @@ class SearchTree:
             ent = completion.entropies
             ent_sum, ent_count = _finite_sum(ent) if ent is not None else (0.0, 0)
             self.parent.append(node)
-            self.children.append([])
+            self.children.append(())
             self.depth.append(depth)
             self.visits.append(1 if (initial_visit and not is_terminal) else 0)
             self.value.append(0.0)
@@ -125,7 +126,7 @@ class SearchTree:
             self.live_children.append(0)
             if not is_terminal:
                 live.append(child)
-        self.children[node] = new_ids
+        self.children[node] = tuple(new_ids)
         self.live_children[node] = len(live)
         # F loses the expanded node and gains its non-terminal children.
         siblings = self.frontier.get(self.parent[node])

@@ -1,0 +1,192 @@
+"""Benchmark the DeepSearch driver's own cost (everything that is not the generator).
+
+(a) Bookkeeping per expansion with a zero-cost scripted generator (HashGenerator): at 1,
+    16 and 256 concurrent trees with the paper's shape (n = 8, d_T = 64, K = 8, steps of
+    256 tokens), and on big trees (>= 1,000 nodes each). Bookkeeping = selection, grading,
+    backup, building requests (prefix rebuild) and results; the generator's time is
+    measured separately and excluded.
+(b) With the tiny Countdown policy through HFGenerator on CPU: the share of wall time the
+    driver spends outside generator calls (target <= 2%; the paper measured < 0.4%).
+    Skipped, with a note, when HFGenerator or the policy folder is not available; pass
+    --untrained to measure with a randomly initialised tiny model instead.
+
+    python tools/bench_search.py                       # both parts
+    python tools/bench_search.py --skip-hf --quick     # part (a) only, smaller
+
+The last line is machine-readable: `RESULT key=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from flywheel.search import SearchConfig, SearchDriver, SearchProblem
+from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
+from flywheel.search.selection import select_frontier
+from flywheel.tasks.base import StepSpec
+
+
+def scripted_run(trees: int, concurrency: int, eos_prob: float, *, step_tokens: int = 256, seed: int = 0) -> dict:
+    """Search `trees` toy problems `concurrency` at a time; return per-expansion costs."""
+    cfg = SearchConfig(seed=seed, max_expansions_per_tree=4096)
+    gen = HashGenerator(eos_prob=eos_prob, correct_prob=0.2, salt=seed)
+    problems = [SearchProblem((0, 10 + i % 50, i), toy_score, id=str(i)) for i in range(trees)]
+    driver = SearchDriver(gen, cfg, step=StepSpec(step_tokens), decode=toy_decode, max_concurrent_trees=concurrency)
+    start = time.perf_counter()
+    results = driver.run(problems)
+    wall = time.perf_counter() - start
+    st = driver.stats
+    nodes = [r.stats.nodes for r in results]
+    # The frontier argmax alone, on the finished trees (O(|F| / n) per call).
+    probe = [r.tree for r in results[: min(len(results), 32)]]
+    t0 = time.perf_counter()
+    reps = 20
+    for _ in range(reps):
+        for tree in probe:
+            select_frontier(tree, cfg)
+    frontier_us = 1e6 * (time.perf_counter() - t0) / (reps * len(probe))
+    return {
+        "trees": trees,
+        "concurrency": concurrency,
+        "expansions": st.expansions,
+        "rounds": st.rounds,
+        "us_per_expansion": 1e6 * st.bookkeeping_seconds / st.expansions,
+        "ms_per_round": 1e3 * st.bookkeeping_seconds / st.rounds,
+        "generator_us_per_expansion": 1e6 * st.generator_seconds / st.expansions,
+        "nodes_mean": statistics.mean(nodes),
+        "nodes_min": min(nodes),
+        "nodes_max": max(nodes),
+        "expansions_per_tree": st.expansions / trees,
+        "complete": sum(r.complete for r in results),
+        "frontier_us": frontier_us,
+        "wall_s": wall,
+    }
+
+
+def part_a(quick: bool) -> dict[str, float]:
+    print("== (a) bookkeeping per expansion, zero-cost scripted generator (n=8, d_T=64, K=8, 256-token steps)")
+    scale = 4 if quick else 1
+    rows = [
+        ("1", scripted_run(max(16 // scale, 4), 1, eos_prob=0.02)),
+        ("16", scripted_run(64 // scale, 16, eos_prob=0.02)),
+        ("256", scripted_run(512 // scale, 256, eos_prob=0.02)),
+        ("big", scripted_run(32 // scale, 16, eos_prob=0.002)),
+    ]
+    print(
+        f"{'trees live':>10} {'trees':>6} {'expansions':>10} {'nodes/tree':>18} {'us/expansion':>12} "
+        f"{'ms/round':>9} {'frontier us':>11} {'gen us/exp':>10}"
+    )
+    for name, r in rows:
+        nodes = f"{r['nodes_mean']:.0f} ({r['nodes_min']}-{r['nodes_max']})"
+        print(
+            f"{name:>10} {r['trees']:>6} {r['expansions']:>10} {nodes:>18} {r['us_per_expansion']:>12.1f} "
+            f"{r['ms_per_round']:>9.2f} {r['frontier_us']:>11.1f} {r['generator_us_per_expansion']:>10.1f}"
+        )
+    big = rows[-1][1]
+    print(
+        f"big trees: {big['nodes_mean']:.0f} nodes on average (min {big['nodes_min']}), "
+        f"{big['expansions_per_tree']:.0f} expansions per tree; the paper's budget is < 4 ms of CPU per iteration"
+    )
+    out = {f"us_per_expansion_{name}": r["us_per_expansion"] for name, r in rows}
+    out["big_tree_nodes"] = big["nodes_mean"]
+    out["frontier_us_big"] = big["frontier_us"]
+    return out
+
+
+def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dict[str, float] | None:
+    print("== (b) share of wall time outside generator calls, tiny policy through HFGenerator (CPU)")
+    try:
+        import torch
+
+        from flywheel.generation.hf import HFGenerator
+        from flywheel.tasks.countdown import CountdownTask
+    except Exception as err:  # the backend is built elsewhere; part (a) stands alone
+        print(f"skipped: cannot import HFGenerator / CountdownTask ({err!r})")
+        return None
+    model = tokenizer = None
+    label = policy
+    try:
+        from flywheel.policy import load_policy
+
+        model, tokenizer = load_policy(policy)
+    except Exception as err:
+        print(f"note: policy {policy!r} is not available ({err})")
+        if not untrained:
+            print("skipped: pass --policy PATH to a trained tiny policy folder, or --untrained")
+            return None
+    if model is None:
+        try:
+            from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+        except Exception as err:
+            print(f"skipped: cannot build an untrained tiny model ({err!r})")
+            return None
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_llama(tokenizer, initializer_range=0.4)
+        label = "untrained tiny llama (flywheel.tiny, init 0.4)"
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+    task = CountdownTask()
+    generator = HFGenerator(model, tokenizer)
+    todo = task.problems("train")[:problems]
+    search_problems = [
+        SearchProblem(
+            prompt_ids=tuple(tokenizer(task.prompt(p))["input_ids"]),
+            score=lambda text, p=p: task.score(p, text),
+            id=p.id,
+        )
+        for p in todo
+    ]
+    cfg = SearchConfig(
+        max_depth=task.max_depth,
+        overlong_max_tokens=task.max_response_tokens,
+        overlong_buffer_tokens=task.max_response_tokens // 4,
+        max_expansions_per_tree=256,
+    )
+
+    def decode(ids):
+        return tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    driver = SearchDriver(generator, cfg, step=task.step, decode=decode, max_concurrent_trees=concurrency)
+    start = time.perf_counter()
+    results = driver.run(search_problems)
+    wall = time.perf_counter() - start
+    st = driver.stats
+    correct = sum(t.kind == "correct" for r in results for t in r.trajectories)
+    trajectories = sum(len(r.trajectories) for r in results)
+    print(
+        f"policy: {label}; {len(results)} trees, {concurrency} live, {st.rounds} rounds, {st.expansions} expansions, "
+        f"{st.generated_tokens} tokens, {trajectories} trajectories ({correct} correct)"
+    )
+    print(
+        f"wall {wall:.1f} s: generator {st.generator_seconds:.2f} s, outside generator {st.bookkeeping_seconds:.3f} s "
+        f"= {st.overhead_pct:.2f}% ({1e6 * st.bookkeeping_seconds / st.expansions:.0f} us per expansion, "
+        f"{1e3 * st.bookkeeping_seconds / st.rounds:.2f} ms per round)"
+    )
+    return {"overhead_pct": st.overhead_pct, "hf_us_per_expansion": 1e6 * st.bookkeeping_seconds / st.expansions}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="tiny-countdown", help="policy folder or built-in name for part (b)")
+    parser.add_argument("--problems", type=int, default=16, help="Countdown problems searched in part (b)")
+    parser.add_argument("--concurrency", type=int, default=16, help="trees live at once in part (b)")
+    parser.add_argument("--untrained", action="store_true", help="part (b) with a random tiny model if no policy")
+    parser.add_argument("--skip-hf", action="store_true", help="run part (a) only")
+    parser.add_argument("--quick", action="store_true", help="smaller part (a)")
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    result = part_a(args.quick)
+    hf = None if args.skip_hf else part_b(args.policy, args.problems, args.concurrency, args.untrained)
+    if hf is None:
+        result["overhead_pct"] = float("nan")
+    else:
+        result.update(hf)
+    print("RESULT " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
