@@ -88,7 +88,9 @@ def test_frontier_yields_a_childless_non_terminal_argmax(seed, expansions, width
     cfg = SearchConfig(max_depth=5, frontier_lambda2=lambda2, depth_bonus=bonus)
     # brute force over every node of F = {non-terminal, no children, depth < d_T}, root excluded
     brute = [
-        n for n in range(1, len(tree)) if not tree.terminal[n] and not tree.children[n] and tree.depth[n] < cfg.max_depth
+        n
+        for n in range(1, len(tree))
+        if not tree.terminal[n] and not tree.children[n] and tree.depth[n] < cfg.max_depth
     ]
     picked = select_frontier(tree, cfg)
     if not brute:

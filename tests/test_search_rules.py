@@ -292,7 +292,8 @@ def test_sequence_priors_and_puct():
 def test_descend_puct_follows_prior_then_value():
     tree = SearchTree((0,))
     # two root children with summed log-probs -2 and -0.5: priors 0.18, 0.82
-    tree.add_children(0, [Completion((5, 5), (-1.0, -1.0), "length"), Completion((6,), (-0.5,), "length")], [False, False])
+    kids = [Completion((5, 5), (-1.0, -1.0), "length"), Completion((6,), (-0.5,), "length")]
+    tree.add_children(0, kids, [False, False])
     cfg = SearchConfig(selection="puct")
     assert descend_puct(tree, cfg) == 2
     # root N = 0 -> sqrt(max(0, 1)) = 1: child 1 0.5 * 0.18 / 2 = 0.046 < child 2 0.5 * 0.82 / 2 = 0.204

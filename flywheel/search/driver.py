@@ -152,16 +152,23 @@ def grade_terminal(
     tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)
 
 
-def check_outputs(generator: Generator, requests: Sequence[GenerationRequest], outputs: Sequence[Sequence[Completion]]) -> None:
+def step_end(completion: Completion, depth: int, max_depth: int, eos_token_ids: frozenset[int]) -> tuple[bool, bool]:
+    """(terminal, emitted EOS) of a new child at `depth` (§1)."""
+    eos = emitted_eos(completion, eos_token_ids)
+    return is_terminal_step("eos" if eos else completion.finish_reason, depth, max_depth), eos
+
+
+def check_outputs(
+    generator: Generator, requests: Sequence[GenerationRequest], outputs: Sequence[Sequence[Completion]]
+) -> None:
     """The Generator contract: one list per request, `n` completions each."""
+    name = type(generator).__name__
     if len(outputs) != len(requests):
-        raise RuntimeError(
-            f"{type(generator).__name__}.sample returned {len(outputs)} results for {len(requests)} requests"
-        )
+        raise RuntimeError(f"{name}.sample returned {len(outputs)} results for {len(requests)} requests")
     for i, (request, comps) in enumerate(zip(requests, outputs)):
         if len(comps) != request.n:
             raise RuntimeError(
-                f"{type(generator).__name__}.sample returned {len(comps)} completions for request {i} with n={request.n}"
+                f"{name}.sample returned {len(comps)} completions for request {i} with n={request.n}"
             )
 
 
@@ -206,17 +213,15 @@ class _LiveTree:
         cfg, tree = self.config, self.tree
         node = self.next_node
         depth = tree.depth[node] + 1
-        eos = [emitted_eos(c, eos_ids) for c in completions]
-        terminal = [
-            is_terminal_step("eos" if e else c.finish_reason, depth, cfg.max_depth) for c, e in zip(completions, eos)
-        ]
+        ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
+        terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
         self.expansions += 1
         self.rounds += 1
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
 
         new_terminals = [c for c, t in zip(children, terminal) if t]
-        for child, is_eos in zip(children, eos):
+        for child, (_, is_eos) in zip(children, ends):
             if tree.terminal[child]:
                 grade_terminal(tree, child, self.problem, decode, is_eos, cfg)
         self.terminals += len(new_terminals)

@@ -21,12 +21,11 @@ from flywheel.search.driver import (
     SearchProblem,
     check_outputs,
     derive_seed,
-    emitted_eos,
     grade_terminal,
+    step_end,
     step_sampling_params,
 )
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
-from flywheel.search.terminal import is_terminal_step
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
 
@@ -145,19 +144,15 @@ def _extend(
     tree = fp.tree
     fp.generated_tokens += sum(len(c.token_ids) for c in completions)
     if not fp.leaves:  # the first round's n completions are the root's n children
-        eos = [emitted_eos(c, eos_ids) for c in completions]
-        terminal = [is_terminal_step("eos" if e else c.finish_reason, 1, config.max_depth) for c, e in zip(completions, eos)]
-        fp.leaves = tree.add_children(ROOT, completions, terminal)
-        ends = list(zip(fp.leaves, eos))
+        flags = [step_end(c, 1, config.max_depth, eos_ids) for c in completions]
+        fp.leaves = tree.add_children(ROOT, completions, [t for t, _ in flags])
+        ends = [(leaf, e) for leaf, (_, e) in zip(fp.leaves, flags)]
     else:
         ends = []
         for j, completion in zip(chains, completions):
             leaf = fp.leaves[j]
-            e = emitted_eos(completion, eos_ids)
-            depth = tree.depth[leaf] + 1
-            (child,) = tree.add_children(
-                leaf, [completion], [is_terminal_step("eos" if e else completion.finish_reason, depth, config.max_depth)]
-            )
+            terminal, e = step_end(completion, tree.depth[leaf] + 1, config.max_depth, eos_ids)
+            (child,) = tree.add_children(leaf, [completion], [terminal])
             fp.leaves[j] = child
             ends.append((child, e))
     for node, e in ends:

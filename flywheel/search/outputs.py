@@ -150,7 +150,8 @@ def build_trajectory(tree: SearchTree, terminal: int, config: SearchConfig, mode
     )
     penalty = 0.0
     if config.overlong_penalty:
-        penalty = overlong_penalty(tree.path_length[terminal], config.overlong_max_tokens, config.overlong_buffer_tokens)
+        length = tree.path_length[terminal]
+        penalty = overlong_penalty(length, config.overlong_max_tokens, config.overlong_buffer_tokens)
     reward = tree.reward[terminal]
     kind = tree.kind[terminal]
     assert reward is not None and kind is not None, f"terminal {terminal} was never graded"
