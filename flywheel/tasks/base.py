@@ -47,6 +47,8 @@ class Task(ABC):
     step: StepSpec
     max_depth: int
     """d_T: a node at this depth is terminal (deepsearch.md §1)."""
+    max_response_tokens: int
+    """Token budget of one whole response (flat sampling and evaluation)."""
 
     @abstractmethod
     def prompt(self, problem: Problem) -> str:

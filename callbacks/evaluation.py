@@ -1,0 +1,148 @@
+"""HeldOutEval: pass@1 / pass@k on the held-out problems before training and after every
+flywheel round, logged to TensorBoard and kept in the run's summary.json."""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from tqdm.auto import tqdm
+
+from flywheel.evaluation import evaluate
+from flywheel.io import atomic_write_json
+from flywheel.metrics import PassAtK
+
+log = logging.getLogger(__name__)
+
+
+class HeldOutEval(Callback):
+    """Evaluates the policy on the data module's held-out problems (settings: `--data.eval.*`)
+    before the first update and at the end of every flywheel round.
+
+    Args:
+        at_start: evaluate the policy before the first update (the run's baseline).
+    """
+
+    def __init__(self, at_start: bool = True) -> None:
+        self.at_start = at_start
+        self.base: dict[str, float] | None = None
+        self.rounds: list[dict[str, Any]] = []
+
+    # ------------------------------------------------------------------ hooks
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.at_start and self.base is None:
+            self.base = self.run_eval(trainer, pl_module, "base")
+            self._log(pl_module, self.base)
+            self._log_round(trainer, 0, self.base)
+            self.write_summary(trainer)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        epochs_per_round = dm.epochs_per_round
+        epoch = trainer.current_epoch
+        if (epoch + 1) % epochs_per_round:
+            return
+        round_index = (epoch + 1) // epochs_per_round
+        result = self.run_eval(trainer, pl_module, f"round {round_index}")
+        self._log(pl_module, result)
+        self._log_round(trainer, round_index, result)
+        self.rounds = [r for r in self.rounds if r["round"] != round_index]
+        self.rounds.append(
+            {
+                "round": round_index,
+                "epoch": epoch,
+                "eval_pass1": result["pass1"],
+                "eval_passk": result["passk"],
+                "k": int(result["k"]),
+                "hard_set_size": dm.hard_set_size,
+                "cached": dm.cached_count,
+                "generated_tokens": dm.generated_tokens,
+            }
+        )
+        self.write_summary(trainer)
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.write_summary(trainer)
+        if trainer.is_global_zero and self.rounds:
+            cfg = trainer.datamodule.eval
+            log.info("held-out results (T=%s, %d samples per problem):\n%s", cfg.temperature, cfg.samples, self.table())
+
+    # ------------------------------------------------------------------ work
+    def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:
+        dm = trainer.datamodule
+        problems = dm.eval_problems()
+        shard = problems[trainer.global_rank :: trainer.world_size]  # uneven shards, no padding
+        bar = tqdm(total=len(shard), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
+        result = evaluate(
+            dm.generator(pl_module), pl_module.tokenizer, dm.task, shard, dm.eval, progress=lambda done: bar.update(done - bar.n)
+        )
+        bar.close()
+        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems))}
+        for name, k in (("pass1", 1), ("passk", dm.eval.pass_k)):
+            metric = PassAtK(k=k)
+            metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
+            out[name] = float(metric.compute())  # syncs across ranks when distributed
+        log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], dm.eval.pass_k, out["passk"], len(problems))
+        return out
+
+    def _log(self, pl_module: L.LightningModule, result: dict[str, float]) -> None:
+        k = int(result["k"])
+        pl_module.log_dict({"eval/pass@1": result["pass1"], f"eval/pass@{k}": result["passk"]})
+
+    def _log_round(self, trainer: L.Trainer, round_index: int, result: dict[str, float]) -> None:
+        """Per-round curves (x axis = flywheel round), beside the per-step ones."""
+        if not trainer.is_global_zero:
+            return
+        for logger in trainer.loggers:
+            experiment = getattr(logger, "experiment", None)
+            if hasattr(experiment, "add_scalar"):
+                experiment.add_scalar("round/eval_pass@1", result["pass1"], round_index)
+                experiment.add_scalar(f"round/eval_pass@{int(result['k'])}", result["passk"], round_index)
+
+    def summary(self, trainer: L.Trainer) -> dict[str, Any]:
+        cfg = trainer.datamodule.eval
+        return {
+            "base_eval_pass1": self.base["pass1"] if self.base else None,
+            "base_eval_passk": self.base["passk"] if self.base else None,
+            "k": cfg.pass_k,
+            "samples": cfg.samples,
+            "temperature": cfg.temperature,
+            "eval_problems": len(trainer.datamodule.eval_problems()),
+            "rounds": self.rounds,
+        }
+
+    def write_summary(self, trainer: L.Trainer) -> None:
+        if trainer.is_global_zero and trainer.log_dir:
+            atomic_write_json(Path(trainer.log_dir) / "summary.json", _finite(self.summary(trainer)))
+
+    def table(self) -> str:
+        lines = [f"{'round':>5} {'epoch':>5} {'pass@1':>8} {'pass@k':>8} {'tokens':>12}"]
+        if self.base:
+            lines.append(f"{'base':>5} {'-':>5} {self.base['pass1']:8.4f} {self.base['passk']:8.4f} {0:>12}")
+        for r in self.rounds:
+            lines.append(f"{r['round']:>5} {r['epoch']:>5} {r['eval_pass1']:8.4f} {r['eval_passk']:8.4f} {r['generated_tokens'] or 0:>12}")
+        return "\n".join(lines)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        return {"base": self.base, "rounds": self.rounds}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.base = state["base"]
+        self.rounds = list(state["rounds"])
+
+
+def _finite(obj: Any) -> Any:
+    """JSON has no NaN: write missing numbers as null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_finite(v) for v in obj]
+    return obj

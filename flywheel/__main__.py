@@ -1,0 +1,45 @@
+"""`python -m flywheel fit|validate|test --config conf/X.yaml`: the LightningCLI entry point."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+from lightning.pytorch.cli import LightningCLI
+
+
+class FlywheelCLI(LightningCLI):
+    """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`)."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        from callbacks.evaluation import HeldOutEval
+
+        parser.add_lightning_class_args(HeldOutEval, "eval")
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI would overwrite the model's arguments with the checkpoint's saved
+        # hyperparameters, even ones given explicitly on the command line
+        # (lightning-cpu.md §2). In flywheel the YAML and the command line decide the
+        # configuration; a checkpoint restores state (weights, optimizer, loops, search
+        # state), not settings.
+        return
+
+
+def main(args: list[str] | None = None) -> FlywheelCLI:
+    logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    from data_modules.search import SearchDataModule
+    from flywheel.module import TreeGRPOModule
+
+    return FlywheelCLI(
+        TreeGRPOModule,
+        SearchDataModule,
+        trainer_defaults={"reload_dataloaders_every_n_epochs": 1, "use_distributed_sampler": False, "num_sanity_val_steps": 0},
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards."},
+        args=args,
+    )
+
+
+if __name__ == "__main__":
+    main(None if sys.argv[1:] else ["--help"])

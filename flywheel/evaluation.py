@@ -1,0 +1,101 @@
+"""Held-out evaluation: sample n responses per problem, grade them, report unbiased pass@k."""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
+from flywheel.metrics import pass_at_k
+from flywheel.search.driver import derive_seed
+from flywheel.tasks import Problem, Task
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """How the held-out set is evaluated.
+
+    Args:
+        samples: responses sampled per problem (n of the unbiased estimator).
+        k: the k of the reported pass@k (default: `samples`); pass@1 is always reported.
+        temperature: sampling temperature.
+        top_p: nucleus sampling.
+        seed: seed of the evaluation samples; the same for every round (common random
+            numbers make round-to-round differences less noisy).
+        problems_per_batch: problems per generator call.
+    """
+
+    samples: int = 4
+    k: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 1234
+    problems_per_batch: int = 256
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError(f"--data.eval.samples must be >= 1, got {self.samples}")
+        if not 1 <= self.pass_k <= self.samples:
+            raise ValueError(f"--data.eval.k={self.k} must be between 1 and --data.eval.samples={self.samples}")
+
+    @property
+    def pass_k(self) -> int:
+        return self.samples if self.k is None else self.k
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """Per-problem sample and correct counts, and what producing them cost."""
+
+    problem_ids: tuple[str, ...]
+    samples: tuple[int, ...]
+    correct: tuple[int, ...]
+    generated_tokens: int
+
+    def pass_at(self, k: int) -> float:
+        """Mean unbiased pass@k over the problems (NaN when there are none)."""
+        if not self.samples:
+            return float("nan")
+        return sum(pass_at_k(n, c, k) for n, c in zip(self.samples, self.correct)) / len(self.samples)
+
+
+def evaluate(
+    generator: Generator,
+    tokenizer: Any,
+    task: Task,
+    problems: Sequence[Problem],
+    config: EvalConfig,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """Sample `samples` full responses for every problem and grade them with the task.
+
+    Request seeds depend on (seed, problem id) only, so evaluating two checkpoints on the
+    same problems uses common random numbers (their difference is less noisy), whatever the
+    sharding or chunking.
+    """
+    params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=config.temperature, top_p=config.top_p)
+    chunk, samples, seed = config.problems_per_batch, config.samples, config.seed
+    correct: list[int] = []
+    tokens = 0
+    for first in range(0, len(problems), chunk):
+        part = problems[first : first + chunk]
+        requests = [
+            GenerationRequest(
+                prompt_ids=tuple(tokenizer(task.prompt(p))["input_ids"]), n=samples, params=params, seed=derive_seed(seed, zlib.crc32(p.id.encode()))
+            )
+            for p in part
+        ]
+        for problem, completions in zip(part, generator.sample(requests)):
+            tokens += sum(len(c.token_ids) for c in completions)
+            texts = (tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions)
+            correct.append(sum(task.score(problem, text).correct for text in texts))
+        if progress is not None:
+            progress(len(correct))
+    return EvalResult(
+        problem_ids=tuple(p.id for p in problems),
+        samples=tuple(samples for _ in problems),
+        correct=tuple(correct),
+        generated_tokens=tokens,
+    )

@@ -1,0 +1,51 @@
+"""Generator backends as configuration: what `--data.generator` selects.
+
+A backend builds a `Generator` for the live policy and keeps it in step with the trainer's
+weights. The in-process backend shares the module's parameters, so it needs no sync; the
+vLLM sidecar (flywheel.generation.vllm) pushes weights to its server after each epoch.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from flywheel.generation.base import Generator
+
+
+class GeneratorBackend(ABC):
+    """Builds and owns the Generator the search and the evaluation sample from."""
+
+    @abstractmethod
+    def build(self, model: Any, tokenizer: Any) -> Generator:
+        """The Generator for `model` (the trainer's live policy); called once per run."""
+
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Make the generator sample from `model`'s current weights (stamped `version`)."""
+
+    def close(self) -> None:
+        """Release processes or memory the backend holds."""
+
+
+class HFBackend(GeneratorBackend):
+    """In-process sampling with transformers, sharing the trainer's weights (the CPU default).
+
+    Args:
+        max_batch_size: most sequences decoded together; a larger generator call runs in
+            chunks of this many samples.
+        compact_fraction: drop finished rows from the decode batch once this fraction of it
+            has finished (see HFGenerator).
+        seed: seed of the sampling stream for requests that carry no seed of their own.
+    """
+
+    def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0) -> None:
+        self.max_batch_size = max_batch_size
+        self.compact_fraction = compact_fraction
+        self.seed = seed
+
+    def build(self, model: Any, tokenizer: Any) -> Generator:
+        from flywheel.generation.hf import HFGenerator
+
+        return HFGenerator(
+            model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed
+        )

@@ -1,0 +1,182 @@
+"""TreeGRPOModule: the policy and its Tree-GRPO / DAPO objective, as a LightningModule.
+
+Thin glue: the loss, the advantages and the log-probs are the pure functions of
+`flywheel.objectives`; the training data (with advantages already attached) comes from
+`data_modules.SearchDataModule`, which regenerates it every epoch by tree search.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal
+
+import lightning as L
+import torch
+
+from flywheel.evaluation import evaluate
+from flywheel.metrics import PassAtK
+from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
+from flywheel.policy import load_policy
+
+log = logging.getLogger(__name__)
+
+OldLogprobs = Literal["recompute", "recompute_tis", "behaviour"]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup, then a constant learning rate (DeepSearch code's schedule).
+
+    Args:
+        lr: peak learning rate (paper: 1e-6 for a 1.5B model; the tiny policy wants ~1e-4).
+        weight_decay: AdamW weight decay (paper: 0.1).
+        betas: AdamW betas.
+        warmup_steps: optimizer steps of linear warmup from 0 (paper: 10).
+    """
+
+    lr: float = 1e-6
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = 10
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"--model.optimizer.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"--model.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+class TreeGRPOModule(L.LightningModule):
+    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3).
+
+    Args:
+        policy: a local Hugging Face model folder, or the name of a policy shipped with
+            flywheel ("tiny-countdown"). Nothing is downloaded.
+        objective: clip bounds, aggregation, advantage normalisation, KL, overlong penalty.
+        optimizer: AdamW settings and warmup.
+        old_logprobs: where pi_old of the PPO ratio comes from. "recompute" (default): a
+            forward pass of the trainer's policy over the epoch's data before any update.
+            "recompute_tis": the same, and each token's loss is weighted by the truncated
+            importance weight min(pi_old / pi_generator, objective.tis_cap), correcting the
+            generator/trainer mismatch. "behaviour": the generator's own log-probs are
+            pi_old (no extra forward pass).
+        dtype: parameter dtype of the policy ("float32" or "bfloat16").
+    """
+
+    def __init__(
+        self,
+        policy: str = "tiny-countdown",
+        objective: ObjectiveConfig = ObjectiveConfig(),
+        optimizer: OptimizerConfig = OptimizerConfig(),
+        old_logprobs: OldLogprobs = "recompute",
+        dtype: str = "float32",
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.objective = objective
+        self.optimizer_config = optimizer
+        self.old_logprobs = old_logprobs
+        self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.reference = None
+        if objective.kl_coef > 0:
+            self.reference, _ = load_policy(policy, dtype)
+            self.reference.requires_grad_(False).eval()
+
+    # ------------------------------------------------------------------ log-probs
+    def sequence_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, L] ids -> [B, L-1] log-prob of each next token under `model`."""
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, L-1, V]
+        return token_logprobs(logits, input_ids[:, 1:])
+
+    @torch.no_grad()
+    def score_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """pi_old log-probs [B, L-1] for a collated batch, without grad (used before an epoch's updates)."""
+        was_training = self.policy.training
+        self.policy.eval()
+        try:
+            return self.sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])
+        finally:
+            self.policy.train(was_training)
+
+    # ------------------------------------------------------------------ training
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        mask = batch["loss_mask"]  # [B, L-1]
+        logprobs = self.sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])
+        weights = None
+        if self.old_logprobs == "behaviour":
+            old = batch["behaviour_logprobs"]
+        else:
+            old = batch["old_logprobs"]
+            if self.old_logprobs == "recompute_tis":
+                weights = truncated_importance_weight(old, batch["behaviour_logprobs"], mask, self.objective.tis_cap)
+        loss, stats = policy_loss(
+            logprobs,
+            old,
+            batch["advantages"],
+            mask,
+            clip_low=self.objective.clip_low,
+            clip_high=self.objective.clip_high,
+            dual_clip=self.objective.dual_clip,
+            aggregation=self.objective.aggregation,
+            step_ids=batch.get("step_ids"),
+            weights=weights,
+        )
+        if self.reference is not None:
+            ref = self.sequence_logprobs(self.reference, batch["input_ids"], batch["attention_mask"]).detach()
+            kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"))
+            loss = loss + self.objective.kl_coef * kl
+            stats["kl_ref"] = kl.detach()
+        n = int(batch["input_ids"].shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        for key, value in stats.items():
+            self.log(f"train/{key}", value, batch_size=n)
+        valid = mask.bool()
+        adv = batch["advantages"][valid]
+        if adv.numel():
+            self.log_dict(
+                {
+                    "train/advantage_mean": adv.mean(),
+                    "train/advantage_std": adv.std(unbiased=False),
+                    "train/advantage_min": adv.min(),
+                    "train/advantage_max": adv.max(),
+                    "train/response_tokens": valid.sum().float(),
+                },
+                batch_size=n,
+            )
+        return loss
+
+    def configure_optimizers(self):
+        cfg = self.optimizer_config
+        params = [p for p in self.policy.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+        warmup = cfg.warmup_steps
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # ------------------------------------------------------------------ validate / test
+    def _eval_step(self, problems: list, stage: str) -> None:
+        dm = self.trainer.datamodule
+        result = evaluate(dm.generator(self), self.tokenizer, dm.task, problems, dm.eval)
+        for k in sorted({1, dm.eval.pass_k}):
+            metric = self._pass_metric(stage, k)
+            metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
+            self.log(f"{stage}/pass@{k}", metric, on_epoch=True, batch_size=len(problems))
+
+    def _pass_metric(self, stage: str, k: int) -> PassAtK:
+        name = f"_{stage}_pass_at_{k}"
+        if not hasattr(self, name):
+            setattr(self, name, PassAtK(k=k))
+        return getattr(self, name)
+
+    def validation_step(self, problems: list, batch_idx: int) -> None:
+        self._eval_step(problems, "eval")
+
+    def test_step(self, problems: list, batch_idx: int) -> None:
+        self._eval_step(problems, "test")
+
+    def on_train_epoch_end(self) -> None:
+        # Search and compute accounting of the epoch's data generation (SearchDataModule).
+        metrics = self.trainer.datamodule.epoch_metrics
+        if metrics:
+            self.log_dict(metrics)
