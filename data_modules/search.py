@@ -172,8 +172,8 @@ class SearchDataModule(L.LightningDataModule):
         ]
 
     def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
-        """The search config of one (epoch, rank): the task's max depth, a fresh seed."""
-        return replace(self.search, max_depth=self.task.max_depth, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
+        """The search config of one (epoch, rank): `search` with a fresh seed."""
+        return replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
 
     def rollouts(self, module: L.LightningModule, problems: Sequence[Problem], epoch: int, rank: int) -> tuple[list[TreeResult], DriverStats]:
         tokenizer = module.tokenizer

@@ -234,7 +234,6 @@ def test_task_options():
 def test_task_defaults():
     task = CountdownTask()
     assert task.step == StepSpec(max_tokens=40, delimiter="\n")
-    assert task.max_depth == 8
     assert task.max_response_tokens == 128
 
 
@@ -246,7 +245,6 @@ def test_task_defaults():
         ({"prompt_template": "{numbers}\n"}, "prompt_template"),
         ({"prompt_template": "{numbers}|{target}|{id}\n"}, "prompt_template"),
         ({"prompt_template": "{numbers|{target}\n"}, "prompt_template"),
-        ({"max_depth": 0}, "max_depth"),
         ({"max_step_tokens": 0}, "max_tokens"),
     ],
 )

@@ -16,13 +16,9 @@ from flywheel.objectives import (
     entropy_from_logits,
     kl_penalty,
     kl_per_token,
-    node_score,
-    overlong_penalty,
     per_token,
     policy_loss,
-    soft_clip,
     token_logprobs,
-    trajectory_step_scores,
     tree_grpo_advantages,
     tree_grpo_token_advantages,
     truncated_importance_weight,
@@ -30,69 +26,6 @@ from flywheel.objectives import (
 from flywheel.objectives import logprobs as logprobs_module
 
 approx = pytest.approx
-
-
-# ---------------------------------------------------------------- soft clip, scores
-
-def test_soft_clip_values():
-    # tanh(1) = 0.76159; tanh(0) = 0; tanh(-2 / 2) * 0.5 = -0.76159 * 0.5 = -0.38080
-    assert soft_clip(1.0) == approx(0.761594, abs=1e-6)
-    assert soft_clip(0.0) == 0.0
-    assert soft_clip(-2.0, eps_q=2.0, q_max=0.5) == approx(-0.380797, abs=1e-6)
-    # a sum of many backups, q = 5, stays below q_max: tanh(5) = 0.99991
-    assert soft_clip(5.0) == approx(0.999909, abs=1e-6)
-
-
-def test_soft_clip_tensor_matches_float():
-    q = torch.tensor([-3.0, -0.5, 0.0, 0.5, 3.0])
-    expected = [soft_clip(float(v)) for v in q]
-    assert soft_clip(q).tolist() == approx(expected, abs=1e-6)
-
-
-def test_node_score_keeps_terminal_reward():
-    # a terminal keeps its reward exactly (+1, not tanh(1) = 0.7616); an intermediate
-    # node with the same q is soft-clipped
-    assert node_score(1.0, terminal=True) == 1.0
-    assert node_score(-1.0, terminal=True) == -1.0
-    assert node_score(1.0, terminal=False) == approx(0.761594, abs=1e-6)
-    q = torch.tensor([1.0, 1.0, -2.0])
-    terminal = torch.tensor([True, False, False])
-    # [1, tanh(1), tanh(-2)] = [1, 0.76159, -0.96403]
-    assert node_score(q, terminal).tolist() == approx([1.0, 0.761594, -0.964028], abs=1e-6)
-
-
-@pytest.mark.parametrize(
-    "length, expected",
-    [
-        (0, 0.0),  # far below the ramp
-        (12288, 0.0),  # L_max - L_buf = 16384 - 4096: the ramp starts here, still 0
-        (14336, -0.5),  # -(14336 - 12288) / 4096 = -2048 / 4096
-        (16384, -1.0),  # -(16384 - 12288) / 4096 = -1
-        (20480, -2.0),  # formula as written keeps falling past L_max: -8192 / 4096
-    ],
-)
-def test_overlong_penalty(length, expected):
-    assert overlong_penalty(length) == approx(expected)
-    assert overlong_penalty(torch.tensor([length])).tolist() == approx([expected])
-
-
-def test_overlong_penalty_small_budget():
-    # L_max = 100, L_buf = 20: ramp from 80; L = 90 -> -(90 - 80) / 20 = -0.5
-    assert overlong_penalty(90, max_len=100, buffer=20) == approx(-0.5)
-
-
-def test_trajectory_step_scores():
-    # path q = [0.5, -0.3, +1 (terminal)], 14336 tokens -> overlong -0.5 on every step:
-    # [tanh(0.5) - 0.5, tanh(-0.3) - 0.5, 1 - 0.5] = [0.46212 - 0.5, -0.29131 - 0.5, 0.5]
-    scores = trajectory_step_scores([0.5, -0.3, 1.0], response_len=14336)
-    assert scores == approx([-0.037883, -0.791313, 0.5], abs=1e-6)
-    off = ObjectiveConfig(use_overlong_penalty=False)
-    no_penalty = trajectory_step_scores([0.5, -0.3, 1.0], 14336, off)
-    assert no_penalty == approx([0.462117, -0.291313, 1.0], abs=1e-6)
-    # a mixed-rollout sample: one step holding its outcome reward, short -> no penalty
-    assert trajectory_step_scores([-1.0], response_len=300) == [-1.0]
-    with pytest.raises(ValueError, match="at least its terminal"):
-        trajectory_step_scores([], 10)
 
 
 # ---------------------------------------------------------------- advantages
@@ -495,8 +428,7 @@ def test_entropy_matches_reference():
 def test_config_defaults_are_the_papers():
     c = ObjectiveConfig()
     assert (c.clip_low, c.clip_high, c.dual_clip, c.aggregation) == (0.2, 0.28, 10.0, "token_mean")
-    assert (c.normalize_std, c.eps_q, c.q_max, c.kl_coef) == (False, 1.0, 1.0, 0.0)
-    assert (c.use_overlong_penalty, c.overlong_max_len, c.overlong_buffer) == (True, 16384, 4096)
+    assert (c.normalize_std, c.kl_coef) == (False, 0.0)
 
 
 @pytest.mark.parametrize(
@@ -508,13 +440,8 @@ def test_config_defaults_are_the_papers():
         ("dual_clip", 1.2),  # not above 1 + clip_high = 1.28
         ("aggregation", "sum"),
         ("adv_eps", 0.0),
-        ("eps_q", 0.0),
-        ("q_max", -1.0),
         ("kl_coef", -0.1),
         ("kl_estimator", "k4"),
-        ("overlong_max_len", 0),
-        ("overlong_buffer", 0),
-        ("overlong_buffer", 20000),
         ("tis_cap", 0.5),
     ],
 )

@@ -303,14 +303,38 @@ def test_descend_puct_follows_prior_then_value():
 
 
 # ---------------------------------------------------------------------------- values §2, §6
-def test_soft_clip_and_overlong():
+def test_soft_clip():
     assert soft_clip(0.0) == 0.0
     assert soft_clip(0.5) == pytest.approx(math.tanh(0.5))  # 0.4621
     assert soft_clip(3.0, eps_q=2.0, q_max=0.5) == pytest.approx(0.5 * math.tanh(1.5))
-    # L_max = 16384, L_buf = 4096: 0 until 12288, -0.25 at 13312, -1 at 16384
-    assert overlong_penalty(1000) == 0.0
-    assert overlong_penalty(13312) == pytest.approx(-0.25)
-    assert overlong_penalty(16384) == -1.0
+    # tanh(1) = 0.761594 and tanh(-1) = -0.761594; tanh(-2 / 2) * 0.5 = -0.380797
+    assert soft_clip(1.0) == pytest.approx(0.761594, abs=1e-6)
+    assert soft_clip(-1.0) == pytest.approx(-0.761594, abs=1e-6)
+    assert soft_clip(-2.0, eps_q=2.0, q_max=0.5) == pytest.approx(-0.380797, abs=1e-6)
+    # q is a sum of many backups; q = 5 still stays below q_max: tanh(5) = 0.999909
+    assert soft_clip(5.0) == pytest.approx(0.999909, abs=1e-6)
+
+
+@pytest.mark.parametrize(
+    "length, expected",
+    [
+        (0, 0.0),  # far below the ramp
+        (1000, 0.0),
+        (12288, 0.0),  # L_max - L_buf = 16384 - 4096: the ramp starts here, still 0
+        (13312, -0.25),  # -(13312 - 12288) / 4096 = -1024 / 4096
+        (14336, -0.5),  # -(14336 - 12288) / 4096 = -2048 / 4096
+        (16384, -1.0),  # -(16384 - 12288) / 4096 = -1
+        (20480, -2.0),  # the formula as written keeps falling past L_max: -8192 / 4096
+    ],
+)
+def test_overlong_penalty(length, expected):
+    assert overlong_penalty(length) == pytest.approx(expected)
+
+
+def test_overlong_penalty_small_budget():
+    # L_max = 100, L_buf = 20: the ramp starts at 80; L = 90 -> -(90 - 80) / 20 = -0.5
+    assert overlong_penalty(90, max_tokens=100, buffer_tokens=20) == pytest.approx(-0.5)
+    # L_max = 40, L_buf = 20: ramp from 20; L = 30 -> -(30 - 20) / 20 = -0.5
     assert overlong_penalty(30, max_tokens=40, buffer_tokens=20) == pytest.approx(-0.5)
 
 
@@ -320,8 +344,12 @@ def test_soft_clip_and_overlong():
     [
         ({"selection": "bfs"}, "search.selection must be one of"),
         ({"expansion_width": 0}, "search.expansion_width must be >= 1"),
+        ({"max_depth": 0}, "search.max_depth must be >= 1"),
         ({"gamma_min": 0.0}, "search.gamma_min"),
         ({"overlong_buffer_tokens": 0}, "overlong_penalty=false"),
+        ({"overlong_buffer_tokens": 20000}, "overlong_penalty=false"),  # above overlong_max_tokens
+        ({"soft_clip_eps": 0.0}, "search.soft_clip_eps"),
+        ({"soft_clip_qmax": -1.0}, "search.soft_clip_qmax"),
         ({"terminal_choice": "entropy", "entropy_top_k": 0}, "entropy_top_k"),
         ({"top_p": 0.0}, "search.top_p"),
         ({"depth_bonus": "cubic"}, "search.depth_bonus"),

@@ -140,7 +140,7 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
         for p in todo
     ]
     cfg = SearchConfig(
-        max_depth=task.max_depth,
+        max_depth=8,  # Countdown: 3 step lines + the answer line, plus slack
         overlong_max_tokens=task.max_response_tokens,
         overlong_buffer_tokens=task.max_response_tokens // 4,
         max_expansions_per_tree=256,

@@ -1,9 +1,10 @@
 """Tree-GRPO / DAPO objectives as pure tensor functions (DeepSearch §3.3, Eq. 13-15; DAPO).
 
-Data flow: the search gives each step node a raw value q; `trajectory_step_scores` turns
-a trajectory's path into per-step token scores (soft clip, terminal reward, overlong);
-`tree_grpo_advantages` subtracts the tree's mean final score; `per_token` spreads the
-step advantages over tokens; the module computes `token_logprobs` and `policy_loss`.
+Data flow: the search gives each step its score q~(s_j) (soft-clipped, a terminal keeps its
+reward) and each trajectory its overlong penalty (`flywheel.search.values`); the objectives
+turn those scores into advantages and losses: `tree_grpo_advantages` subtracts the tree's
+mean final score, `per_token` spreads the step advantages over tokens, and the module
+computes `token_logprobs` and `policy_loss`.
 """
 
 from flywheel.objectives.advantages import (
@@ -18,12 +19,6 @@ from flywheel.objectives.config import Aggregation, KLEstimator, ObjectiveConfig
 from flywheel.objectives.kl import kl_penalty, kl_per_token
 from flywheel.objectives.logprobs import entropy_from_logits, token_logprobs
 from flywheel.objectives.policy_loss import policy_loss, truncated_importance_weight
-from flywheel.objectives.scores import (
-    node_score,
-    overlong_penalty,
-    soft_clip,
-    trajectory_step_scores,
-)
 
 __all__ = [
     "Aggregation",
@@ -36,13 +31,9 @@ __all__ = [
     "kl_penalty",
     "kl_per_token",
     "masked_mean",
-    "node_score",
-    "overlong_penalty",
     "per_token",
     "policy_loss",
-    "soft_clip",
     "token_logprobs",
-    "trajectory_step_scores",
     "tree_grpo_advantages",
     "tree_grpo_token_advantages",
     "truncated_importance_weight",

@@ -85,7 +85,7 @@ def tree_grpo_advantages(
 
     Args:
         step_scores: K lists, one per trajectory: the token score of each step
-            (`trajectory_step_scores`: q~(s_j) + overlong(t)). Lengths may differ.
+            (the search's q~(s_j) + overlong(t)). Lengths may differ.
         final_scores: [K'] the scores mu_t averages; None = the last step score of each of
             the K trajectories (their terminal). Give it to take the baseline over a
             different set of trajectories than the ones trained on.

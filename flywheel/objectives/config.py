@@ -34,15 +34,9 @@ class ObjectiveConfig:
         normalize_std: divide advantages by (population std + adv_eps) of the group's final
             scores. Off by default: the paper's Table 4 found mean-only better.
         adv_eps: the epsilon added to the std when `normalize_std` is on.
-        eps_q: soft-clip temperature, q~ = tanh(q / eps_q) * q_max (paper Eq. 13).
-        q_max: soft-clip magnitude.
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
-        use_overlong_penalty: add the DAPO overlong penalty to every token score of a
-            trajectory (DeepSearch code does).
-        overlong_max_len: L_max, the response budget in tokens.
-        overlong_buffer: L_buf; the penalty ramps from 0 at L_max - L_buf to -1 at L_max.
         tis_cap: cap C of the truncated importance weight min(pi_old / pi_behaviour, C),
             used when the old log-probs come from the generator (see
             `truncated_importance_weight`).
@@ -54,13 +48,8 @@ class ObjectiveConfig:
     aggregation: Aggregation = "token_mean"
     normalize_std: bool = False
     adv_eps: float = 1e-6
-    eps_q: float = 1.0
-    q_max: float = 1.0
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
-    use_overlong_penalty: bool = True
-    overlong_max_len: int = 16384
-    overlong_buffer: int = 4096
     tis_cap: float = 2.0
 
     def __post_init__(self) -> None:
@@ -87,26 +76,12 @@ class ObjectiveConfig:
         if not self.adv_eps > 0.0:
             fail("adv_eps", "the std divisor std + adv_eps needs a positive epsilon",
                  "Set `adv_eps` > 0, e.g. 1e-6.")
-        if not self.eps_q > 0.0:
-            fail("eps_q", "the soft clip divides q by eps_q",
-                 "Set `eps_q` > 0, e.g. 1.0 (the paper's value).")
-        if not self.q_max > 0.0:
-            fail("q_max", "the soft clip scales tanh by q_max; <= 0 would flip or erase scores",
-                 "Set `q_max` > 0, e.g. 1.0 (the paper's value).")
         if self.kl_coef < 0.0:
             fail("kl_coef", "a negative coefficient would reward drifting from the reference",
                  "Set `kl_coef` >= 0 (0 = no KL, the paper's setting).")
         if self.kl_estimator not in KL_ESTIMATORS:
             fail("kl_estimator", f"it must be one of {KL_ESTIMATORS}",
                  "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
-        if self.overlong_max_len < 1:
-            fail("overlong_max_len", "the response budget must be at least one token",
-                 "Set `overlong_max_len` to the generator's max response tokens, e.g. 16384.")
-        if not 0 < self.overlong_buffer <= self.overlong_max_len:
-            fail("overlong_buffer",
-                 f"the penalty ramp must have a positive width not above overlong_max_len="
-                 f"{self.overlong_max_len}",
-                 "Set `overlong_buffer` in (0, overlong_max_len], e.g. 4096 (a quarter of it).")
         if not self.tis_cap >= 1.0:
             fail("tis_cap", "a cap below 1 would down-weight even on-policy tokens",
                  "Set `tis_cap` >= 1, e.g. 2.0.")

@@ -45,8 +45,6 @@ class Task(ABC):
     """A reasoning task: how to prompt, how a step ends, how to grade a completion."""
 
     step: StepSpec
-    max_depth: int
-    """d_T: a node at this depth is terminal (deepsearch.md §1)."""
     max_response_tokens: int
     """Token budget of one whole response (flat sampling and evaluation)."""
 

@@ -66,7 +66,8 @@ class CountdownTask(Task):
 
     The prompt shows the numbers and the target ("5 9 8|67\\n"); the completion is one step
     per line ("9*8=72") and then `<answer>(9*8)-5</answer>`. Grading reads only the last
-    answer block of the completion, never the prompt.
+    answer block of the completion, never the prompt. The search depth d_T is
+    `--data.search.max_depth` (8 suits Countdown's 3 step lines + answer line).
 
     Args:
         split_files: split files to add or replace, as {"split name": "path.jsonl"}, merged
@@ -84,8 +85,6 @@ class CountdownTask(Task):
         step_delimiter: text that ends one search step (one trace line).
         max_step_tokens: most tokens in one step. It must fit the answer line, about 32
             characters for 4 numbers up to 13, so 40 leaves slack for a character tokenizer.
-        max_depth: d_T, the most steps in a completion (4 numbers: 3 step lines and the
-            answer line, plus slack).
         max_response_tokens: most tokens in a whole completion.
     """
 
@@ -97,7 +96,6 @@ class CountdownTask(Task):
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         step_delimiter: str = "\n",
         max_step_tokens: int = 40,
-        max_depth: int = 8,
         max_response_tokens: int = 128,
     ) -> None:
         if each_number not in EACH_NUMBER_RULES:
@@ -105,15 +103,12 @@ class CountdownTask(Task):
         if reward not in ("binary", "dense"):
             raise ValueError(f"reward must be 'binary' or 'dense', got {reward!r}")
         _check_prompt_template(prompt_template)
-        if max_depth < 1:
-            raise ValueError(f"max_depth must be >= 1 step, got {max_depth}")
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
         self.each_number = each_number
         self.reward = reward
         self.prompt_template = prompt_template
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter=step_delimiter)
-        self.max_depth = max_depth
         self.max_response_tokens = max_response_tokens
         self.split_files: dict[str, Path] = {
             name: asset_path("countdown", file) for name, file in SHIPPED_SPLITS.items()
