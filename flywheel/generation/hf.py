@@ -1,0 +1,496 @@
+"""`HFGenerator`: the Generator seam on an in-process transformers model (the CPU default).
+
+The model is the trainer's own module (shared, never copied), so the generator always
+samples from the current weights and needs no weight sync. Decoding is a hand-written
+KV-cache loop rather than `model.generate`, for three reasons:
+  * prefix reuse: each distinct prompt is prefilled once and its cache is replicated for
+    its n samples (`stats.prefill_tokens` vs `stats.prompt_tokens` shows the saving);
+  * per-row sampling parameters, stop rules and seeds inside one batch;
+  * the records the objective needs: raw log-probs and entropies of every sampled token.
+
+Conventions (the Completion contract of `flywheel.generation.base`):
+  * EOS is kept: a completion that ends with "eos" has the EOS id as its last token, with
+    its log-prob, so the trainer scores exactly the tokens the policy emitted and the
+    search can treat the node as terminal. Stop tokens ("stop") are kept the same way.
+  * `logprobs[i] = log_softmax(raw_logits)[token_ids[i]]` in fp32: temperature 1, no top-p
+    truncation (the behaviour log-prob of the importance ratio), even for greedy rows.
+  * `entropies[i]` (when `params.top_logprobs > 0`) is the Shannon entropy, in nats, of
+    the same raw distribution, from the full logits. It equals the entropy of the
+    distribution the token was drawn from at the DeepSearch settings (T = 1, top_p = 1),
+    stays informative for greedy rows (where the drawn-from distribution is a point mass),
+    and matches what the vLLM backend can compute from raw top-k log-probs.
+  * Stop strings are matched in the decoded continuation (never the prompt). The token
+    that completes a stop string ends the completion and is kept (it holds the stop text),
+    so the text may run past the stop string when that token's text does.
+  * Sampling noise: every sample gets its uniforms drawn up front from a CPU
+    `torch.Generator` (the request's `seed`, or the generator-level stream advanced every
+    call when `seed` is None) and picks its token by inverse CDF. A seeded request's
+    samples therefore depend only on its own seed, prompt and params (up to float noise
+    from batch composition), and identical calls give identical outputs. Two requests
+    with the same prompt and seed get the same samples: give siblings distinct seeds.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+from flywheel.generation.base import (
+    Completion,
+    FinishReason,
+    GenerationRequest,
+    GenerationStats,
+    SamplingParams,
+)
+
+logger = logging.getLogger(__name__)
+
+_ACTIVE, _EOS, _STOP, _LENGTH = 0, 1, 2, 3
+_REASONS: dict[int, FinishReason] = {_EOS: "eos", _STOP: "stop", _LENGTH: "length"}
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Pick one token per row by inverse-CDF sampling with per-row settings.
+
+    logits [B, V] raw fp32; temperature [B] (0 = greedy argmax); top_p [B] in (0, 1];
+    uniforms [B] in [0, 1). Returns token ids [B]. Temperature is applied before top-p
+    (the vLLM / HF order); nucleus = the fewest most-likely tokens whose mass reaches
+    top_p (the most likely token is always kept). A row's token depends only on its own
+    logits, settings and uniform, never on the other rows of the batch.
+    """
+    tokens = logits.argmax(dim=-1)  # [B]; argmax returns the first maximal index
+    sampled = temperature > 0
+    full = (sampled & (top_p >= 1)).nonzero().squeeze(1)
+    nucleus = (sampled & (top_p < 1)).nonzero().squeeze(1)
+    if full.numel():
+        probs = torch.softmax(logits[full] / temperature[full, None], dim=-1)  # [b, V]
+        cdf = probs.cumsum(dim=-1)
+        target = uniforms[full, None] * cdf[:, -1:]
+        # right=True: the first index whose cdf exceeds the target has positive mass.
+        picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
+        tokens[full] = picked.clamp(max=logits.shape[-1] - 1)
+    if nucleus.numel():
+        probs = torch.softmax(logits[nucleus] / temperature[nucleus, None], dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [b, V]
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[nucleus, None], 0.0)
+        cdf = sorted_probs.cumsum(dim=-1)
+        target = uniforms[nucleus, None] * cdf[:, -1:]
+        rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
+        tokens[nucleus] = order.gather(1, rank).squeeze(1)
+    return tokens
+
+
+class _StopStrings:
+    """Detects stop strings in a row's continuation by decoding a short tail of tokens.
+
+    Decoding every row every step would dominate on a tiny model, so a per-vocabulary
+    prefilter marks the tokens that can complete a stop string: those whose text, as it
+    appears mid-sequence (decoded after a reference token, so SentencePiece keeps its
+    leading space), holds a stop string's last character, or is empty, or is a partial
+    UTF-8 byte. For a character tokenizer and stop "\\n" only the newline token qualifies.
+    """
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...], vocab_size: int) -> None:
+        if any(not s for s in strings):
+            raise ValueError("stop_strings must not contain the empty string")
+        self.strings = strings
+        longest = max(len(s) for s in strings)
+        # Each token contributes >= 1 character in practice; the margin covers tokens that
+        # decode to nothing (skipped specials, partial bytes).
+        self.window = 2 * longest + 2
+        self.candidate = torch.ones(vocab_size, dtype=torch.bool)  # [V]
+        ref = tokenizer.encode("a", add_special_tokens=False)
+        if len(ref) != 1:
+            return  # unusual tokenizer: no prefilter, every token is checked
+        known = min(vocab_size, len(tokenizer))
+        prefix = _decode_text(tokenizer, ref)
+        texts = tokenizer.batch_decode(
+            [ref + [i] for i in range(known)], skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
+        special = set(tokenizer.all_special_ids)
+        last_chars = {s[-1] for s in strings}
+
+        def may_complete(i: int, text: str) -> bool:
+            if i in special:
+                return False  # skipped when decoding, so it never completes a stop string
+            if not text.startswith(prefix):
+                return True
+            piece = text[len(prefix) :]
+            return not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
+
+        self.candidate[:known] = torch.tensor([may_complete(i, t) for i, t in enumerate(texts)])
+
+    def hit(self, tokenizer: Any, tail_ids: list[int]) -> bool:
+        text = _decode_text(tokenizer, tail_ids)
+        return any(s in text for s in self.strings)
+
+
+def _decode_text(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One sample to decode: which request and sample it is, and its sampling noise."""
+
+    request: int
+    sample: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    uniforms: torch.Tensor  # [params.max_new_tokens], CPU
+
+
+class HFGenerator:
+    """Batched sampling from a live transformers causal LM (see the module docstring).
+
+    Args:
+        model: the policy, shared with the trainer (not copied). Put in eval mode for each
+            call and restored to its previous mode afterwards; run under `torch.no_grad`.
+        tokenizer: gives the EOS and pad ids and decodes continuations for stop strings.
+        max_batch_size: most sequences decoded together; larger calls run in chunks of
+            this many samples (identical prompts in a chunk are prefilled once).
+        eos_token_id: id(s) that end a completion with reason "eos". Default: the
+            tokenizer's EOS plus the model generation config's EOS ids.
+        seed: seed of the generator-level RNG stream used by requests with `seed=None`;
+            the stream advances with every call.
+        compact_fraction: drop finished rows from the batch (and its KV cache) once at
+            least this fraction of the rows in it has finished. 0 compacts whenever a row
+            finishes; values above 1 never compact (finished rows ride along, masked).
+    """
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        tokenizer: Any,
+        max_batch_size: int = 512,
+        eos_token_id: int | Sequence[int] | None = None,
+        seed: int = 0,
+        compact_fraction: float = 0.25,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if compact_fraction < 0:
+            raise ValueError(f"compact_fraction must be >= 0, got {compact_fraction}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_batch_size = max_batch_size
+        self.compact_fraction = compact_fraction
+        self.seed = seed
+        self.stats = GenerationStats()
+        self._rng = torch.Generator().manual_seed(seed)
+        self.eos_token_ids = self._resolve_eos(eos_token_id)
+        self.pad_token_id = self._resolve_pad()
+        forward_args = inspect.signature(model.forward).parameters
+        # transformers 5.24 names the KV-cache argument `cache` (`past_key_values` is
+        # deprecated there); older 5.x releases only know `past_key_values`.
+        self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
+        self._has_logits_to_keep = "logits_to_keep" in forward_args
+        self._stop_strings: dict[tuple[str, ...], _StopStrings] = {}
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str = "auto",
+        **kwargs: Any,
+    ) -> HFGenerator:
+        """Load tokenizer and model from a directory (or hub id); `kwargs` go to `__init__`."""
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
+        return cls(model, tokenizer, **kwargs)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The generator-level RNG stream (for requests with `seed=None`), for exact resume."""
+        return {"rng_state": self._rng.get_state()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._rng.set_state(state["rng_state"])
+
+    # -- configuration helpers -------------------------------------------------------------
+
+    def _resolve_eos(self, override: int | Sequence[int] | None) -> tuple[int, ...]:
+        if override is not None:
+            ids = [override] if isinstance(override, int) else list(override)
+        else:
+            ids = [self.tokenizer.eos_token_id]
+            gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+            ids += [gen_eos] if isinstance(gen_eos, int) else list(gen_eos or [])
+        ids = sorted({i for i in ids if i is not None})
+        if not ids:
+            raise ValueError(
+                "no EOS id: the tokenizer has no eos_token and the model's generation config "
+                "none either; pass eos_token_id=..."
+            )
+        return tuple(ids)
+
+    def _resolve_pad(self) -> int:
+        # Pad positions are masked out, so any valid id works; prefer the real pad id.
+        pad = self.tokenizer.pad_token_id
+        return self.eos_token_ids[0] if pad is None else int(pad)
+
+    # -- the seam ----------------------------------------------------------------------------
+
+    def sample(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        """`result[i]` holds `requests[i].n` completions of `requests[i].prompt_ids`, in order."""
+        start = time.perf_counter()
+        self._validate(requests)
+        rows = self._rows(requests)
+        # Sorting by prompt puts identical prompts side by side (one prefill for all of
+        # them) and similar lengths in the same chunk (little padding).
+        order = sorted(range(len(rows)), key=lambda i: (len(rows[i].prompt), rows[i].prompt, i))
+        results: list[list[Completion | None]] = [[None] * r.n for r in requests]
+        # Restore each submodule's own mode: the trainer may keep some parts in eval.
+        modes = [(m, m.training) for m in self.model.modules()]
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                for lo in range(0, len(order), self.max_batch_size):
+                    chunk = [rows[i] for i in order[lo : lo + self.max_batch_size]]
+                    for row, completion in zip(chunk, self._decode(chunk)):
+                        results[row.request][row.sample] = completion
+        finally:
+            for module, training in modes:
+                module.training = training
+        prompt_tokens = sum(len(r.prompt_ids) * r.n for r in requests)
+        self.stats.calls += 1
+        self.stats.requests += len(requests)
+        self.stats.prompt_tokens += prompt_tokens
+        self.stats.generated_tokens += sum(len(c.token_ids) for cs in results for c in cs)
+        seconds = time.perf_counter() - start
+        self.stats.seconds += seconds
+        logger.debug(
+            "sampled %d requests / %d rows in %.3f s (%d chunks)",
+            len(requests), len(rows), seconds, -(-len(rows) // self.max_batch_size),
+        )
+        return results  # type: ignore[return-value]  # every slot is filled above
+
+    def _validate(self, requests: Sequence[GenerationRequest]) -> None:
+        vocab = self.model.config.get_text_config().vocab_size
+        limit = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
+        for i, r in enumerate(requests):
+            bad = [t for t in (*r.prompt_ids, *r.params.stop_token_ids) if not 0 <= t < vocab]
+            if bad:
+                raise ValueError(
+                    f"request {i}: token ids {bad[:5]} outside the vocabulary [0, {vocab})"
+                )
+            if limit is not None and len(r.prompt_ids) + r.params.max_new_tokens > limit:
+                raise ValueError(
+                    f"request {i}: prompt ({len(r.prompt_ids)} tokens) + max_new_tokens "
+                    f"({r.params.max_new_tokens}) exceeds the model's max_position_embeddings "
+                    f"({limit}); lower max_new_tokens or use a model with longer positions"
+                )
+
+    def _rows(self, requests: Sequence[GenerationRequest]) -> list[_Row]:
+        rows = []
+        for i, r in enumerate(requests):
+            rng = self._rng if r.seed is None else torch.Generator().manual_seed(r.seed)
+            uniforms = torch.rand(r.n, r.params.max_new_tokens, generator=rng)  # [n, T]
+            rows += [_Row(i, j, r.prompt_ids, r.params, uniforms[j]) for j in range(r.n)]
+        return rows
+
+    def _stop_matcher(self, strings: tuple[str, ...], vocab: int) -> _StopStrings:
+        if strings not in self._stop_strings:
+            self._stop_strings[strings] = _StopStrings(self.tokenizer, strings, vocab)
+        return self._stop_strings[strings]
+
+    def _forward(self, ids, attention_mask, position_ids, cache, last_only: bool) -> torch.Tensor:
+        """One model call; returns fp32 logits of the last position, [B, V]."""
+        kwargs = {self._cache_kwarg: cache}
+        if last_only and self._has_logits_to_keep:
+            kwargs["logits_to_keep"] = 1
+        out = self.model(
+            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids,
+            use_cache=True, **kwargs,
+        )
+        return out.logits[:, -1].float()
+
+    # -- the decoding loop -------------------------------------------------------------------
+
+    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+        """Prefill each distinct prompt of the chunk once, then replicate it to its rows.
+
+        Returns the cache (batch = rows), the last-position logits [R, V] and the prompt
+        attention mask [R, P] (left padding).
+        """
+        device = self.model.device
+        unique: dict[tuple[int, ...], int] = {}
+        row_prompt = torch.tensor([unique.setdefault(r.prompt, len(unique)) for r in rows])
+        width = max(len(p) for p in unique)
+        ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)  # [U, P]
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for u, prompt in enumerate(unique):
+            ids[u, width - len(prompt) :] = torch.tensor(prompt)
+            mask[u, width - len(prompt) :] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # pads get 0; they are masked anyway
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(
+            ids.to(device), mask.to(device), positions.to(device), cache, last_only=True
+        )  # [U, V]
+        computed = int(mask.sum())
+        self.stats.prefill_tokens += computed
+        self.stats.cached_prompt_tokens += sum(len(r.prompt) for r in rows) - computed
+        _bump(self.stats, "prefill_padded_tokens", ids.numel())
+
+        row_prompt = row_prompt.to(device)
+        cache.batch_select_indices(row_prompt)  # gather with repeats: [U, ...] -> [R, ...]
+        return cache, logits[row_prompt], mask.to(device)[row_prompt]
+
+    def _decode(self, rows: list[_Row]) -> list[Completion]:
+        """Decode one chunk of rows together; returns their completions in row order."""
+        device = self.model.device
+        vocab = self.model.config.get_text_config().vocab_size
+        horizon = max(r.params.max_new_tokens for r in rows)
+        cache, logits, prompt_mask = self._prefill(rows)
+        width = prompt_mask.shape[1]
+        # Generated positions are never padding: [R, P + T].
+        attention = torch.cat([prompt_mask, prompt_mask.new_ones(len(rows), horizon)], dim=1)
+        prompt_len = prompt_mask.sum(-1)  # [R]
+        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+        uniforms = torch.zeros(len(rows), horizon)  # [R, T]
+        for k, r in enumerate(rows):
+            uniforms[k, : r.params.max_new_tokens] = r.uniforms
+        uniforms = uniforms.to(device)
+        rules = _StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, device)
+        record = _Record(rows, horizon, device)
+
+        # `slots[b]` is the row at batch position b; `active[b]` whether it still decodes.
+        # Finished rows ride along masked until enough have finished to compact the batch.
+        slots = torch.arange(len(rows), device=device)
+        active = torch.ones(len(rows), dtype=torch.bool, device=device)
+        row_steps = 0
+        for t in range(horizon):
+            new = sample_tokens(logits, temperature[slots], top_p[slots], uniforms[slots, t])  # [B]
+            record.add(t, slots, active, new, logits)
+            reason = rules.check(t, slots, active, new, record.tokens, self.tokenizer)  # [B]
+            record.finish(t, slots, reason)
+            active &= reason == _ACTIVE
+            if not bool(active.any()):
+                break
+            n_done = len(slots) - int(active.sum())
+            if n_done and n_done >= self.compact_fraction * len(slots):
+                keep = active.nonzero().squeeze(1)
+                cache.batch_select_indices(keep)
+                slots, new, active = slots[keep], new[keep], active[keep]
+            row_steps += len(slots)
+            logits = self._forward(
+                new[:, None],
+                attention[slots, : width + t + 1],
+                (prompt_len[slots] + t)[:, None],
+                cache,
+                last_only=False,
+            )
+        _bump(self.stats, "decode_row_steps", row_steps)
+        return record.completions(rows)
+
+
+class _StopRules:
+    """The stop tests of one chunk, vectorised over the batch.
+
+    Priority when several hold at once: EOS, then a stop token or stop string, then the
+    length limit (a stop string completed by the last allowed token is "stop").
+    """
+
+    def __init__(
+        self, rows: list[_Row], eos_ids: tuple[int, ...], vocab: int, matcher, device
+    ) -> None:
+        self.eos = torch.zeros(vocab, dtype=torch.bool)  # [V]
+        self.eos[list(eos_ids)] = True
+        # Rows share a few distinct stop settings: masks per setting, a group index per row.
+        id_sets = sorted({r.params.stop_token_ids for r in rows})
+        self.stop_ids = torch.zeros(len(id_sets), vocab, dtype=torch.bool)  # [G, V]
+        for g, ids in enumerate(id_sets):
+            self.stop_ids[g, list(ids)] = True
+        self.id_group = torch.tensor([id_sets.index(r.params.stop_token_ids) for r in rows])
+        # Group 0: rows without stop strings, which never need a decode.
+        string_sets = [()] + sorted({r.params.stop_strings for r in rows} - {()})
+        self.matchers = [None] + [matcher(strings, vocab) for strings in string_sets[1:]]
+        self.string_candidate = torch.stack(
+            [torch.zeros(vocab, dtype=torch.bool)] + [m.candidate for m in self.matchers[1:]]
+        )  # [S + 1, V]
+        self.string_group = torch.tensor([string_sets.index(r.params.stop_strings) for r in rows])
+        self.has_strings = len(string_sets) > 1
+        self.max_new = torch.tensor([r.params.max_new_tokens for r in rows])
+        for name in ("eos", "stop_ids", "id_group", "string_candidate", "string_group", "max_new"):
+            setattr(self, name, getattr(self, name).to(device))
+
+    def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
+        """Finish code per batch position after step t ([B]; _ACTIVE = goes on)."""
+        is_eos = self.eos[new] & active
+        is_stop = self.stop_ids[self.id_group[slots], new] & active & ~is_eos
+        if self.has_strings:
+            group = self.string_group[slots]
+            check = self.string_candidate[group, new] & active & ~is_eos & ~is_stop
+            for b in check.nonzero().squeeze(1).tolist():
+                matcher = self.matchers[int(group[b])]
+                tail = tokens[int(slots[b]), max(0, t + 1 - matcher.window) : t + 1].tolist()
+                if matcher.hit(tokenizer, tail):
+                    is_stop[b] = True
+        is_length = (self.max_new[slots] <= t + 1) & active
+        reason = torch.full_like(new, _ACTIVE)
+        reason[is_length] = _LENGTH
+        reason[is_stop] = _STOP
+        reason[is_eos] = _EOS
+        return reason
+
+
+class _Record:
+    """What a chunk produced, indexed by row: tokens, log-probs, entropies [R, T]."""
+
+    def __init__(self, rows: list[_Row], horizon: int, device) -> None:
+        n = len(rows)
+        self.tokens = torch.zeros(n, horizon, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(n, horizon, device=device)
+        want_entropy = any(r.params.top_logprobs > 0 for r in rows)
+        self.entropies = torch.zeros(n, horizon, device=device) if want_entropy else None
+        self.length = torch.zeros(n, dtype=torch.long, device=device)
+        self.reason = torch.full((n,), _ACTIVE, dtype=torch.long, device=device)
+
+    def add(self, t: int, slots, active, new, logits) -> None:
+        """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V]."""
+        live = slots[active]
+        log_z = torch.logsumexp(logits, dim=-1)  # [B]
+        self.tokens[live, t] = new[active]
+        self.logprobs[live, t] = (logits.gather(1, new[:, None]).squeeze(1) - log_z)[active]
+        if self.entropies is not None:
+            expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(-1)  # E_p[logit]
+            self.entropies[live, t] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
+
+    def finish(self, t: int, slots, reason) -> None:
+        done = reason != _ACTIVE
+        self.length[slots[done]] = t + 1
+        self.reason[slots[done]] = reason[done]
+
+    def completions(self, rows: list[_Row]) -> list[Completion]:
+        tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()
+        entropies = self.entropies.cpu() if self.entropies is not None else None
+        out = []
+        for k, (row, n, why) in enumerate(zip(rows, self.length.tolist(), self.reason.tolist())):
+            ent = None
+            if row.params.top_logprobs > 0 and entropies is not None:
+                ent = tuple(entropies[k, :n].tolist())
+            out.append(
+                Completion(
+                    token_ids=tuple(tokens[k, :n].tolist()),
+                    logprobs=tuple(logprobs[k, :n].tolist()),
+                    finish_reason=_REASONS[why],
+                    entropies=ent,
+                )
+            )
+        return out
+
+
+def _bump(stats: GenerationStats, key: str, value: float) -> None:
+    stats.extra[key] = stats.extra.get(key, 0.0) + float(value)
