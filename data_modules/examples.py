@@ -110,3 +110,19 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
         "group_ids": torch.tensor([r.group for r in rows], dtype=torch.long),
         "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float32),
     }
+
+
+def empty_batch(pad_id: int) -> dict[str, torch.Tensor]:
+    """A one-row batch with no response token: loss 0, zero gradients. Keeps the number of
+    optimizer steps equal on every rank when a rank has nothing to train on in a slot."""
+    return {
+        "input_ids": torch.full((1, 2), pad_id, dtype=torch.long),
+        "attention_mask": torch.ones((1, 2), dtype=torch.long),
+        "loss_mask": torch.zeros((1, 1), dtype=torch.bool),
+        "advantages": torch.zeros((1, 1)),
+        "behaviour_logprobs": torch.zeros((1, 1)),
+        "old_logprobs": torch.zeros((1, 1)),
+        "step_ids": torch.full((1, 1), -1, dtype=torch.long),
+        "group_ids": torch.zeros(1, dtype=torch.long),
+        "rewards": torch.zeros(1),
+    }

@@ -5,6 +5,7 @@ finished trees become the epoch's training data (DESIGN.md, "Data flow of one ep
 from __future__ import annotations
 
 import functools
+import math
 import logging
 import random
 import time
@@ -16,7 +17,7 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from data_modules.examples import TrainingRow, collate, rows_from_result
+from data_modules.examples import TrainingRow, collate, empty_batch, rows_from_result
 from data_modules.problems import load_problems
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.evaluation import EvalConfig
@@ -218,13 +219,21 @@ class SearchDataModule(L.LightningDataModule):
         seconds = time.perf_counter() - start
         weighting = "best_of_n" if self.rollout == "best_of_n" else "advantage"
         per_problem = [rows_from_result(r, group=i, weighting=weighting, normalize_std=self.normalize_std) for i, r in enumerate(results)]
+        # Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce
+        # would hang: a mini-batch slot with nothing to train on becomes an all-masked batch.
+        slots = math.ceil(math.ceil(self.problems_per_epoch / world) / self.mini_batch_problems)
         batches = []
-        for first in range(0, len(per_problem), self.mini_batch_problems):
+        for slot in range(slots):
+            first = slot * self.mini_batch_problems
             rows: list[TrainingRow] = [row for group in per_problem[first : first + self.mini_batch_problems] for row in group]
             if rows:
                 batch = collate(rows, pad_id=module.tokenizer.pad_token_id)
                 batch["old_logprobs"] = module.score_batch(batch) if module.old_logprobs != "behaviour" else batch["behaviour_logprobs"]
-                batches.append(batch)
+            elif world > 1:
+                batch = empty_batch(pad_id=module.tokenizer.pad_token_id)
+            else:
+                continue
+            batches.append(batch)
         self.generated_tokens += stats.generated_tokens
         self.epoch_metrics = _epoch_metrics(results, stats, seconds, self.generated_tokens, self._generator)
         log.info(

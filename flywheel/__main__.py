@@ -26,7 +26,7 @@ class FlywheelCLI(LightningCLI):
         return
 
 
-def main(args: list[str] | None = None) -> FlywheelCLI:
+def main(args: list[str] | None = None, run: bool = True) -> FlywheelCLI:
     logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
@@ -38,6 +38,7 @@ def main(args: list[str] | None = None) -> FlywheelCLI:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards."},
         args=args,
+        run=run,
     )
 
 

@@ -1,0 +1,34 @@
+"""GenerationBudget: stop training once the run has generated a given number of tokens.
+
+Comparisons between rollout kinds (tree search, flat DAPO, best-of-N) are only fair at equal
+generation cost; this callback makes the token count, not the epoch count, the budget.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+log = logging.getLogger(__name__)
+
+
+class GenerationBudget(Callback):
+    """Ends `fit` after the first epoch at which the training rollouts' generated tokens
+    (evaluation excluded) reach `max_tokens`. The epoch in progress always completes.
+
+    Args:
+        max_tokens: the training generation budget in tokens.
+    """
+
+    def __init__(self, max_tokens: int) -> None:
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        self.max_tokens = max_tokens
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        used = trainer.datamodule.generated_tokens
+        if used >= self.max_tokens:
+            log.info("generation budget reached: %d >= %d tokens; stopping", used, self.max_tokens)
+            trainer.should_stop = True

@@ -1,0 +1,75 @@
+"""End to end: a short `fit` through the CLI on the tiny policy trains, logs and summarises."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from flywheel.__main__ import main
+from flywheel.policy import load_policy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = [
+    "--trainer.max_epochs=2",
+    "--data.problems_per_epoch=8",
+    "--data.mini_batch_problems=4",
+    "--data.max_eval_problems=16",
+    "--data.eval.samples=2",
+    "--data.search.expansion_width=4",
+    "--data.search.trajectories_per_tree=4",
+]
+
+
+def run_fit(tmp_path: Path, *extra: str):
+    return main(
+        ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *SMALL,
+         f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+    )
+
+
+def scalars(log_dir: str) -> dict[str, list]:
+    ea = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    ea.Reload()
+    return {tag: ea.Scalars(tag) for tag in ea.Tags()["scalars"]}
+
+
+@pytest.mark.slow
+def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
+    cli = run_fit(tmp_path)
+    trainer = cli.trainer
+    log_dir = trainer.log_dir
+
+    # The parameters moved away from the shipped policy.
+    base, _ = load_policy("tiny-countdown")
+    trained = cli.model.policy.state_dict()
+    changed = [name for name, value in base.state_dict().items() if not torch.equal(value, trained[name])]
+    assert changed, "no parameter changed during fit"
+    assert trainer.global_step > 0
+
+    tags = scalars(log_dir)
+    for tag in ("train/loss", "train/advantage_mean", "search/depth", "search/iterations_per_tree",
+                "search/reward", "search/seconds", "compute/generated_tokens", "compute/prefill_tokens",
+                "eval/pass@1", "eval/pass@2", "round/eval_pass@1"):
+        assert tag in tags, f"{tag} missing from TensorBoard; have {sorted(tags)}"
+    tokens = [p.value for p in tags["compute/generated_tokens"]]
+    assert tokens == sorted(tokens) and tokens[-1] > 0  # cumulative
+    assert [p.step for p in tags["round/eval_pass@1"]] == [0, 1, 2]
+
+    summary = json.loads((Path(log_dir) / "summary.json").read_text())
+    assert 0.0 <= summary["base_eval_pass1"] <= 1.0
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
+    for r in summary["rounds"]:
+        assert set(r) >= {"round", "epoch", "eval_pass1", "eval_passk", "k", "hard_set_size", "cached", "generated_tokens"}
+        assert r["k"] == 2
+    assert summary["rounds"][-1]["generated_tokens"] > summary["rounds"][0]["generated_tokens"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overlay", ["dapo.yaml", "best_of_n.yaml"])
+def test_flat_baselines_fit(tmp_path, overlay):
+    cli = run_fit(tmp_path, "--config", str(ROOT / "conf" / overlay), "--trainer.max_epochs=1", "--data.flat_samples=4")
+    assert cli.trainer.current_epoch == 1
+    assert (Path(cli.trainer.log_dir) / "summary.json").is_file()
