@@ -1,0 +1,98 @@
+"""The shipped default policy (flywheel/assets/policies/tiny-countdown), built by
+tools/make_tiny_policy.py. Nothing here retrains it: these check the committed folder."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from flywheel.assets import asset_path
+from flywheel.generation import GenerationRequest, SamplingParams
+from flywheel.generation.hf import HFGenerator
+from flywheel.policy import load_policy
+from flywheel.rewards.countdown import verify
+from flywheel.tasks.countdown import CountdownTask
+
+FOLDER = asset_path("policies", "tiny-countdown")
+FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+         "tokenizer_config.json", "README.md", "eval_results.json")
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return load_policy("tiny-countdown")
+
+
+@pytest.fixture(scope="module")
+def results():
+    return json.loads((FOLDER / "eval_results.json").read_text(encoding="utf-8"))
+
+
+def test_folder_is_complete_and_small():
+    for name in FILES:
+        assert (FOLDER / name).is_file(), name
+    size = sum(f.stat().st_size for f in FOLDER.rglob("*") if f.is_file())
+    assert size <= 20 * 2**20, f"{size / 2**20:.1f} MiB"
+
+
+def test_loads_with_transformers_and_vocab_matches_tokenizer():
+    model = AutoModelForCausalLM.from_pretrained(FOLDER)
+    tokenizer = AutoTokenizer.from_pretrained(FOLDER)
+    # Otherwise a generator could sample ids the tokenizer cannot decode (vllm-cpu.md §2).
+    assert model.config.vocab_size == len(tokenizer) == 100
+    assert (tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id) == (1, 2, 0)
+    assert model.config.eos_token_id == model.generation_config.eos_token_id == tokenizer.eos_token_id
+    trace = "5 9 8|67\n9*8=72\n<answer>(9*8)-5</answer>"
+    assert tokenizer.decode(tokenizer(trace)["input_ids"], skip_special_tokens=True) == trace
+
+
+def test_load_policy_by_builtin_name(policy):
+    model, tokenizer = policy
+    assert model.config.vocab_size == len(tokenizer)
+    assert model.dtype == torch.float32
+
+
+def test_card_states_how_it_was_made_and_its_scores(results):
+    card = (FOLDER / "README.md").read_text(encoding="utf-8")
+    assert "python tools/make_tiny_policy.py" in card
+    assert results["command"] in card
+    for split in ("test", "test_hard"):
+        score = results["eval"][split]
+        n = score["samples_per_problem"]
+        # The card's table row shows the measured Pass@1 and Pass@n of this split.
+        row = next(line for line in card.splitlines() if line.startswith(f"| {split}.jsonl |"))
+        assert f"**{100 * score['pass_at_1']:.1f}%**" in row
+        assert f"**{100 * score['pass_at_k'][str(n)]:.1f}%**" in row
+    assert re.search(r"Pass@1 \| Pass@8", card)
+    assert f"{results['summary']['parameters']:,} parameters" in card
+
+
+def test_shipped_scores_are_in_the_intended_band(results):
+    """Weak but not hopeless on test.jsonl, and sampling more finds more (issue requirements)."""
+    test = results["eval"]["test"]
+    assert test["problems"] == 600 and test["samples_per_problem"] == 8
+    assert 0.05 <= test["pass_at_1"] <= 0.40
+    assert test["pass_at_k"]["8"] >= test["pass_at_1"] + 0.15
+
+
+def test_samples_solve_some_held_out_problems(policy):
+    """64 test problems x 4 samples at T = 1.0: some are correct (takes a few seconds)."""
+    model, tokenizer = policy
+    task = CountdownTask()
+    problems = task.problems("test")[:64]
+    params = SamplingParams(max_new_tokens=128, temperature=1.0)
+    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), 4, params, seed=i)
+                for i, p in enumerate(problems)]
+    completions = HFGenerator(model, tokenizer).sample(requests)
+    correct = [
+        verify(p.numbers, p.target, tokenizer.decode(c.token_ids, skip_special_tokens=True)).correct
+        for p, samples in zip(problems, completions) for c in samples
+    ]
+    assert sum(correct) / len(correct) > 0
+    # A trained policy ends its answers with EOS rather than running to the length cap.
+    ends = [c.finish_reason for samples in completions for c in samples]
+    assert ends.count("eos") / len(ends) > 0.9
