@@ -8,14 +8,14 @@ on every step, which makes the same formula DAPO (deepsearch.md §6).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Callable, Literal, Sequence
 
 import torch
 
-from flywheel.objectives import per_token, tree_grpo_advantages
-from flywheel.search.outputs import TreeResult
+from flywheel.adaptive import CachedSolution, mixed_rollout
+from flywheel.objectives import dapo_advantages, per_token, tree_grpo_advantages
+from flywheel.search.outputs import Trajectory, TreeResult
 
 Weighting = Literal["advantage", "best_of_n"]
 
@@ -32,18 +32,27 @@ class TrainingRow:
     advantages: tuple[float, ...]
     """[len(response_ids)] per-token advantage."""
     behaviour_logprobs: tuple[float, ...]
-    """[len(response_ids)] the generator's log-probs (NaN replaced by 0)."""
+    """[len(response_ids)] the generator's log-probs; NaN where unknown (a cached solution,
+    or a backend that gave none): the data module fills those with the trainer's own."""
     step_ids: tuple[int, ...]
     """[len(response_ids)] index of the step each token belongs to."""
     reward: float
 
 
-def rows_from_result(result: TreeResult, group: int, weighting: Weighting = "advantage", normalize_std: bool = False) -> list[TrainingRow]:
+def rows_from_result(
+    result: TreeResult,
+    group: int,
+    weighting: Weighting = "advantage",
+    normalize_std: bool = False,
+    drop: Callable[[Trajectory], bool] | None = None,
+) -> list[TrainingRow]:
     """Training rows of one tree (or one flat group).
 
     weighting "advantage": Tree-GRPO / DAPO advantages (node score minus the group's mean
     final score). "best_of_n": rejection-sampling fine-tuning, the best-of-N baseline: the
     correct trajectories only, each token with advantage +1 (none when nothing is correct).
+    `drop`: trajectories to leave out of training (e.g. garbled negatives, deepsearch.md §7);
+    they still count in the group baseline, which describes the search as it happened.
     """
     trajectories = result.trajectories
     if not trajectories:
@@ -58,6 +67,8 @@ def rows_from_result(result: TreeResult, group: int, weighting: Weighting = "adv
         step_advantages = tree_grpo_advantages(step_scores, normalize_std=normalize_std)
     rows = []
     for trajectory, advantages in zip(chosen, step_advantages):
+        if drop is not None and drop(trajectory):
+            continue
         lengths = trajectory.step_lengths
         rows.append(
             TrainingRow(
@@ -66,9 +77,47 @@ def rows_from_result(result: TreeResult, group: int, weighting: Weighting = "adv
                 prompt_ids=result.prompt_ids,
                 response_ids=trajectory.response_ids,
                 advantages=tuple(per_token(advantages, lengths)),
-                behaviour_logprobs=tuple(0.0 if math.isnan(x) else x for x in trajectory.response_logprobs),
+                behaviour_logprobs=trajectory.response_logprobs,
                 step_ids=tuple(j for j, n in enumerate(lengths) for _ in range(n)),
                 reward=trajectory.reward,
+            )
+        )
+    return rows
+
+
+def mixed_rows(
+    problem_id: str,
+    prompt_ids: tuple[int, ...],
+    cached: Sequence[CachedSolution],
+    direct: Sequence[Trajectory],
+    group: int,
+    n: int,
+    normalize_std: bool = False,
+    drop: Callable[[Trajectory], bool] | None = None,
+) -> list[TrainingRow]:
+    """A replay-buffer problem's mixed rollout (deepsearch.md §7): the cached correct
+    solutions take the first min(#cached, n) places of the n direct samples; every response
+    is scored by its outcome (a cached one is correct: +1), and that scalar minus the
+    group mean is the advantage of every one of its tokens (no step values)."""
+    items: list[Trajectory | CachedSolution] = mixed_rollout(list(cached), list(direct), n)
+    scores = [1.0 if isinstance(item, CachedSolution) else item.final_score for item in items]
+    advantages = dapo_advantages(torch.tensor(scores, dtype=torch.float64), normalize_std=normalize_std).tolist()
+    rows = []
+    for item, score, advantage in zip(items, scores, advantages):
+        if isinstance(item, Trajectory) and drop is not None and drop(item):
+            continue
+        length = len(item.response_ids)
+        behaviour = (float("nan"),) * length if isinstance(item, CachedSolution) else item.response_logprobs
+        rows.append(
+            TrainingRow(
+                problem_id=problem_id,
+                group=group,
+                prompt_ids=prompt_ids,
+                response_ids=tuple(item.response_ids),
+                advantages=(advantage,) * length,
+                behaviour_logprobs=behaviour,
+                step_ids=(0,) * length,
+                reward=score,
             )
         )
     return rows
@@ -79,7 +128,8 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
 
     Returns input_ids / attention_mask [B, L] and loss_mask / advantages /
     behaviour_logprobs / step_ids [B, L-1], where position t describes token t+1; plus
-    group_ids and rewards [B].
+    group_ids and rewards [B]. behaviour_logprobs is NaN wherever it is unknown (and off the
+    response): `fill_behaviour` replaces those with the trainer's log-probs.
     """
     if not rows:
         raise ValueError("cannot collate an empty mini-batch")
@@ -89,7 +139,7 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
     attention_mask = torch.zeros((b, length), dtype=torch.long)
     loss_mask = torch.zeros((b, length - 1), dtype=torch.bool)
     advantages = torch.zeros((b, length - 1), dtype=torch.float32)
-    behaviour = torch.zeros((b, length - 1), dtype=torch.float32)
+    behaviour = torch.full((b, length - 1), float("nan"), dtype=torch.float32)
     step_ids = torch.full((b, length - 1), -1, dtype=torch.long)
     for i, row in enumerate(rows):
         p, r = len(row.prompt_ids), len(row.response_ids)
@@ -126,3 +176,10 @@ def empty_batch(pad_id: int) -> dict[str, torch.Tensor]:
         "group_ids": torch.zeros(1, dtype=torch.long),
         "rewards": torch.zeros(1),
     }
+
+
+def fill_behaviour(batch: dict[str, torch.Tensor], old_logprobs: torch.Tensor) -> None:
+    """Attach pi_old [B, L-1] and use it wherever the generator's log-probs are unknown."""
+    batch["old_logprobs"] = old_logprobs
+    behaviour = batch["behaviour_logprobs"]
+    batch["behaviour_logprobs"] = torch.where(torch.isnan(behaviour), old_logprobs, behaviour)

@@ -1,15 +1,22 @@
 """SearchDataModule: every epoch, the current policy searches this epoch's problems and the
 finished trees become the epoch's training data (DESIGN.md, "Data flow of one epoch").
+
+Adaptive training (deepsearch.md §7) lives here as data-module state, so it is saved in
+every checkpoint and restored by `--ckpt_path`: the Pass1@K hard set (screened with the
+base policy, re-measured and shrunk at every round's end by the HardSetRefresh callback)
+and the replay buffer of cached correct solutions (buffered problems get mixed rollouts
+instead of a tree search).
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import logging
+import math
 import random
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import lightning as L
@@ -17,21 +24,32 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from data_modules.examples import TrainingRow, collate, empty_batch, rows_from_result
+from data_modules.examples import TrainingRow, collate, empty_batch, fill_behaviour, mixed_rows, rows_from_result
 from data_modules.problems import load_problems
+from flywheel.adaptive import (
+    DegenerateFilter,
+    HardSet,
+    HardSetConfig,
+    ReplayBuffer,
+    ReplayConfig,
+    direct_samples_needed,
+    pass1_rates,
+)
+from flywheel.evaluation import EvalConfig, evaluate
 from flywheel.generation.backends import GeneratorBackend, HFBackend
-from flywheel.evaluation import EvalConfig
 from flywheel.generation.base import Generator
+from flywheel.io import atomic_write_json
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_rollouts
-from flywheel.search.outputs import TreeResult
+from flywheel.search.outputs import Trajectory, TreeResult
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 
 log = logging.getLogger(__name__)
 
 Rollout = Literal["search", "flat", "best_of_n"]
+STATE_FORMAT = "flywheel.search_data_module/v1"
 
 
 class SearchDataModule(L.LightningDataModule):
@@ -48,9 +66,17 @@ class SearchDataModule(L.LightningDataModule):
             correct ones only (rejection-sampling fine-tuning).
         search: the tree-search rules and their parameters (expansion width, K, selection...).
         flat_samples: responses per problem for the flat and best-of-N rollouts.
+        hard_set: the Pass1@K hard set: screening samples K, threshold delta, screening
+            temperature (deepsearch.md §7). `--data.hard_set.enabled=false` trains on every
+            problem.
+        replay: the replay buffer of cached correct solutions and its registration rule.
+        degenerate_filter: incorrect responses with garbled text or endless repetition are
+            left out of training (deepsearch.md §7).
         train_files: jsonl/parquet problem files with `problem` and `answer` columns (or the
             task's own columns); default: the task's built-in `train_split`.
         train_split: built-in split used when `train_files` is not given.
+        max_train_problems: use a seeded random subset of at most this many training
+            problems (None = all); the hard set is screened from it.
         eval_files: held-out problem files; default: the task's built-in `eval_split`.
         eval_split: built-in held-out split.
         max_eval_problems: evaluate on the first this many held-out problems (None = all).
@@ -59,8 +85,8 @@ class SearchDataModule(L.LightningDataModule):
         mini_batch_problems: problems per optimizer step (all trajectories of a problem stay
             in one mini-batch, as the group baseline needs).
         max_concurrent_trees: trees (or flat groups) kept in flight per generator call.
-        epochs_per_round: epochs per flywheel round; at each round's end the held-out set
-            is evaluated (and, with the hard-set callback, the hard set re-measured).
+        epochs_per_round: epochs per flywheel round; at each round's end the hard set is
+            re-measured and the held-out set evaluated.
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
         seed: seed of the problem order and of the search.
@@ -73,8 +99,12 @@ class SearchDataModule(L.LightningDataModule):
         rollout: Rollout = "search",
         search: SearchConfig = SearchConfig(),
         flat_samples: int = 8,
+        hard_set: HardSetConfig = HardSetConfig(),
+        replay: ReplayConfig = ReplayConfig(),
+        degenerate_filter: DegenerateFilter = DegenerateFilter(),
         train_files: list[str] | None = None,
         train_split: str = "train",
+        max_train_problems: int | None = None,
         eval_files: list[str] | None = None,
         eval_split: str = "test",
         max_eval_problems: int | None = None,
@@ -96,13 +126,19 @@ class SearchDataModule(L.LightningDataModule):
             raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}")
         if flat_samples < 1:
             raise ValueError(f"--data.flat_samples must be >= 1, got {flat_samples}")
+        if max_train_problems is not None and max_train_problems < 1:
+            raise ValueError(f"--data.max_train_problems must be >= 1 or null, got {max_train_problems}")
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         self.rollout = rollout
         self.search = search
         self.flat_samples = flat_samples
+        self.hard_set_config = hard_set
+        self.replay_config = replay
+        self.degenerate_filter = degenerate_filter
         self.train_files = train_files
         self.train_split = train_split
+        self.max_train_problems = max_train_problems
         self.eval_files = eval_files
         self.eval_split = eval_split
         self.max_eval_problems = max_eval_problems
@@ -114,24 +150,32 @@ class SearchDataModule(L.LightningDataModule):
         self.normalize_std = normalize_std
         self.skip_bad_rows = skip_bad_rows
         self.seed = seed
-        self._train_pool: tuple[Problem, ...] | None = None
+        self._train_pool: dict[str, Problem] | None = None
         self._eval_pool: tuple[Problem, ...] | None = None
         self._generator: Generator | None = None
+        self.skipped_rows = 0
+        # State restored on resume (state_dict / load_state_dict):
+        self.hard: HardSet | None = None
+        """The current hard set; None until the first epoch screens it."""
+        self.buffer = ReplayBuffer(replay)
+        self.round = 0
+        """Flywheel rounds completed."""
         self.cursor = 0
-        """Problems of the shuffled training stream consumed so far (restored on resume)."""
+        """Problems of this round's shuffled hard-set stream consumed so far."""
         self.generated_tokens = 0
-        """Tokens generated for training over the run (evaluation excluded)."""
+        """Tokens generated for training over the run (evaluation and screening excluded)."""
+        self.screening_tokens = 0
         self.epoch_metrics: dict[str, float] = {}
-        self.hard_set_size: int | None = None
-        """Problems in the hard set (None while no hard set is kept)."""
-        self.cached_count: int | None = None
-        """Problems with cached solutions in the replay buffer (None while there is none)."""
 
     # ------------------------------------------------------------------ problems
-    def train_pool(self) -> tuple[Problem, ...]:
+    def train_pool(self) -> dict[str, Problem]:
+        """Training problems by id (a seeded subset when `max_train_problems` is set)."""
         if self._train_pool is None:
             loaded = load_problems(self.task, self.train_files, self.train_split, skip_bad_rows=self.skip_bad_rows)
-            self._train_pool = loaded.problems
+            problems = list(loaded.problems)
+            if self.max_train_problems is not None and len(problems) > self.max_train_problems:
+                problems = random.Random(f"{self.seed}:subset").sample(problems, self.max_train_problems)
+            self._train_pool = {p.id: p for p in problems}
             self.skipped_rows = loaded.skipped
         return self._train_pool
 
@@ -143,17 +187,28 @@ class SearchDataModule(L.LightningDataModule):
             self._eval_pool = loaded.problems
         return self._eval_pool
 
+    @property
+    def hard_set_size(self) -> int | None:
+        return len(self.hard) if self.hard is not None else None
+
+    @property
+    def cached_count(self) -> int:
+        return len(self.buffer)
+
     def next_problems(self, count: int) -> list[Problem]:
-        """The next `count` problems of an endless stream: each pass over the pool is a fresh
-        seeded permutation, so the order depends only on (seed, cursor)."""
+        """The next `count` problems of this round's endless stream over the hard set: each
+        pass is a fresh seeded permutation, so the order depends only on (seed, round, cursor)."""
         pool = self.train_pool()
-        out = []
+        ids = [i for i in self.hard.ids if i in pool] if self.hard is not None else list(pool)
+        if not ids:
+            return []
+        out: list[Problem] = []
         while len(out) < count:
-            epoch_pass, offset = divmod(self.cursor, len(pool))
-            order = list(range(len(pool)))
-            random.Random(f"{self.seed}:{epoch_pass}").shuffle(order)
-            take = min(count - len(out), len(pool) - offset)
-            out.extend(pool[i] for i in order[offset : offset + take])
+            epoch_pass, offset = divmod(self.cursor, len(ids))
+            order = list(range(len(ids)))
+            random.Random(f"{self.seed}:{self.round}:{epoch_pass}").shuffle(order)
+            take = min(count - len(out), len(ids) - offset)
+            out.extend(pool[ids[i]] for i in order[offset : offset + take])
             self.cursor += take
         return out
 
@@ -173,35 +228,78 @@ class SearchDataModule(L.LightningDataModule):
         ]
 
     def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
-        """The search config of one (epoch, rank): `search` with a fresh seed."""
+        """The search config of one (epoch, rank): a fresh seed, all else as configured."""
         return replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
 
-    def rollouts(self, module: L.LightningModule, problems: Sequence[Problem], epoch: int, rank: int) -> tuple[list[TreeResult], DriverStats]:
+    def _search(self, module, problems, config, bar) -> tuple[list[TreeResult], DriverStats]:
         tokenizer = module.tokenizer
-        generator = self.generator(module)
-        config = self.effective_search_config(epoch, rank)
-        decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
-        eos_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-        items = self.search_problems(tokenizer, problems)
-        bar = tqdm(total=len(items), desc=f"epoch {epoch} {self.rollout}", unit="tree", leave=False, disable=rank != 0)
-        stats = DriverStats()
-        try:
-            if self.rollout == "search":
-                driver = SearchDriver(
-                    generator, config, step=self.task.step, decode=decode, max_concurrent_trees=self.max_concurrent_trees,
-                    eos_token_ids=eos_ids, progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
-                )
-                results = driver.run(items)
-                stats = driver.stats
-            else:
-                results = flat_rollouts(
-                    items, generator, n=self.flat_samples, step=self.task.step, decode=decode, config=config,
-                    max_concurrent_problems=self.max_concurrent_trees, eos_token_ids=eos_ids, stats=stats,
-                    progress=lambda done: _advance(bar, done, None),
-                )
-        finally:
-            bar.close()
-        return results, stats
+        driver = SearchDriver(
+            self.generator(module), config, step=self.task.step, decode=_decoder(tokenizer),
+            max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=_eos(tokenizer),
+            progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
+        )
+        return driver.run(self.search_problems(tokenizer, problems)), driver.stats
+
+    def _flat(self, module, problems, n, config, stats, on_done) -> list[TreeResult]:
+        tokenizer = module.tokenizer
+        return flat_rollouts(
+            self.search_problems(tokenizer, problems), self.generator(module), n=n, step=self.task.step,
+            decode=_decoder(tokenizer), config=config, max_concurrent_problems=self.max_concurrent_trees,
+            eos_token_ids=_eos(tokenizer), stats=stats, progress=on_done,
+        )
+
+    # ------------------------------------------------------------------ hard set
+    def screen(self, module: L.LightningModule, ids: Sequence[str], label: str) -> dict[str, float]:
+        """Pass1@K of `ids` under the current policy (K samples at the screening temperature),
+        computed on every rank's shard and gathered, so every rank gets the same rates."""
+        cfg = self.hard_set_config
+        trainer = self.trainer
+        pool = self.train_pool()
+        shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
+        config = EvalConfig(samples=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=derive_seed(self.seed, self.round, 7))
+        bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
+        result = evaluate(self.generator(module), module.tokenizer, self.task, shard, config, progress=lambda d: bar.update(d - bar.n))
+        bar.close()
+        self.screening_tokens += result.generated_tokens
+        gathered = _all_gather(trainer, (result.problem_ids, result.samples, result.correct))
+        return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3)))
+
+    def ensure_hard_set(self, module: L.LightningModule) -> None:
+        """D_hard(0): screen the training pool with the policy as it starts (Eq. 8)."""
+        if self.hard is not None:
+            return
+        ids = list(self.train_pool())
+        rates = self.screen(module, ids, "base") if self.hard_set_config.enabled else {}
+        self.hard = HardSet.initial(ids, rates, self.hard_set_config)
+        log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
+                 len(self.hard), len(ids), self.hard_set_config.k, "<" if self.hard_set_config.comparison == "lt" else "<=",
+                 self.hard_set_config.delta)
+
+    def end_round(self, module: L.LightningModule) -> dict[str, float]:
+        """A flywheel round's end: re-measure the hard set with the trained policy and shrink
+        it (Eq. 9); settle the replay buffer's candidates against the same rates."""
+        assert self.hard is not None, "end_round before the first epoch screened the hard set"
+        rates = self.screen(module, self.hard.ids, f"round {self.round + 1}") if self.hard_set_config.enabled else {}
+        before = len(self.hard)
+        self.hard = self.hard.refresh(rates)
+        registered = self.buffer.settle(rates)
+        self.buffer.retain(self.hard.ids)
+        self.round += 1
+        self.cursor = 0
+        self.persist()
+        log.info("round %d: hard set %d -> %d, %d newly cached, %d problems in the replay buffer",
+                 self.round, before, len(self.hard), len(registered), len(self.buffer))
+        return {"round/hard_set_size": float(len(self.hard)), "round/cached": float(len(self.buffer))}
+
+    def persist(self) -> None:
+        """Write the hard set and the replay buffer to the run directory (atomically)."""
+        trainer = self.trainer
+        if trainer is None or not trainer.is_global_zero or not trainer.log_dir:
+            return
+        folder = Path(trainer.log_dir) / "flywheel_state"
+        if self.hard is not None:
+            atomic_write_json(folder / "hard_set.json", self.hard.to_dict())
+        atomic_write_json(folder / "replay_buffer.json", self.buffer.to_dict())
 
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
@@ -213,35 +311,106 @@ class SearchDataModule(L.LightningDataModule):
             return DataLoader([], batch_size=None)
         module = trainer.lightning_module
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
-        problems = self.next_problems(self.problems_per_epoch)[rank::world]
         start = time.perf_counter()
-        results, stats = self.rollouts(module, problems, epoch, rank)
+        self.ensure_hard_set(module)
+        problems = self.next_problems(self.problems_per_epoch)[rank::world]
+        per_problem, results, stats = self.rollouts(module, problems, epoch, rank)
         seconds = time.perf_counter() - start
-        weighting = "best_of_n" if self.rollout == "best_of_n" else "advantage"
-        per_problem = [rows_from_result(r, group=i, weighting=weighting, normalize_std=self.normalize_std) for i, r in enumerate(results)]
+        batches = self.mini_batches(module, per_problem, world)
+        self.generated_tokens += _all_sum(trainer, stats.generated_tokens)
+        self.epoch_metrics = _epoch_metrics(results, stats, seconds, self.generated_tokens, self._generator)
+        self.epoch_metrics.update({"data/hard_set_size": float(len(self.hard)), "data/cached": float(len(self.buffer)),
+                                   "compute/screening_tokens": float(self.screening_tokens)})
+        self.persist()
+        log.info(
+            "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
+            epoch, len(problems), sum(p.id in self.buffer for p in problems), sum(len(g) for g in per_problem),
+            len(batches), self.epoch_metrics.get("search/reward", float("nan")), seconds,
+        )
+        return DataLoader(batches, batch_size=None, shuffle=False)
+
+    def rollouts(self, module, problems: Sequence[Problem], epoch: int, rank: int):
+        """Training rows per problem (in problem order), the rollout results and their cost.
+
+        Tree search for the problems without cached solutions; mixed rollouts (cached +
+        direct samples, outcome reward) for the problems in the replay buffer."""
+        config = self.effective_search_config(epoch, rank)
+        buffered = [p for p in problems if p.id in self.buffer]
+        fresh = [p for p in problems if p.id not in self.buffer]
+        stats = DriverStats()
+        results: dict[str, TreeResult] = {}
+        rows: dict[str, list[TrainingRow]] = {}
+        drop = self._drop_degenerate
+        bar = tqdm(total=len(problems), desc=f"epoch {epoch} {self.rollout}", unit="problem", leave=False, disable=rank != 0)
+        try:
+            if self.rollout == "search" and fresh:
+                found, search_stats = self._search(module, fresh, config, bar)
+                stats = search_stats
+                for problem, result in zip(fresh, found):
+                    results[problem.id] = result
+                    rows[problem.id] = rows_from_result(result, 0, normalize_std=self.normalize_std, drop=drop)
+            elif fresh:
+                weighting = "best_of_n" if self.rollout == "best_of_n" else "advantage"
+                found = self._flat(module, fresh, self.flat_samples, config, stats, lambda done: _advance(bar, done, None))
+                for problem, result in zip(fresh, found):
+                    results[problem.id] = result
+                    rows[problem.id] = rows_from_result(result, 0, weighting, self.normalize_std, drop=drop)
+            n = self.search.trajectories_per_tree if self.rollout == "search" else self.flat_samples
+            by_need: dict[int, list[Problem]] = {}
+            for problem in buffered:
+                by_need.setdefault(direct_samples_needed(len(self.buffer.solutions(problem.id)), n), []).append(problem)
+            for need, group in by_need.items():
+                direct = self._flat(module, group, need, config, stats, None) if need else [None] * len(group)
+                for problem, result in zip(group, direct):
+                    trajectories = result.trajectories if result is not None else ()
+                    if result is not None:
+                        results[problem.id] = result
+                    rows[problem.id] = mixed_rows(
+                        problem.id, self.encode_prompt(module.tokenizer, problem), self.buffer.solutions(problem.id),
+                        trajectories, 0, n, self.normalize_std, drop,
+                    )
+        finally:
+            bar.close()
+        if self.rollout == "search":
+            self._observe(fresh, results)
+        ordered = [results[p.id] for p in problems if p.id in results]
+        return [rows[p.id] for p in problems], ordered, stats
+
+    def _drop_degenerate(self, trajectory: Trajectory) -> bool:
+        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
+
+    def _observe(self, problems: Sequence[Problem], results: dict[str, TreeResult]) -> None:
+        """Offer every finished search to the replay buffer (same order on every rank)."""
+        local = [
+            (p.id, [(t.response_ids, t.response_text) for t in results[p.id].trajectories if t.verdict.correct],
+             len(results[p.id].trajectories))
+            for p in problems
+        ]
+        for part in _all_gather(self.trainer, local):
+            for problem_id, correct, count in part:
+                if count:
+                    responses = [_Response(ids, text) for ids, text in correct]
+                    self.buffer.observe(problem_id, responses, round=self.round, search_trajectories=count)
+
+    def mini_batches(self, module, per_problem: list[list[TrainingRow]], world: int) -> list[dict[str, torch.Tensor]]:
         # Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce
         # would hang: a mini-batch slot with nothing to train on becomes an all-masked batch.
         slots = math.ceil(math.ceil(self.problems_per_epoch / world) / self.mini_batch_problems)
+        pad_id = module.tokenizer.pad_token_id
         batches = []
         for slot in range(slots):
             first = slot * self.mini_batch_problems
-            rows: list[TrainingRow] = [row for group in per_problem[first : first + self.mini_batch_problems] for row in group]
+            rows = [row for group, problem_rows in enumerate(per_problem[first : first + self.mini_batch_problems])
+                    for row in _regroup(problem_rows, group)]
             if rows:
-                batch = collate(rows, pad_id=module.tokenizer.pad_token_id)
-                batch["old_logprobs"] = module.score_batch(batch) if module.old_logprobs != "behaviour" else batch["behaviour_logprobs"]
+                batch = collate(rows, pad_id=pad_id)
+                fill_behaviour(batch, module.score_batch(batch))
             elif world > 1:
-                batch = empty_batch(pad_id=module.tokenizer.pad_token_id)
+                batch = empty_batch(pad_id=pad_id)
             else:
                 continue
             batches.append(batch)
-        self.generated_tokens += stats.generated_tokens
-        self.epoch_metrics = _epoch_metrics(results, stats, seconds, self.generated_tokens, self._generator)
-        log.info(
-            "epoch %d: %d %s rollouts, %d training rows in %d mini-batches, reward %.3f, %.1f s",
-            epoch, len(results), self.rollout, sum(len(g) for g in per_problem), len(batches),
-            self.epoch_metrics.get("search/reward", float("nan")), seconds,
-        )
-        return DataLoader(batches, batch_size=None, shuffle=False)
+        return batches
 
     # ------------------------------------------------------------------ validate / test
     def val_dataloader(self) -> DataLoader:
@@ -259,11 +428,61 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "generated_tokens": self.generated_tokens}
+        return {
+            "format": STATE_FORMAT,
+            "round": self.round,
+            "cursor": self.cursor,
+            "generated_tokens": self.generated_tokens,
+            "screening_tokens": self.screening_tokens,
+            "hard_set": self.hard.to_dict() if self.hard is not None else None,
+            "replay_buffer": self.buffer.to_dict(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(
+                f"the checkpoint's SearchDataModule state has format {state.get('format')!r}, expected "
+                f"{STATE_FORMAT!r}: it was written by another flywheel version; start a new run without --ckpt_path"
+            )
+        self.round = int(state["round"])
         self.cursor = int(state["cursor"])
         self.generated_tokens = int(state["generated_tokens"])
+        self.screening_tokens = int(state["screening_tokens"])
+        self.hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
+        self.buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
+
+
+class _Response:
+    """A correct response as the replay buffer stores it (token ids + text)."""
+
+    def __init__(self, response_ids: Sequence[int], response_text: str) -> None:
+        self.response_ids = tuple(response_ids)
+        self.response_text = response_text
+
+
+def _regroup(rows: list[TrainingRow], group: int) -> list[TrainingRow]:
+    return [replace(row, group=group) for row in rows]
+
+
+def _decoder(tokenizer: Any):
+    return functools.partial(tokenizer.decode, skip_special_tokens=True)
+
+
+def _eos(tokenizer: Any) -> list[int]:
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def _all_gather(trainer: L.Trainer, obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order (a list of one outside distributed runs)."""
+    if trainer.world_size == 1 or not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return [obj]
+    out: list[Any] = [None] * trainer.world_size
+    torch.distributed.all_gather_object(out, obj)
+    return out
+
+
+def _all_sum(trainer: L.Trainer, value: int) -> int:
+    return sum(_all_gather(trainer, value))
 
 
 def _advance(bar: tqdm, done: int, tokens: int | None) -> None:
@@ -273,13 +492,14 @@ def _advance(bar: tqdm, done: int, tokens: int | None) -> None:
 
 
 def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: float, cumulative_tokens: int, generator: Generator | None) -> dict[str, float]:
+    searched = [r for r in results if r.mode == "search"]
     trajectories = [t for r in results for t in r.trajectories]
     metrics = {
         "search/seconds": seconds,
-        "search/trees": float(len(results)),
-        "search/trees_short": float(sum(not r.complete for r in results)),
-        "search/iterations_per_tree": sum(r.stats.expansions for r in results) / max(len(results), 1),
-        "search/nodes_per_tree": sum(r.stats.nodes for r in results) / max(len(results), 1),
+        "search/trees": float(len(searched)),
+        "search/trees_short": float(sum(not r.complete for r in searched)),
+        "search/iterations_per_tree": sum(r.stats.expansions for r in searched) / max(len(searched), 1),
+        "search/nodes_per_tree": sum(r.stats.nodes for r in searched) / max(len(searched), 1),
         "search/depth": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
         "search/max_depth": float(max((r.stats.max_depth for r in results), default=0)),
         "search/reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),

@@ -14,7 +14,11 @@ class FlywheelCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.evaluation import HeldOutEval
+        from callbacks.hard_set import HardSetRefresh
 
+        # Order matters: the round's hard-set refresh runs before its evaluation, so the
+        # summary of a round holds that round's hard-set size.
+        parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
         parser.add_lightning_class_args(HeldOutEval, "eval")
 
     def _parse_ckpt_path(self) -> None:

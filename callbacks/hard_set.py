@@ -1,0 +1,29 @@
+"""HardSetRefresh: at every flywheel round's end, re-measure the hard set with the trained
+policy and shrink it; settle the replay buffer (deepsearch.md §7, the paper's Table 6)."""
+
+from __future__ import annotations
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class HardSetRefresh(Callback):
+    """Ends each round (every `--data.epochs_per_round` epochs) with the hard-set refresh.
+
+    Logs round/hard_set_size and round/cached (x axis = round) and data/* per step. The hard
+    set and the replay buffer themselves are data-module state: they are saved in every
+    checkpoint and written to <run>/flywheel_state/ atomically.
+    """
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        dm = trainer.datamodule
+        if (trainer.current_epoch + 1) % dm.epochs_per_round:
+            return
+        metrics = dm.end_round(pl_module)
+        pl_module.log_dict({k.replace("round/", "data/"): v for k, v in metrics.items()})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                experiment = getattr(logger, "experiment", None)
+                if hasattr(experiment, "add_scalar"):
+                    for key, value in metrics.items():
+                        experiment.add_scalar(key, value, dm.round)
