@@ -16,18 +16,21 @@ log = logging.getLogger(__name__)
 
 class GenerationBudget(Callback):
     """Ends `fit` after the first epoch at which the training rollouts' generated tokens
-    (evaluation excluded) reach `max_tokens`. The epoch in progress always completes.
+    (evaluation and hard-set screening excluded) reach `max_tokens`. The epoch in progress
+    always completes.
 
     Args:
-        max_tokens: the training generation budget in tokens.
+        max_tokens: the training generation budget in tokens; None = no budget.
     """
 
-    def __init__(self, max_tokens: int) -> None:
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    def __init__(self, max_tokens: int | None = None) -> None:
+        if max_tokens is not None and max_tokens < 1:
+            raise ValueError(f"--budget.max_tokens must be >= 1 or null, got {max_tokens}")
         self.max_tokens = max_tokens
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.max_tokens is None:
+            return
         used = trainer.datamodule.generated_tokens
         if used >= self.max_tokens:
             log.info("generation budget reached: %d >= %d tokens; stopping", used, self.max_tokens)

@@ -17,7 +17,7 @@ from flywheel.adaptive import CachedSolution, mixed_rollout
 from flywheel.objectives import dapo_advantages, per_token, tree_grpo_advantages
 from flywheel.search.outputs import Trajectory, TreeResult
 
-Weighting = Literal["advantage", "best_of_n"]
+Weighting = Literal["node", "outcome", "best_of_n"]
 
 
 @dataclass(frozen=True)
@@ -42,15 +42,18 @@ class TrainingRow:
 def rows_from_result(
     result: TreeResult,
     group: int,
-    weighting: Weighting = "advantage",
+    weighting: Weighting = "node",
     normalize_std: bool = False,
     drop: Callable[[Trajectory], bool] | None = None,
 ) -> list[TrainingRow]:
     """Training rows of one tree (or one flat group).
 
-    weighting "advantage": Tree-GRPO / DAPO advantages (node score minus the group's mean
-    final score). "best_of_n": rejection-sampling fine-tuning, the best-of-N baseline: the
-    correct trajectories only, each token with advantage +1 (none when nothing is correct).
+    weighting "node": Tree-GRPO node-level advantages, q~(s_j) + overlong minus the group's
+    mean final score (deepsearch.md §6; for a flat group q~ is the terminal reward, which is
+    DAPO). "outcome": every token of a trajectory gets its final score minus the group mean
+    (the paper's "coarse scores" ablation, Table 4). "best_of_n": rejection-sampling
+    fine-tuning, the best-of-N baseline: the correct trajectories only, each token with
+    advantage +1 (none when nothing is correct).
     `drop`: trajectories to leave out of training (e.g. garbled negatives, deepsearch.md §7);
     they still count in the group baseline, which describes the search as it happened.
     """
@@ -60,6 +63,10 @@ def rows_from_result(
     if weighting == "best_of_n":
         chosen = [t for t in trajectories if t.verdict.correct]
         step_advantages = [[1.0] * len(t.steps) for t in chosen]
+    elif weighting == "outcome":
+        chosen = list(trajectories)
+        step_scores = [[t.final_score] * len(t.steps) for t in chosen]
+        step_advantages = tree_grpo_advantages(step_scores, normalize_std=normalize_std)
     else:
         chosen = list(trajectories)
         step_scores = [[step.q_soft + t.overlong_penalty for step in t.steps] for t in chosen]

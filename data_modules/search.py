@@ -87,6 +87,10 @@ class SearchDataModule(L.LightningDataModule):
         max_concurrent_trees: trees (or flat groups) kept in flight per generator call.
         epochs_per_round: epochs per flywheel round; at each round's end the hard set is
             re-measured and the held-out set evaluated.
+        advantage: how a tree's trajectories are credited: "node" = Tree-GRPO node-level
+            values q~(s_j) minus the tree's mean final score (the paper's default); "outcome"
+            = every token gets its trajectory's final score minus the tree mean (the paper's
+            "coarse scores" ablation). Flat rollouts are DAPO either way.
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
         seed: seed of the problem order and of the search.
@@ -113,6 +117,7 @@ class SearchDataModule(L.LightningDataModule):
         mini_batch_problems: int = 8,
         max_concurrent_trees: int = 64,
         epochs_per_round: int = 1,
+        advantage: Literal["node", "outcome"] = "node",
         normalize_std: bool = False,
         skip_bad_rows: bool = False,
         seed: int = 0,
@@ -124,6 +129,8 @@ class SearchDataModule(L.LightningDataModule):
             raise ValueError("--data.problems_per_epoch and --data.mini_batch_problems must be >= 1")
         if epochs_per_round < 1:
             raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}")
+        if advantage not in ("node", "outcome"):
+            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO) or 'outcome'")
         if flat_samples < 1:
             raise ValueError(f"--data.flat_samples must be >= 1, got {flat_samples}")
         if max_train_problems is not None and max_train_problems < 1:
@@ -147,6 +154,7 @@ class SearchDataModule(L.LightningDataModule):
         self.mini_batch_problems = mini_batch_problems
         self.max_concurrent_trees = max_concurrent_trees
         self.epochs_per_round = epochs_per_round
+        self.advantage = advantage
         self.normalize_std = normalize_std
         self.skip_bad_rows = skip_bad_rows
         self.seed = seed
@@ -348,9 +356,9 @@ class SearchDataModule(L.LightningDataModule):
                 stats = search_stats
                 for problem, result in zip(fresh, found):
                     results[problem.id] = result
-                    rows[problem.id] = rows_from_result(result, 0, normalize_std=self.normalize_std, drop=drop)
+                    rows[problem.id] = rows_from_result(result, 0, self.advantage, self.normalize_std, drop=drop)
             elif fresh:
-                weighting = "best_of_n" if self.rollout == "best_of_n" else "advantage"
+                weighting = "best_of_n" if self.rollout == "best_of_n" else "node"
                 found = self._flat(module, fresh, self.flat_samples, config, stats, lambda done: _advance(bar, done, None))
                 for problem, result in zip(fresh, found):
                     results[problem.id] = result

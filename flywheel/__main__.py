@@ -10,9 +10,11 @@ from lightning.pytorch.cli import LightningCLI
 
 
 class FlywheelCLI(LightningCLI):
-    """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`)."""
+    """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`,
+    `--hard_set_refresh.*`, `--budget.*`)."""
 
     def add_arguments_to_parser(self, parser) -> None:
+        from callbacks.budget import GenerationBudget
         from callbacks.evaluation import HeldOutEval
         from callbacks.hard_set import HardSetRefresh
 
@@ -20,6 +22,7 @@ class FlywheelCLI(LightningCLI):
         # summary of a round holds that round's hard-set size.
         parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
         parser.add_lightning_class_args(HeldOutEval, "eval")
+        parser.add_lightning_class_args(GenerationBudget, "budget")
 
     def _parse_ckpt_path(self) -> None:
         # LightningCLI would overwrite the model's arguments with the checkpoint's saved

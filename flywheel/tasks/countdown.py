@@ -86,6 +86,8 @@ class CountdownTask(Task):
         max_step_tokens: most tokens in one step. It must fit the answer line, about 32
             characters for 4 numbers up to 13, so 40 leaves slack for a character tokenizer.
         max_response_tokens: most tokens in a whole completion.
+        numbers_count: keep only the built-in problems with this many numbers (e.g. 3 to
+            train on the distribution of the "test" split); None keeps all.
     """
 
     def __init__(
@@ -97,6 +99,7 @@ class CountdownTask(Task):
         step_delimiter: str = "\n",
         max_step_tokens: int = 40,
         max_response_tokens: int = 128,
+        numbers_count: int | None = None,
     ) -> None:
         if each_number not in EACH_NUMBER_RULES:
             raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
@@ -105,6 +108,9 @@ class CountdownTask(Task):
         _check_prompt_template(prompt_template)
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
+        if numbers_count is not None and numbers_count < 2:
+            raise ValueError(f"numbers_count must be >= 2 or None, got {numbers_count}")
+        self.numbers_count = numbers_count
         self.each_number = each_number
         self.reward = reward
         self.prompt_template = prompt_template
@@ -138,7 +144,10 @@ class CountdownTask(Task):
                 "Add one with split_files={name: path.jsonl}."
             )
         if split not in self._loaded:
-            self._loaded[split] = tuple(self._read(self.split_files[split]))
+            problems = self._read(self.split_files[split])
+            if self.numbers_count is not None:
+                problems = [p for p in problems if len(p.numbers) == self.numbers_count]
+            self._loaded[split] = tuple(problems)
         return list(self._loaded[split])
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> CountdownProblem:
