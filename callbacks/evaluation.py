@@ -117,8 +117,9 @@ class HeldOutEval(Callback):
         }
 
     def write_summary(self, trainer: L.Trainer) -> None:
-        if trainer.is_global_zero and trainer.log_dir:
-            atomic_write_json(Path(trainer.log_dir) / "summary.json", _finite(self.summary(trainer)))
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if trainer.is_global_zero and log_dir:
+            atomic_write_json(Path(log_dir) / "summary.json", _finite(self.summary(trainer)))
 
     def table(self) -> str:
         lines = [f"{'round':>5} {'epoch':>5} {'pass@1':>8} {'pass@k':>8} {'tokens':>12}"]

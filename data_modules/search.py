@@ -279,6 +279,9 @@ class SearchDataModule(L.LightningDataModule):
         ids = list(self.train_pool())
         rates = self.screen(module, ids, "base") if self.hard_set_config.enabled else {}
         self.hard = HardSet.initial(ids, rates, self.hard_set_config)
+        if not self.hard_set_config.enabled:
+            log.info("hard set off: training on all %d problems", len(ids))
+            return
         log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
                  len(self.hard), len(ids), self.hard_set_config.k, "<" if self.hard_set_config.comparison == "lt" else "<=",
                  self.hard_set_config.delta)
@@ -302,9 +305,12 @@ class SearchDataModule(L.LightningDataModule):
     def persist(self) -> None:
         """Write the hard set and the replay buffer to the run directory (atomically)."""
         trainer = self.trainer
-        if trainer is None or not trainer.is_global_zero or not trainer.log_dir:
+        if trainer is None:
             return
-        folder = Path(trainer.log_dir) / "flywheel_state"
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if not trainer.is_global_zero or not log_dir:
+            return
+        folder = Path(log_dir) / "flywheel_state"
         if self.hard is not None:
             atomic_write_json(folder / "hard_set.json", self.hard.to_dict())
         atomic_write_json(folder / "replay_buffer.json", self.buffer.to_dict())

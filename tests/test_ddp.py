@@ -22,7 +22,7 @@ def test_ddp_two_process_fit(tmp_path):
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summaries = list(tmp_path.glob("quickstart/version_*/summary.json"))
     assert len(summaries) == 1

@@ -20,6 +20,9 @@ SMALL = [
     "--data.eval.samples=2",
     "--data.search.expansion_width=4",
     "--data.search.trajectories_per_tree=4",
+    "--data.epochs_per_round=1",
+    "--data.hard_set.enabled=true",
+    "--data.max_train_problems=48",
 ]
 
 
@@ -64,6 +67,18 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     for r in summary["rounds"]:
         assert set(r) >= {"round", "epoch", "eval_pass1", "eval_passk", "k", "hard_set_size", "cached", "generated_tokens"}
         assert r["k"] == 2
+        assert 0 <= r["cached"] <= r["hard_set_size"] <= 48
+    sizes = [r["hard_set_size"] for r in summary["rounds"]]
+    assert sizes == sorted(sizes, reverse=True)  # a refresh never adds problems
+
+    # The hard set and the replay buffer are in the run directory and in the checkpoint.
+    state = Path(log_dir) / "flywheel_state"
+    hard = json.loads((state / "hard_set.json").read_text())
+    assert len(hard["ids"]) == sizes[-1] and hard["round"] == 2
+    assert json.loads((state / "replay_buffer.json").read_text())["format"].startswith("flywheel.adaptive.replay")
+    ckpt = torch.load(Path(log_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    dm_state = ckpt["SearchDataModule"]
+    assert dm_state["round"] == 2 and dm_state["hard_set"]["ids"] == hard["ids"]
     assert summary["rounds"][-1]["generated_tokens"] > summary["rounds"][0]["generated_tokens"] > 0
 
 
