@@ -16,18 +16,7 @@ from flywheel.generation.hf import HFGenerator, _StopStrings, sample_tokens
 from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors: one thread is as fast, and much faster when the 2 cores are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
 
 
 @pytest.fixture(scope="module")

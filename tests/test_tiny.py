@@ -11,18 +11,7 @@ from flywheel.tiny import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_lla
 TRACE = "5 9 8|67\n9*8=72\n72-5=67\n<answer>(9*8)-5</answer>"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors: one thread is as fast, and much faster when the 2 cores are shared.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
+pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
 
 
 def test_special_ids_and_vocab(tok):
