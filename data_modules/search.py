@@ -322,7 +322,8 @@ class SearchDataModule(L.LightningDataModule):
         if progress.processed > progress.completed:
             # Resuming from an end-of-epoch checkpoint: Lightning builds this loader for the
             # finished epoch and never iterates it; don't search for it (lightning-cpu.md §2).
-            return DataLoader([], batch_size=None)
+            # It must not be empty, or the fit loop stops at once ("No training batches").
+            return DataLoader([empty_batch(pad_id=trainer.lightning_module.tokenizer.pad_token_id)], batch_size=None)
         module = trainer.lightning_module
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
         start = time.perf_counter()
