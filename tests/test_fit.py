@@ -26,10 +26,12 @@ SMALL = [
 ]
 
 
-def run_fit(tmp_path: Path, *extra: str):
+def run_fit(tmp_path: Path, *extra: str, overlay: str | None = None):
+    overlays = ["--config", str(ROOT / "conf" / overlay)] if overlay else []
     return main(
-        ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *SMALL,
-         f"--trainer.logger.init_args.save_dir={tmp_path}", *extra]
+        ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *overlays, *SMALL,
+         f"--trainer.logger.init_args.save_dir={tmp_path}",
+         f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}", *extra]
     )
 
 
@@ -76,7 +78,7 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     hard = json.loads((state / "hard_set.json").read_text())
     assert len(hard["ids"]) == sizes[-1] and hard["round"] == 2
     assert json.loads((state / "replay_buffer.json").read_text())["format"].startswith("flywheel.adaptive.replay")
-    ckpt = torch.load(Path(log_dir) / "checkpoints" / "last.ckpt", weights_only=False)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     dm_state = ckpt["SearchDataModule"]
     assert dm_state["round"] == 2 and dm_state["hard_set"]["ids"] == hard["ids"]
     assert summary["rounds"][-1]["generated_tokens"] > summary["rounds"][0]["generated_tokens"] > 0
@@ -85,6 +87,6 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("overlay", ["dapo.yaml", "best_of_n.yaml"])
 def test_flat_baselines_fit(tmp_path, overlay):
-    cli = run_fit(tmp_path, "--config", str(ROOT / "conf" / overlay), "--trainer.max_epochs=1", "--data.flat_samples=4")
+    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.flat_samples=4", overlay=overlay)
     assert cli.trainer.current_epoch == 1
     assert (Path(cli.trainer.log_dir) / "summary.json").is_file()
