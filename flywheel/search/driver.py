@@ -137,14 +137,29 @@ def emitted_eos(completion: Completion, eos_token_ids: frozenset[int]) -> bool:
 
 
 def grade_terminal(
-    tree: SearchTree, node: int, problem: SearchProblem, decode: Decode, eos: bool, config: SearchConfig
+    tree: SearchTree,
+    node: int,
+    problem: SearchProblem,
+    decode: Decode,
+    eos: bool,
+    config: SearchConfig,
+    graded: dict[tuple[int, ...], tuple[str, Verdict]] | None = None,
 ) -> None:
-    """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2)."""
-    text = decode(tree.response_ids(node))
-    try:
-        verdict = problem.score(text)
-    except Exception as err:  # a verifier must never raise; say which problem broke it
-        raise RuntimeError(f"the verifier of problem {problem.id!r} raised on a completion: {err!r}") from err
+    """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2).
+
+    `graded` memoises (text, verdict) by response token ids within one tree: siblings often
+    repeat a response exactly, and decoding and grading are pure."""
+    ids = tuple(tree.response_ids(node))
+    if graded is not None and ids in graded:
+        text, verdict = graded[ids]
+    else:
+        text = decode(ids)
+        try:
+            verdict = problem.score(text)
+        except Exception as err:  # a verifier must never raise; say which problem broke it
+            raise RuntimeError(f"the verifier of problem {problem.id!r} raised on a completion: {err!r}") from err
+        if graded is not None:
+            graded[ids] = (text, verdict)
     kind = terminal_kind(verdict, emitted_eos=eos)
     tree.texts[node] = text
     tree.verdicts[node] = verdict
@@ -185,6 +200,7 @@ class _LiveTree:
         self.expansions = 0
         self.trajectories: list[int] = []
         self.generated_tokens = 0
+        self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
         self.terminals = 0
         self.rounds = 0
         self.status: str | None = None
@@ -223,7 +239,7 @@ class _LiveTree:
         new_terminals = [c for c, t in zip(children, terminal) if t]
         for child, (_, is_eos) in zip(children, ends):
             if tree.terminal[child]:
-                grade_terminal(tree, child, self.problem, decode, is_eos, cfg)
+                grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
         self.terminals += len(new_terminals)
         if new_terminals:
             self._back_up(new_terminals)
