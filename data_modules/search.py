@@ -433,11 +433,13 @@ class SearchDataModule(L.LightningDataModule):
         where the HeldOutEval callback evaluates once per round instead."""
         if self.trainer is not None and self.trainer.state.fn == "fit":
             return DataLoader([], batch_size=None)
-        problems = list(self.eval_problems())
+        # Batches are lists of positions in eval_problems(): Lightning's batch transfer cannot
+        # walk frozen dataclasses, so the problems themselves stay here.
+        positions = list(range(len(self.eval_problems())))
         if self.trainer is not None:
-            problems = problems[self.trainer.global_rank :: self.trainer.world_size]
+            positions = positions[self.trainer.global_rank :: self.trainer.world_size]
         chunk = self.eval.problems_per_batch
-        return DataLoader([problems[i : i + chunk] for i in range(0, len(problems), chunk)], batch_size=None, collate_fn=list)
+        return DataLoader([positions[i : i + chunk] for i in range(0, len(positions), chunk)], batch_size=None, collate_fn=list)
 
     test_dataloader = val_dataloader
 

@@ -78,6 +78,8 @@ class TreeGRPOModule(L.LightningModule):
         self.optimizer_config = optimizer
         self.old_logprobs = old_logprobs
         self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.pass_metrics = torch.nn.ModuleDict()
+        """pass@k metrics of `validate` / `test`, created on first use."""
         self.reference = None
         if objective.kl_coef > 0:
             self.reference, _ = load_policy(policy, dtype)
@@ -155,25 +157,25 @@ class TreeGRPOModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     # ------------------------------------------------------------------ validate / test
-    def _eval_step(self, problems: list, stage: str) -> None:
+    def _eval_step(self, positions: list[int], stage: str) -> None:
         dm = self.trainer.datamodule
+        pool = dm.eval_problems()
+        problems = [pool[int(i)] for i in positions]
         result = evaluate(dm.generator(self), self.tokenizer, dm.task, problems, dm.eval)
         for k in sorted({1, dm.eval.pass_k}):
-            metric = self._pass_metric(stage, k)
+            # k comes from the data module's eval config, known only once attached to a trainer.
+            key = f"{stage}_pass_at_{k}"
+            if key not in self.pass_metrics:
+                self.pass_metrics[key] = PassAtK(k=k)
+            metric = self.pass_metrics[key]
             metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
-            self.log(f"{stage}/pass@{k}", metric, on_epoch=True, batch_size=len(problems))
+            self.log(f"{stage}/pass@{k}", metric, on_epoch=True, batch_size=len(problems), metric_attribute=f"pass_metrics.{key}")
 
-    def _pass_metric(self, stage: str, k: int) -> PassAtK:
-        name = f"_{stage}_pass_at_{k}"
-        if not hasattr(self, name):
-            setattr(self, name, PassAtK(k=k))
-        return getattr(self, name)
+    def validation_step(self, positions: list[int], batch_idx: int) -> None:
+        self._eval_step(positions, "eval")
 
-    def validation_step(self, problems: list, batch_idx: int) -> None:
-        self._eval_step(problems, "eval")
-
-    def test_step(self, problems: list, batch_idx: int) -> None:
-        self._eval_step(problems, "test")
+    def test_step(self, positions: list[int], batch_idx: int) -> None:
+        self._eval_step(positions, "test")
 
     def on_train_epoch_end(self) -> None:
         # Search and compute accounting of the epoch's data generation (SearchDataModule).

@@ -67,3 +67,12 @@ def test_help_lists_subcommands_and_documents_options():
     assert "--data.search.expansion_width" in fit_help
     assert "children sampled per expansion" in fit_help
     assert "--data.rollout" in fit_help and "best_of_n" in fit_help
+
+
+def test_validate_and_test_report_pass_at_k(tmp_path):
+    args = ["--config", str(ROOT / "conf" / "quickstart.yaml"), "--data.max_eval_problems=8",
+            "--data.eval.samples=2", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    for sub, stage in (("validate", "eval"), ("test", "test")):
+        cli = main([sub, *args])
+        metrics = cli.trainer.callback_metrics
+        assert 0.0 <= float(metrics[f"{stage}/pass@1"]) <= float(metrics[f"{stage}/pass@2"]) <= 1.0
