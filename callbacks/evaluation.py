@@ -17,6 +17,8 @@ from flywheel.evaluation import evaluate
 from flywheel.io import atomic_write_json
 from flywheel.metrics import PassAtK
 
+from callbacks.round_scalars import log_round_scalars
+
 log = logging.getLogger(__name__)
 
 
@@ -95,14 +97,8 @@ class HeldOutEval(Callback):
         pl_module.log_dict({"eval/pass@1": result["pass1"], f"eval/pass@{k}": result["passk"]})
 
     def _log_round(self, trainer: L.Trainer, round_index: int, result: dict[str, float]) -> None:
-        """Per-round curves (x axis = flywheel round), beside the per-step ones."""
-        if not trainer.is_global_zero:
-            return
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_scalar"):
-                experiment.add_scalar("round/eval_pass@1", result["pass1"], round_index)
-                experiment.add_scalar(f"round/eval_pass@{int(result['k'])}", result["passk"], round_index)
+        k = int(result["k"])
+        log_round_scalars(trainer, {"round/eval_pass@1": result["pass1"], f"round/eval_pass@{k}": result["passk"]}, round_index)
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         cfg = trainer.datamodule.eval

@@ -6,6 +6,8 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.round_scalars import log_round_scalars
+
 
 class HardSetRefresh(Callback):
     """Ends each round (every `--data.epochs_per_round` epochs) with the hard-set refresh.
@@ -21,9 +23,4 @@ class HardSetRefresh(Callback):
             return
         metrics = dm.end_round(pl_module)
         pl_module.log_dict({k.replace("round/", "data/"): v for k, v in metrics.items()})
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                experiment = getattr(logger, "experiment", None)
-                if hasattr(experiment, "add_scalar"):
-                    for key, value in metrics.items():
-                        experiment.add_scalar(key, value, dm.round)
+        log_round_scalars(trainer, metrics, dm.round)

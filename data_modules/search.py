@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 from data_modules.examples import TrainingRow, collate, empty_batch, fill_behaviour, mixed_rows, rows_from_result
 from data_modules.problems import load_problems
 from flywheel.adaptive import (
+    CachedSolution,
     DegenerateFilter,
     HardSet,
     HardSetConfig,
@@ -35,7 +36,7 @@ from flywheel.adaptive import (
     direct_samples_needed,
     pass1_rates,
 )
-from flywheel.evaluation import EvalConfig, evaluate
+from flywheel.evaluation import EvalConfig, encode_prompt, evaluate
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.generation.base import Generator
 from flywheel.io import atomic_write_json
@@ -226,12 +227,9 @@ class SearchDataModule(L.LightningDataModule):
             self._generator = self.backend.build(module.policy, module.tokenizer)
         return self._generator
 
-    def encode_prompt(self, tokenizer: Any, problem: Problem) -> tuple[int, ...]:
-        return tuple(tokenizer(self.task.prompt(problem))["input_ids"])
-
     def search_problems(self, tokenizer: Any, problems: Sequence[Problem]) -> list[SearchProblem]:
         return [
-            SearchProblem(prompt_ids=self.encode_prompt(tokenizer, p), score=functools.partial(self.task.score, p), id=p.id)
+            SearchProblem(prompt_ids=encode_prompt(tokenizer, self.task, p), score=functools.partial(self.task.score, p), id=p.id)
             for p in problems
         ]
 
@@ -381,7 +379,7 @@ class SearchDataModule(L.LightningDataModule):
                     if result is not None:
                         results[problem.id] = result
                     rows[problem.id] = mixed_rows(
-                        problem.id, self.encode_prompt(module.tokenizer, problem), self.buffer.solutions(problem.id),
+                        problem.id, encode_prompt(module.tokenizer, self.task, problem), self.buffer.solutions(problem.id),
                         trajectories, 0, n, self.normalize_std, drop,
                     )
         finally:
@@ -404,7 +402,7 @@ class SearchDataModule(L.LightningDataModule):
         for part in _all_gather(self.trainer, local):
             for problem_id, correct, count in part:
                 if count:
-                    responses = [_Response(ids, text) for ids, text in correct]
+                    responses = [CachedSolution(problem_id, tuple(ids), text, self.round) for ids, text in correct]
                     self.buffer.observe(problem_id, responses, round=self.round, search_trajectories=count)
 
     def mini_batches(self, module, per_problem: list[list[TrainingRow]], world: int) -> list[dict[str, torch.Tensor]]:
@@ -467,14 +465,6 @@ class SearchDataModule(L.LightningDataModule):
         self.screening_tokens = int(state["screening_tokens"])
         self.hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
         self.buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
-
-
-class _Response:
-    """A correct response as the replay buffer stores it (token ids + text)."""
-
-    def __init__(self, response_ids: Sequence[int], response_text: str) -> None:
-        self.response_ids = tuple(response_ids)
-        self.response_text = response_text
 
 
 def _regroup(rows: list[TrainingRow], group: int) -> list[TrainingRow]:

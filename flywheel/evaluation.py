@@ -60,6 +60,11 @@ class EvalResult:
         return sum(pass_at_k(n, c, k) for n, c in zip(self.samples, self.correct)) / len(self.samples)
 
 
+def encode_prompt(tokenizer: Any, task: Task, problem: Problem) -> tuple[int, ...]:
+    """The prompt's token ids (the tokenizer adds BOS / applies its own special tokens)."""
+    return tuple(tokenizer(task.prompt(problem))["input_ids"])
+
+
 def evaluate(
     generator: Generator,
     tokenizer: Any,
@@ -83,7 +88,7 @@ def evaluate(
         part = problems[first : first + chunk]
         requests = [
             GenerationRequest(
-                prompt_ids=tuple(tokenizer(task.prompt(p))["input_ids"]), n=samples, params=params, seed=derive_seed(seed, zlib.crc32(p.id.encode()))
+                prompt_ids=encode_prompt(tokenizer, task, p), n=samples, params=params, seed=derive_seed(seed, zlib.crc32(p.id.encode()))
             )
             for p in part
         ]
