@@ -24,6 +24,27 @@ class FlywheelCLI(LightningCLI):
         parser.add_lightning_class_args(HeldOutEval, "eval")
         parser.add_lightning_class_args(GenerationBudget, "budget")
 
+    def instantiate_trainer(self, **kwargs):
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        from flywheel.checkpoint import AtomicCheckpointIO
+
+        trainer = super().instantiate_trainer(**kwargs)
+        # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
+
+    def before_fit(self) -> None:
+        from flywheel.checkpoint import continue_logging
+
+        config = self.config[self.subcommand]
+        logger = config.trainer.logger
+        chosen = logger.init_args.get("version") if hasattr(logger, "init_args") else None
+        folder = continue_logging(self.trainer, config.ckpt_path, chosen)
+        if folder:
+            logging.getLogger("flywheel").info("resuming: logging on in %s", folder)
+
     def _parse_ckpt_path(self) -> None:
         # LightningCLI would overwrite the model's arguments with the checkpoint's saved
         # hyperparameters, even ones given explicitly on the command line

@@ -177,6 +177,11 @@ class TreeGRPOModule(L.LightningModule):
     def test_step(self, positions: list[int], batch_idx: int) -> None:
         self._eval_step(positions, "test")
 
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        from flywheel.checkpoint import RUN_KEY, run_record
+
+        checkpoint[RUN_KEY] = run_record(self.trainer)
+
     def on_train_epoch_end(self) -> None:
         # Search and compute accounting of the epoch's data generation (SearchDataModule).
         metrics = self.trainer.datamodule.epoch_metrics

@@ -1,41 +1,107 @@
 """`--ckpt_path last` continues a run: round counter, hard set, replay buffer, token count and
-the per-round summary come back, and the result equals an uninterrupted run."""
+the per-round summary come back, and the result equals an uninterrupted run, also after the
+run was SIGKILLed during a search, an optimizer step or a checkpoint write. A damaged
+checkpoint fails with its path and the way out."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
+from flywheel.checkpoint import CheckpointReadError
 
 ROOT = Path(__file__).resolve().parents[1]
+CRASH = ROOT / "tests" / "scripts" / "crash_fit.py"
 SMALL = [
     "--data.problems_per_epoch=8", "--data.max_eval_problems=16", "--data.epochs_per_round=1",
     "--data.hard_set.enabled=true", "--data.max_train_problems=48", "--data.eval.samples=2",
 ]
+EPOCHS = 3
+
+
+def fit_args(run_dir: Path, epochs: int, *extra: str) -> list[str]:
+    return ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *SMALL, f"--trainer.max_epochs={epochs}",
+            f"--trainer.logger.init_args.save_dir={run_dir}",
+            f"--trainer.callbacks.init_args.dirpath={run_dir / 'checkpoints'}", *extra]
 
 
 def fit(run_dir: Path, epochs: int, *extra: str):
-    return main(
-        ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *SMALL, f"--trainer.max_epochs={epochs}",
-         f"--trainer.logger.init_args.save_dir={run_dir}",
-         f"--trainer.callbacks.init_args.dirpath={run_dir / 'checkpoints'}", *extra]
-    )
+    return main(fit_args(run_dir, epochs, *extra))
 
 
-@pytest.mark.slow
-def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path):
-    whole = fit(tmp_path / "whole", 3)
-    fit(tmp_path / "parts", 2)
-    resumed = fit(tmp_path / "parts", 3, "--ckpt_path", "last")
+def summary(cli) -> dict:
+    return json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
 
+
+def assert_same_run(resumed, whole) -> None:
     a, b = whole.datamodule, resumed.datamodule
-    assert b.round == 3 and resumed.trainer.global_step == whole.trainer.global_step
+    assert b.round == EPOCHS and resumed.trainer.global_step == whole.trainer.global_step
     assert b.hard.ids == a.hard.ids and b.hard.history == a.hard.history
     assert b.buffer.to_dict() == a.buffer.to_dict()
     assert b.generated_tokens == a.generated_tokens
+    assert [r["round"] for r in summary(resumed)["rounds"]] == list(range(1, EPOCHS + 1))
+    assert summary(resumed)["rounds"] == summary(whole)["rounds"]
 
-    summary = json.loads((Path(resumed.trainer.log_dir) / "summary.json").read_text())
-    assert [r["round"] for r in summary["rounds"]] == [1, 2, 3]
-    whole_summary = json.loads((Path(whole.trainer.log_dir) / "summary.json").read_text())
-    assert summary["rounds"] == whole_summary["rounds"]
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    return fit(tmp_path_factory.mktemp("whole"), EPOCHS)
+
+
+@pytest.mark.slow
+def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path, whole):
+    first = fit(tmp_path, EPOCHS - 1)
+    resumed = fit(tmp_path, EPOCHS, "--ckpt_path", "last")
+    assert_same_run(resumed, whole)
+
+    # One run is one TensorBoard run: the resumed part logs on in the same version folder.
+    assert resumed.trainer.log_dir == first.trainer.log_dir
+    assert [p.name for p in (tmp_path / "quickstart").iterdir()] == ["version_0"]
+    ea = EventAccumulator(resumed.trainer.log_dir, size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [p.step for p in ea.Scalars("round/eval_pass@1")] == list(range(EPOCHS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point",
+    [
+        "search:1",  # trees in flight in the 2nd epoch
+        "optimizer:2",  # the 2nd epoch's only step, after backward, before the update
+        "checkpoint:4",  # 2 saves per epoch (epoch file, last.ckpt): the 2nd epoch's last.ckpt, half written
+    ],
+)
+def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, whole, point):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    crashed = subprocess.run([sys.executable, str(CRASH), point, *fit_args(tmp_path, EPOCHS)], env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    assert "crash_fit: SIGKILL" in crashed.stderr
+    checkpoints = tmp_path / "checkpoints"
+    if point.startswith("checkpoint"):
+        assert list(checkpoints.glob(".last.ckpt.*.tmp")), "the killed write left its temporary file"
+
+    assert_same_run(fit(tmp_path, EPOCHS, "--ckpt_path", "last"), whole)
+    assert not list(checkpoints.glob("*.tmp")), "temporaries of killed writes are swept by the next save"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
+    fit(tmp_path, 2)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    data = last.read_bytes()
+    last.write_bytes(data[: len(data) // 3] if damage == "truncated" else b"not a checkpoint\n" * 50)
+    with pytest.raises(CheckpointReadError) as err:
+        fit(tmp_path, 3, "--ckpt_path", "last")
+    message = str(err.value)
+    assert str(last) in message
+    others = [p for p in (tmp_path / "checkpoints").glob("*.ckpt") if p != last]
+    assert others and f"--ckpt_path {others[0]}" in message
+    assert "without --ckpt_path" in message

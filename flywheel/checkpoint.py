@@ -1,0 +1,114 @@
+"""Checkpoint files that survive a kill, and a clear way out when one is damaged anyway.
+
+Lightning's own writer renames a temporary file from the system temp folder, which is a
+copy, not an atomic rename, when that folder is on another file system; and a damaged
+checkpoint surfaces as a bare unpickling or zip error. `AtomicCheckpointIO` writes beside
+the target and renames, and names the file and the alternatives when loading fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+from flywheel.io import atomic_writer
+
+
+class CheckpointReadError(RuntimeError):
+    """A checkpoint file exists but cannot be read (truncated, corrupt, or not a checkpoint)."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """torch.save into a temporary file beside the target, fsync, rename (local paths);
+    remote URLs go through Lightning's writer unchanged."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        if storage_options is not None or "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        with atomic_writer(path) as fh:
+            torch.save(checkpoint, fh)
+
+    def load_checkpoint(
+        self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        try:
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        except FileNotFoundError:
+            raise
+        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as err:
+            raise CheckpointReadError(unreadable_checkpoint_message(path, err)) from err
+
+
+def unreadable_checkpoint_message(path: Any, err: BaseException) -> str:
+    """What went wrong with a checkpoint file, and the ways out (other checkpoints beside it)."""
+    path = Path(str(path))
+    others = []
+    if path.parent.is_dir():
+        others = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=os.path.getmtime, reverse=True)
+    way_out = (
+        "resume from another checkpoint instead (newest first: "
+        + ", ".join(f"--ckpt_path {p}" for p in others[:3])
+        + "), or start the run again without --ckpt_path"
+        if others
+        else "start the run again without --ckpt_path"
+    )
+    detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return (
+        f"checkpoint {path} cannot be read: it is truncated or corrupt ({type(err).__name__}: {detail}). "
+        f"flywheel writes checkpoints atomically, so a killed run does not cause this; the file was damaged "
+        f"or replaced afterwards. Way out: {way_out}."
+    )
+
+
+RUN_KEY = "flywheel_run"
+"""Checkpoint key of the run's TensorBoard location, so a resumed run logs where it left off."""
+
+
+def run_record(trainer: Any) -> dict[str, Any]:
+    """What a checkpoint remembers of its run's logging: the TensorBoard version folder."""
+    from lightning.pytorch.loggers import TensorBoardLogger
+
+    logger = trainer.logger
+    if not isinstance(logger, TensorBoardLogger):
+        return {}
+    return {"logger_version": logger.version, "log_dir": str(Path(logger.log_dir).resolve())}
+
+
+def continue_logging(trainer: Any, ckpt_path: Any, chosen_version: Any) -> str | None:
+    """Point a resumed run's TensorBoardLogger at the version folder its checkpoint came from,
+    so one run is one TensorBoard run (curves continue at the restored global step, and
+    summary.json keeps every round). Does nothing when the user chose a version, when the
+    run logs elsewhere now, or when the checkpoint holds no record.
+
+    Returns the folder it continues in, or None.
+    """
+    from lightning.pytorch.loggers import TensorBoardLogger
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    logger = trainer.logger
+    if ckpt_path is None or chosen_version is not None or not isinstance(logger, TensorBoardLogger):
+        return None
+    # Lightning resolves "last"/"best" here at fit time; a private API, covered by the resume test.
+    path = trainer._checkpoint_connector._parse_ckpt_path(
+        TrainerFn.FITTING, ckpt_path, model_provided=True, model_connected=True
+    )
+    if path is None or not Path(str(path)).is_file():
+        return None
+    try:
+        record = torch.load(path, map_location="cpu", mmap=True, weights_only=False).get(RUN_KEY) or {}
+    except Exception:  # noqa: BLE001 - the real load reports a damaged file with its way out
+        return None
+    version, log_dir = record.get("logger_version"), record.get("log_dir")
+    if version is None or log_dir is None:
+        return None
+    folder = Path(logger.root_dir) / (version if isinstance(version, str) else f"version_{version}")
+    if folder.resolve() != Path(log_dir) or not folder.is_dir():
+        return None
+    logger._version = version
+    return str(folder)

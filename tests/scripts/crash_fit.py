@@ -1,0 +1,94 @@
+"""Run `flywheel fit` and SIGKILL it at a chosen point, as a crash or an OOM kill would.
+
+    python tests/scripts/crash_fit.py POINT:N fit-arguments...
+
+POINT:N is one of
+    search:E      the 3rd generator call of epoch E's tree search (trees in flight)
+    optimizer:N   the N-th optimizer step, after its forward and backward, before the update
+    checkpoint:N  the N-th checkpoint save, with half of the file's bytes written
+The process ends with -SIGKILL; nothing of Python's shutdown runs (no finally, no atexit).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from data_modules.search import SearchDataModule  # noqa: E402
+from flywheel.__main__ import main  # noqa: E402
+from flywheel.checkpoint import AtomicCheckpointIO  # noqa: E402
+from flywheel.generation.hf import HFGenerator  # noqa: E402
+from flywheel.io import atomic_writer  # noqa: E402
+
+
+def die(where: str) -> None:
+    print(f"crash_fit: SIGKILL {where}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm_search(epoch: int) -> None:
+    search, sample = SearchDataModule._search, HFGenerator.sample
+    calls = {"armed": False, "n": 0}
+
+    def _search(self, *args, **kwargs):
+        calls["armed"] = self.trainer.current_epoch == epoch
+        return search(self, *args, **kwargs)
+
+    def _sample(self, requests):
+        if calls["armed"]:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                die(f"during the search of epoch {epoch} (generator call 3)")
+        return sample(self, requests)
+
+    SearchDataModule._search, HFGenerator.sample = _search, _sample
+
+
+def arm_optimizer(n: int) -> None:
+    step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def _step(self, closure=None):
+        calls["n"] += 1
+        if calls["n"] == n:
+            with torch.enable_grad():
+                closure()  # forward + backward of this step
+            die(f"in optimizer step {n}, before the update")
+        return step(self, closure)
+
+    torch.optim.AdamW.step = _step
+
+
+def arm_checkpoint(n: int) -> None:
+    save = AtomicCheckpointIO.save_checkpoint
+    calls = {"n": 0}
+
+    def _save(self, checkpoint, path, storage_options=None):
+        calls["n"] += 1
+        if calls["n"] == n:
+            buffer = io.BytesIO()
+            torch.save(checkpoint, buffer)
+            data = buffer.getvalue()
+            with atomic_writer(path) as fh:
+                fh.write(data[: len(data) // 2])
+                fh.flush()
+                os.fsync(fh.fileno())
+                die(f"writing checkpoint {n} ({Path(path).name}), {len(data) // 2} of {len(data)} bytes written")
+        return save(self, checkpoint, path, storage_options)
+
+    AtomicCheckpointIO.save_checkpoint = _save
+
+
+if __name__ == "__main__":
+    point, _, value = sys.argv[1].partition(":")
+    {"search": arm_search, "optimizer": arm_optimizer, "checkpoint": arm_checkpoint}[point](int(value))
+    main(sys.argv[2:])
+    print("crash_fit: the run ended before the kill point", file=sys.stderr)
+    sys.exit(3)
