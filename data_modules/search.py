@@ -93,6 +93,11 @@ class SearchDataModule(L.LightningDataModule):
             = every token gets its trajectory's final score minus the tree mean (the paper's
             "coarse scores" ablation). Flat rollouts are DAPO either way.
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
+        drop_uniform_groups: leave out of training every tree (or flat group) whose
+            trajectories all ended with the same final score (all wrong, or all right), as
+            DAPO's dynamic sampling does (without refilling). Off in the paper and its code;
+            with node values such a tree still carries a signal (its early steps score
+            above the all-wrong mean), which is what this switch removes.
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
         seed: seed of the problem order and of the search.
     """
@@ -120,6 +125,7 @@ class SearchDataModule(L.LightningDataModule):
         epochs_per_round: int = 1,
         advantage: Literal["node", "outcome"] = "node",
         normalize_std: bool = False,
+        drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
         seed: int = 0,
     ) -> None:
@@ -157,6 +163,7 @@ class SearchDataModule(L.LightningDataModule):
         self.epochs_per_round = epochs_per_round
         self.advantage = advantage
         self.normalize_std = normalize_std
+        self.drop_uniform_groups = drop_uniform_groups
         self.skip_bad_rows = skip_bad_rows
         self.seed = seed
         self._train_pool: dict[str, Problem] | None = None
@@ -175,6 +182,8 @@ class SearchDataModule(L.LightningDataModule):
         """Tokens generated for training over the run (evaluation and screening excluded)."""
         self.screening_tokens = 0
         self.epoch_metrics: dict[str, float] = {}
+        self.uniform_groups = 0
+        """Groups left out of this epoch's training by `drop_uniform_groups`."""
 
     # ------------------------------------------------------------------ problems
     def train_pool(self) -> dict[str, Problem]:
@@ -333,6 +342,7 @@ class SearchDataModule(L.LightningDataModule):
         self.generated_tokens += _all_sum(trainer, stats.generated_tokens)
         self.epoch_metrics = _epoch_metrics(results, stats, seconds, self.generated_tokens, self._generator)
         self.epoch_metrics.update({"data/hard_set_size": float(len(self.hard)), "data/cached": float(len(self.buffer)),
+                                   "data/uniform_groups_dropped": float(self.uniform_groups),
                                    "compute/screening_tokens": float(self.screening_tokens)})
         self.persist()
         log.info(
@@ -386,6 +396,16 @@ class SearchDataModule(L.LightningDataModule):
             bar.close()
         if self.rollout == "search":
             self._observe(fresh, results)
+        self.uniform_groups = 0
+        if self.drop_uniform_groups:
+            for problem in problems:
+                if problem.id in self.buffer:  # cached + direct samples: every row is kept
+                    finals = {row.reward for row in rows[problem.id]}
+                else:  # every trajectory of the search, the degenerate ones included
+                    finals = {t.final_score for t in results[problem.id].trajectories}
+                if len(finals) <= 1 and rows[problem.id]:
+                    self.uniform_groups += 1
+                    rows[problem.id] = []
         ordered = [results[p.id] for p in problems if p.id in results]
         return [rows[p.id] for p in problems], ordered, stats
 
@@ -459,12 +479,20 @@ class SearchDataModule(L.LightningDataModule):
                 f"the checkpoint's SearchDataModule state has format {state.get('format')!r}, expected "
                 f"{STATE_FORMAT!r}: it was written by another flywheel version; start a new run without --ckpt_path"
             )
-        self.round = int(state["round"])
-        self.cursor = int(state["cursor"])
-        self.generated_tokens = int(state["generated_tokens"])
-        self.screening_tokens = int(state["screening_tokens"])
-        self.hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
-        self.buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
+        try:
+            self.round = int(state["round"])
+            self.cursor = int(state["cursor"])
+            self.generated_tokens = int(state["generated_tokens"])
+            self.screening_tokens = int(state["screening_tokens"])
+            self.hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
+            self.buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            source = getattr(self.trainer, "ckpt_path", None)
+            raise ValueError(
+                f"the SearchDataModule state in checkpoint {source or '(unknown file)'} is malformed "
+                f"({type(err).__name__}: {err}); nothing was restored. Way out: resume from another checkpoint of "
+                "the run (--ckpt_path FILE), or start again without --ckpt_path"
+            ) from err
 
 
 def _regroup(rows: list[TrainingRow], group: int) -> list[TrainingRow]:

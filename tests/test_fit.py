@@ -90,3 +90,20 @@ def test_flat_baselines_fit(tmp_path, overlay):
     cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.flat_samples=4", overlay=overlay)
     assert cli.trainer.current_epoch == 1
     assert (Path(cli.trainer.log_dir) / "summary.json").is_file()
+
+
+@pytest.mark.slow
+def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
+    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.drop_uniform_groups=true", "--data.hard_set.enabled=false")
+    dm = cli.datamodule
+    problems = list(dm.train_pool().values())[:24]
+    rows, results, _ = dm.rollouts(cli.model, problems, epoch=7, rank=0)
+    uniform = [len({t.final_score for t in r.trajectories}) == 1 for r in results]
+    assert any(uniform) and not all(uniform), "want both kinds of tree to check the rule"
+    for problem_rows, result, is_uniform in zip(rows, results, uniform):
+        assert (problem_rows == []) == is_uniform, result.problem_id
+    assert dm.uniform_groups == sum(uniform)
+
+    dm.drop_uniform_groups = False
+    rows, _, _ = dm.rollouts(cli.model, problems, epoch=7, rank=0)
+    assert all(rows) and dm.uniform_groups == 0

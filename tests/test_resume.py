@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
@@ -105,3 +106,15 @@ def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
     others = [p for p in (tmp_path / "checkpoints").glob("*.ckpt") if p != last]
     assert others and f"--ckpt_path {others[0]}" in message
     assert "without --ckpt_path" in message
+
+
+@pytest.mark.slow
+def test_malformed_search_state_in_a_checkpoint_is_not_silently_dropped(tmp_path):
+    fit(tmp_path, 2)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(last, weights_only=False)
+    del ckpt["SearchDataModule"]["replay_buffer"]
+    torch.save(ckpt, last)
+    with pytest.raises(ValueError, match="malformed") as err:
+        fit(tmp_path, 3, "--ckpt_path", "last")
+    assert str(last) in str(err.value) and "--ckpt_path" in str(err.value)

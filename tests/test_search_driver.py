@@ -162,6 +162,29 @@ def test_exhausted_tree_and_backup_all_terminals():
     assert res_k2.status == "complete" and len(res_k2.trajectories) == 2  # never more than K
 
 
+def test_merge_duplicate_steps_keeps_one_child_per_distinct_step():
+    # Three samples of one step line, two of them equal; under each line the answers repeat too.
+    script = {
+        (0,): [c((5, 4)), c((5, 4)), c((6, 4))],
+        (0, 5, 4): [c((2, EOS), -0.1, "eos"), c((2, EOS), -0.1, "eos"), c((3, EOS), -0.2, "eos")],
+        (0, 6, 4): [c((3, EOS), -0.1, "eos"), c((3, EOS), -0.1, "eos"), c((3, EOS), -0.1, "eos")],
+    }
+    cfg = SearchConfig(expansion_width=3, trajectories_per_tree=4, merge_duplicate_steps=True)
+    (res,) = run_search([problem()], ScriptedGenerator(script), cfg, step=StepSpec(4), decode=toy_decode)
+    tree = res.tree
+    assert [tree.tokens[i] for i in tree.children[0]] == [(5, 4), (6, 4)]
+    responses = [t.response_ids for t in res.trajectories]
+    assert len(responses) == len(set(responses)) == 2  # every trajectory a different path
+    assert res.status == "exhausted"
+    # Every sampled token is still paid for: 3 expansions x 3 samples x 2 tokens.
+    assert res.stats.generated_tokens == 18
+
+    plain = SearchConfig(expansion_width=3, trajectories_per_tree=4)
+    (res_plain,) = run_search([problem()], ScriptedGenerator(script), plain, step=StepSpec(4), decode=toy_decode)
+    assert len(res_plain.tree.children[0]) == 3
+    assert len({t.response_ids for t in res_plain.trajectories}) < len(res_plain.trajectories)
+
+
 # --------------------------------------------------------------------- batching, determinism
 class CountingGenerator:
     """Wraps a generator and records the batch of every call."""

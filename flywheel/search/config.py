@@ -60,6 +60,11 @@ class SearchConfig:
         entropy_top_k: top log-probs the generator uses for entropies (terminal_choice "entropy").
         backup_all_terminals: back up every new terminal of an expansion, best first, instead
             of only one (keeps correct siblings that the official code drops, §9).
+        merge_duplicate_steps: keep one child per distinct step among the n samples of an
+            expansion (the first; the paper adds all n, §1). With 256-token chunks siblings never
+            coincide, so this changes nothing there; with short steps (a Countdown line) the n
+            samples often repeat one line, and identical siblings would spend the K trajectories
+            of a tree on copies of one path.
         incomplete_reward: terminal reward of an incomplete trajectory (max depth, no EOS, no
             parsable answer), Eq. 4.
         overlong_penalty: add the DAPO overlong penalty to the trajectory outputs (§2).
@@ -90,6 +95,7 @@ class SearchConfig:
     terminal_choice: TerminalChoice = "mean_nll"
     entropy_top_k: int = 20
     backup_all_terminals: bool = False
+    merge_duplicate_steps: bool = False
     incomplete_reward: float = -1.0
     overlong_penalty: bool = True
     overlong_max_tokens: int = 16384

@@ -167,6 +167,18 @@ def grade_terminal(
     tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)
 
 
+def distinct_steps(completions: Sequence[Completion]) -> list[Completion]:
+    """The first completion of each distinct token sequence, in sampling order."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for completion in completions:
+        key = tuple(completion.token_ids)
+        if key not in seen:
+            seen.add(key)
+            out.append(completion)
+    return out
+
+
 def step_end(completion: Completion, depth: int, max_depth: int, eos_token_ids: frozenset[int]) -> tuple[bool, bool]:
     """(terminal, emitted EOS) of a new child at `depth` (§1)."""
     eos = emitted_eos(completion, eos_token_ids)
@@ -229,12 +241,14 @@ class _LiveTree:
         cfg, tree = self.config, self.tree
         node = self.next_node
         depth = tree.depth[node] + 1
+        self.generated_tokens += sum(len(c.token_ids) for c in completions)
+        if cfg.merge_duplicate_steps:
+            completions = distinct_steps(completions)
         ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
         terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
         self.expansions += 1
         self.rounds += 1
-        self.generated_tokens += sum(len(c.token_ids) for c in completions)
 
         new_terminals = [c for c, t in zip(children, terminal) if t]
         for child, (_, is_eos) in zip(children, ends):
