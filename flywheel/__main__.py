@@ -54,8 +54,15 @@ class FlywheelCLI(LightningCLI):
         return
 
 
-def main(args: list[str] | None = None, run: bool = True) -> FlywheelCLI:
+def main(args: list[str] | None = None, run: bool = True):
+    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
+    flywheel.viewer."""
     logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["eval"]:
+        from flywheel.eval_command import main as eval_main
+
+        return eval_main(argv[1:])
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
 

@@ -1,0 +1,220 @@
+"""`python -m flywheel eval`: pass@k and mean@n of a policy on held-out problem files.
+
+    python -m flywheel eval --checkpoint runs/quickstart/checkpoints/last.ckpt --split test
+    python -m flywheel eval --policy path/to/hf_folder --files [a.jsonl,b.parquet] --samples 16 --k [1,4,16]
+
+The policy comes from a Lightning checkpoint of `flywheel fit` (its policy weights on top of
+the architecture named in its hyperparameters) or from a Hugging Face folder. Every problem
+gets `samples` responses; pass@k uses the unbiased estimator, mean@n is the mean accuracy
+of the n samples (the same number as pass@1, reported under both names). Results go to
+`<out>/eval.json` and to TensorBoard events in `<out>`.
+
+Under `torchrun --nproc_per_node N` each rank evaluates every N-th problem and rank 0 merges
+the per-problem counts: every problem is counted exactly once, with no padded duplicates,
+so the result equals the single-process one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+from tqdm import tqdm
+
+from flywheel.evaluation import EvalConfig, EvalResult, evaluate
+from flywheel.generation.backends import GeneratorBackend, HFBackend
+from flywheel.io import atomic_write_json
+from flywheel.tasks import Problem, Task
+
+log = logging.getLogger("flywheel.eval")
+
+EVAL_FORMAT = "flywheel.eval/v1"
+
+
+def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: str = "float32"):
+    """(model, tokenizer, global_step) from a `flywheel fit` checkpoint file.
+
+    The architecture and tokenizer come from `policy` if given, else from the policy the
+    checkpoint's run was started from (its `hyper_parameters`)."""
+    from flywheel.checkpoint import AtomicCheckpointIO
+    from flywheel.policy import load_policy
+
+    ckpt = AtomicCheckpointIO().load_checkpoint(checkpoint, weights_only=False)
+    source = policy or (ckpt.get("hyper_parameters") or {}).get("policy")
+    if source is None:
+        raise ValueError(f"{checkpoint} names no policy in its hyper_parameters; pass --policy FOLDER_OR_NAME")
+    model, tokenizer = load_policy(source, dtype)
+    weights = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
+    if not weights:
+        raise ValueError(f"{checkpoint} holds no policy.* weights; is it a `flywheel fit` checkpoint?")
+    model.load_state_dict(weights)
+    return model.eval(), tokenizer, int(ckpt.get("global_step", 0))
+
+
+def shard(problems: Sequence[Problem], rank: int, world: int) -> list[Problem]:
+    """Every `world`-th problem from `rank`: disjoint shards that cover each problem once."""
+    return list(problems[rank::world])
+
+
+def merge_shards(problems: Sequence[Problem], parts: Sequence[EvalResult]) -> EvalResult:
+    """Reassemble per-rank results in the original problem order."""
+    by_id: dict[str, tuple[int, int]] = {}
+    tokens = 0
+    for part in parts:
+        tokens += part.generated_tokens
+        for pid, n, c in zip(part.problem_ids, part.samples, part.correct):
+            if pid in by_id:
+                raise ValueError(f"problem {pid!r} was evaluated on two ranks")
+            by_id[pid] = (n, c)
+    missing = [p.id for p in problems if p.id not in by_id]
+    if missing:
+        raise ValueError(f"{len(missing)} problems were not evaluated (first: {missing[0]!r})")
+    return EvalResult(
+        problem_ids=tuple(p.id for p in problems),
+        samples=tuple(by_id[p.id][0] for p in problems),
+        correct=tuple(by_id[p.id][1] for p in problems),
+        generated_tokens=tokens,
+    )
+
+
+def metrics(result: EvalResult, ks: Sequence[int]) -> dict[str, float]:
+    n = min(result.samples) if result.samples else 0
+    out = {f"pass@{k}": result.pass_at(k) for k in ks}
+    out[f"mean@{n}"] = result.pass_at(1)
+    return out
+
+
+def _distributed() -> tuple[int, int]:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    rank = torch.distributed.get_rank() if world > 1 else 0
+    return rank, world
+
+
+def run_eval(
+    checkpoint: str | None = None,
+    policy: str | None = None,
+    files: list[str] | None = None,
+    split: str | None = None,
+    task: Task | None = None,
+    generator: GeneratorBackend | None = None,
+    samples: int = 8,
+    k: list[int] | None = None,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seed: int = 1234,
+    max_problems: int | None = None,
+    skip_bad_rows: bool = False,
+    problems_per_batch: int = 256,
+    dtype: str = "float32",
+    out: str = "runs/eval",
+) -> dict[str, Any]:
+    """Evaluate a policy on held-out problems: unbiased pass@k and mean@n per problem file.
+
+    Args:
+        checkpoint: a `flywheel fit` checkpoint (.ckpt); its policy weights are evaluated.
+        policy: a Hugging Face model folder or a built-in policy name; with `checkpoint`, the
+            architecture to load its weights into (default: the one its run started from).
+        files: held-out problem files (jsonl/parquet with `problem` and `answer`); each is
+            reported on its own.
+        split: a built-in split of the task (used when no files are given; default "test").
+        task: the task that prompts and grades (default: Countdown).
+        generator: the sampling backend (default: in-process transformers).
+        samples: responses per problem (the n of pass@k and mean@n).
+        k: the k values of pass@k (default: 1 and `samples`).
+        temperature: sampling temperature.
+        top_p: nucleus sampling.
+        seed: sampling seed; request seeds depend on (seed, problem id) only.
+        max_problems: evaluate the first this many problems of each source.
+        skip_bad_rows: skip and count malformed problem rows instead of failing.
+        problems_per_batch: problems per generator call.
+        dtype: parameter dtype of the evaluated policy.
+        out: folder of eval.json and the TensorBoard events.
+    """
+    from data_modules.problems import load_problems
+    from flywheel.policy import load_policy
+    from flywheel.tasks.countdown import CountdownTask
+
+    if checkpoint is None and policy is None:
+        raise ValueError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
+    ks = sorted(set(k or [1, samples]))
+    config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
+                        problems_per_batch=problems_per_batch)
+    task = task if task is not None else CountdownTask()
+    backend = generator if generator is not None else HFBackend()
+    if checkpoint is not None:
+        model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype)
+    else:
+        model, tokenizer = load_policy(policy, dtype)
+        model.eval()
+        step = 0
+    rank, world = _distributed()
+    sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
+    if files and len(sources) != len(files):
+        raise ValueError(f"two problem files share a name stem: {files}; rename one")
+    generator_ = backend.build(model, tokenizer)
+    report: dict[str, Any] = {
+        "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
+        "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
+    }
+    try:
+        for name, source in sources.items():
+            loaded = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows, limit=max_problems)
+            problems = loaded.problems
+            mine = shard(problems, rank, world)
+            with tqdm(total=len(mine), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
+                with torch.no_grad():
+                    part = evaluate(generator_, tokenizer, task, mine, config, progress=lambda done: bar.update(done - bar.n))
+            parts = [part]
+            if world > 1:
+                parts = [None] * world
+                torch.distributed.all_gather_object(parts, part)
+            result = merge_shards(problems, parts)
+            scores = metrics(result, ks)
+            report["results"][name] = {
+                "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
+                "generated_tokens": result.generated_tokens,
+                "per_problem": [{"id": i, "n": n, "correct": c} for i, n, c in zip(result.problem_ids, result.samples, result.correct)],
+            }
+            if rank == 0:
+                log.info("%s: %s on %d problems", name, ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), len(problems))
+    finally:
+        backend.close()
+    if rank == 0:
+        write_report(report, Path(out))
+    return report
+
+
+def write_report(report: dict[str, Any], out: Path) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "eval.json", report)
+    writer = SummaryWriter(str(out))
+    try:
+        for name, result in report["results"].items():
+            for metric, value in result.items():
+                if metric.startswith(("pass@", "mean@")):
+                    writer.add_scalar(f"eval/{name}/{metric}", value, report["global_step"])
+    finally:
+        writer.close()
+    rows = [f"{'source':<16} {'problems':>8} " + " ".join(f"{m:>8}" for m in _metric_names(report))]
+    for name, result in report["results"].items():
+        rows.append(f"{name:<16} {result['problems']:>8} " + " ".join(f"{result[m]:8.4f}" for m in _metric_names(report)))
+    print("\n".join(rows))
+    print(f"written: {out / 'eval.json'} (TensorBoard events beside it)")
+
+
+def _metric_names(report: dict[str, Any]) -> list[str]:
+    first = next(iter(report["results"].values()))
+    return [m for m in first if m.startswith(("pass@", "mean@"))]
+
+
+def main(args: list[str]) -> dict[str, Any]:
+    from jsonargparse import CLI
+
+    return CLI(run_eval, args=args, as_positional=False)

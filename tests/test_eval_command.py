@@ -1,0 +1,90 @@
+"""`python -m flywheel eval`: pass@k / mean@n from a checkpoint or a folder, per problem file,
+to JSON and TensorBoard; sharded across processes without double counting."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from flywheel.__main__ import main
+from flywheel.eval_command import merge_shards, shard
+from flywheel.evaluation import EvalResult
+from flywheel.tasks import Problem
+from flywheel.tasks.countdown import CountdownTask
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def write_jsonl(path: Path, problems) -> Path:
+    path.write_text("".join(json.dumps({"id": p.id, "problem": p.question, "answer": p.answer}) + "\n" for p in problems))
+    return path
+
+
+def test_shards_cover_every_problem_once_and_merge_in_order():
+    problems = [Problem(id=f"p{i}", question="q", answer="a") for i in range(7)]
+    parts = [shard(problems, rank, 3) for rank in range(3)]
+    assert sorted(p.id for part in parts for p in part) == sorted(p.id for p in problems)
+    results = [EvalResult(tuple(p.id for p in part), (4,) * len(part), tuple(int(p.id[1:]) % 5 for p in part), 10)
+               for part in parts]
+    merged = merge_shards(problems, results)
+    assert merged.problem_ids == tuple(p.id for p in problems)
+    assert merged.correct == tuple(i % 5 for i in range(7)) and merged.generated_tokens == 30
+    with pytest.raises(ValueError, match="two ranks"):
+        merge_shards(problems, results + results[:1])
+    with pytest.raises(ValueError, match="not evaluated"):
+        merge_shards(problems, results[:2])
+
+
+@pytest.mark.slow
+def test_eval_of_a_checkpoint_reproduces_the_in_run_evaluation(tmp_path):
+    fit = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=1",
+                "--data.problems_per_epoch=8", "--data.max_eval_problems=16", "--data.eval.samples=2",
+                "--data.epochs_per_round=1", f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    summary = json.loads((Path(fit.trainer.log_dir) / "summary.json").read_text())
+    report = main(["eval", "--checkpoint", str(tmp_path / "checkpoints" / "last.ckpt"), "--split", "test",
+                   "--samples", "2", "--max_problems", "16", "--out", str(tmp_path / "eval")])
+    result = report["results"]["test"]
+    assert result["problems"] == 16 and report["global_step"] == fit.trainer.global_step
+    assert result["pass@1"] == pytest.approx(summary["rounds"][-1]["eval_pass1"])
+    assert result["pass@2"] == pytest.approx(summary["rounds"][-1]["eval_passk"])
+    assert result["mean@2"] == result["pass@1"]
+    assert json.loads((tmp_path / "eval" / "eval.json").read_text())["results"]["test"]["pass@1"] == result["pass@1"]
+    ea = EventAccumulator(str(tmp_path / "eval"))
+    ea.Reload()
+    assert {"eval/test/pass@1", "eval/test/pass@2"} <= set(ea.Tags()["scalars"])
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_eval_reports_each_file_and_matches_under_two_processes(tmp_path):
+    test = CountdownTask().problems("test")
+    a = write_jsonl(tmp_path / "a.jsonl", test[:9])
+    b = write_jsonl(tmp_path / "b.jsonl", test[100:105])
+    args = ["--policy", "tiny-countdown", "--files", f"[{a},{b}]", "--samples", "3", "--k", "[1,2]"]
+    single = main(["eval", *args, "--out", str(tmp_path / "one")])
+    assert set(single["results"]) == {"a", "b"}
+    assert [r["problems"] for r in single["results"].values()] == [9, 5]
+    assert {"pass@1", "pass@2", "mean@3"} <= set(single["results"]["a"])
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
+         "--master_addr=127.0.0.1", "-m", "flywheel",
+         "eval", *args, "--out", str(tmp_path / "two")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    double = json.loads((tmp_path / "two" / "eval.json").read_text())
+    assert double["world_size"] == 2
+    for name in ("a", "b"):
+        assert double["results"][name]["per_problem"] == single["results"][name]["per_problem"]
+        assert double["results"][name]["pass@1"] == single["results"][name]["pass@1"]
