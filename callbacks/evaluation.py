@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from tqdm.auto import tqdm
 from flywheel.evaluation import evaluate
 from flywheel.io import atomic_write_json
 from flywheel.metrics import PassAtK
+from flywheel.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
 
@@ -34,9 +36,17 @@ class HeldOutEval(Callback):
         self.at_start = at_start
         self.base: dict[str, float] | None = None
         self.rounds: list[dict[str, Any]] = []
+        self._started = time.perf_counter()
+        self._wall_before = 0.0
+        """Wall seconds of the run before this process (restored on resume)."""
+
+    def wall_seconds(self) -> float:
+        """Wall time of the run so far, over every resumed part."""
+        return self._wall_before + time.perf_counter() - self._started
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._started = time.perf_counter()
         if self.at_start and self.base is None:
             self.base = self.run_eval(trainer, pl_module, "base")
             self._log(pl_module, self.base)
@@ -64,15 +74,20 @@ class HeldOutEval(Callback):
                 "hard_set_size": dm.hard_set_size,
                 "cached": dm.cached_count,
                 "generated_tokens": dm.generated_tokens,
+                "wall_seconds": round(self.wall_seconds(), 1),
             }
         )
         self.write_summary(trainer)
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write_summary(trainer)
+        log_dir = trainer.log_dir
         if trainer.is_global_zero and self.rounds:
             cfg = trainer.datamodule.eval
             log.info("held-out results (T=%s, %d samples per problem):\n%s", cfg.temperature, cfg.samples, self.table())
+            if log_dir:
+                md, png = write_run_report(_finite(self.summary(trainer)), log_dir, title=Path(log_dir).parent.name)
+                log.info("run report: %s, %s", md, png)
 
     # ------------------------------------------------------------------ work
     def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:
@@ -127,11 +142,12 @@ class HeldOutEval(Callback):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "rounds": self.rounds}
+        return {"base": self.base, "rounds": self.rounds, "wall_seconds": self.wall_seconds()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base = state["base"]
         self.rounds = list(state["rounds"])
+        self._wall_before = float(state.get("wall_seconds", 0.0))
 
 
 def _finite(obj: Any) -> Any:

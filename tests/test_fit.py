@@ -83,6 +83,13 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     assert dm_state["round"] == 2 and dm_state["hard_set"]["ids"] == hard["ids"]
     assert summary["rounds"][-1]["generated_tokens"] > summary["rounds"][0]["generated_tokens"] > 0
 
+    # The run report: per-round table and plot beside summary.json.
+    report = (Path(log_dir) / "report.md").read_text()
+    assert "| round | epoch | pass@1 | pass@2 | hard set | cached |" in report
+    assert f"| 2 | 1 | {summary['rounds'][1]['eval_pass1']:.4f} |" in report
+    png = (Path(log_dir) / "report.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+
 
 @pytest.mark.slow
 @pytest.mark.parametrize("overlay", ["dapo.yaml", "best_of_n.yaml"])

@@ -1,0 +1,100 @@
+"""The run report: per-round gains as markdown and a PNG plot, beside summary.json.
+
+Reads the summary dict that HeldOutEval writes (`base_eval_pass1`, `rounds` with round,
+epoch, eval_pass1, eval_passk, k, hard_set_size, cached, generated_tokens, wall_seconds):
+the paper's Table 6 analogue (hard-set size and cached solutions per round) next to the
+held-out gains.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from flywheel.io import atomic_write_bytes
+
+
+def _cell(value: Any, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def report_markdown(summary: dict[str, Any], title: str = "flywheel run") -> str:
+    k = summary.get("k")
+    base1, basek = summary.get("base_eval_pass1"), summary.get("base_eval_passk")
+    rows = summary.get("rounds", [])
+    lines = [
+        f"# {title}",
+        "",
+        f"Held-out: {summary.get('eval_problems', '?')} problems x {summary.get('samples', '?')} samples at "
+        f"temperature {summary.get('temperature', '?')}; pass@k is the unbiased estimator.",
+        "",
+        f"| round | epoch | pass@1 | pass@{k} | hard set | cached | generated tokens | wall time (s) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    if base1 is not None:
+        lines.append(f"| base | - | {base1:.4f} | {_cell(basek, '.4f')} | - | - | 0 | 0 |")
+    for r in rows:
+        lines.append(
+            f"| {r['round']} | {r['epoch']} | {_cell(r.get('eval_pass1'), '.4f')} | {_cell(r.get('eval_passk'), '.4f')} | "
+            f"{_cell(r.get('hard_set_size'), 'd')} | {_cell(r.get('cached'), 'd')} | {_cell(r.get('generated_tokens'), ',d')} | "
+            f"{_cell(r.get('wall_seconds'), '.0f')} |"
+        )
+    if base1 is not None and rows and rows[-1].get("eval_pass1") is not None:
+        last = rows[-1]["eval_pass1"]
+        best = max(rows, key=lambda r: r.get("eval_pass1") or float("-inf"))
+        lines += ["", f"pass@1 {base1:.4f} -> {last:.4f} ({last - base1:+.4f}) after round {rows[-1]['round']}; "
+                      f"best {best['eval_pass1']:.4f} after round {best['round']}."]
+    return "\n".join(lines) + "\n"
+
+
+def report_png(summary: dict[str, Any], title: str = "flywheel run") -> bytes:
+    """Two panels: held-out pass@1 / pass@k against generated tokens; hard set and cached per round."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    rows = summary.get("rounds", [])
+    k = summary.get("k")
+    tokens = [0] + [r.get("generated_tokens") or 0 for r in rows]
+    pass1 = [summary.get("base_eval_pass1")] + [r.get("eval_pass1") for r in rows]
+    passk = [summary.get("base_eval_passk")] + [r.get("eval_passk") for r in rows]
+    fig = Figure(figsize=(10, 4), dpi=100)
+    left, right = fig.subplots(1, 2)
+    for values, label in ((pass1, "pass@1"), (passk, f"pass@{k}")):
+        points = [(t, v) for t, v in zip(tokens, values) if v is not None]
+        if points:
+            left.plot(*zip(*points), marker="o", label=label)
+    left.set_xlabel("generated training tokens")
+    left.set_ylabel("held-out")
+    left.set_title("held-out pass@k per round (first point: base)")
+    left.grid(alpha=0.3)
+    left.legend()
+    rounds = [r["round"] for r in rows]
+    hard = [r.get("hard_set_size") for r in rows]
+    cached = [r.get("cached") for r in rows]
+    if rows and all(v is not None for v in hard):
+        right.bar([x - 0.2 for x in rounds], hard, width=0.4, label="hard set")
+    if rows and all(v is not None for v in cached):
+        right.bar([x + 0.2 for x in rounds], cached, width=0.4, label="cached solutions")
+    right.set_xlabel("round")
+    right.set_title("hard set and replay buffer per round")
+    right.grid(alpha=0.3, axis="y")
+    if rows:
+        right.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def write_run_report(summary: dict[str, Any], folder: str | Path, title: str = "flywheel run") -> tuple[Path, Path]:
+    """Write report.md and report.png into `folder` (atomically); return their paths."""
+    folder = Path(folder)
+    md, png = folder / "report.md", folder / "report.png"
+    atomic_write_bytes(md, report_markdown(summary, title).encode())
+    atomic_write_bytes(png, report_png(summary, title))
+    return md, png
