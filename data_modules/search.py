@@ -11,6 +11,7 @@ instead of a tree search).
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import math
 import random
@@ -39,7 +40,7 @@ from flywheel.adaptive import (
 from flywheel.evaluation import EvalConfig, encode_prompt, evaluate
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.generation.base import Generator
-from flywheel.io import atomic_write_json
+from flywheel.io import atomic_write_bytes, atomic_write_json
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_rollouts
@@ -99,6 +100,9 @@ class SearchDataModule(L.LightningDataModule):
             with node values such a tree still carries a signal (its early steps score
             above the all-wrong mean), which is what this switch removes.
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
+        save_trees: trees (or flat groups) of each epoch written to
+            `<log_dir>/trees/epoch_NNNN.jsonl` for the viewer (`python -m flywheel tree`); the
+            first ones searched on rank 0; 0 = none.
         seed: seed of the problem order and of the search.
     """
 
@@ -127,6 +131,7 @@ class SearchDataModule(L.LightningDataModule):
         normalize_std: bool = False,
         drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
+        save_trees: int = 2,
         seed: int = 0,
     ) -> None:
         super().__init__()
@@ -165,6 +170,9 @@ class SearchDataModule(L.LightningDataModule):
         self.normalize_std = normalize_std
         self.drop_uniform_groups = drop_uniform_groups
         self.skip_bad_rows = skip_bad_rows
+        if save_trees < 0:
+            raise ValueError(f"--data.save_trees must be >= 0, got {save_trees}")
+        self.save_trees = save_trees
         self.seed = seed
         self._train_pool: dict[str, Problem] | None = None
         self._eval_pool: tuple[Problem, ...] | None = None
@@ -322,6 +330,16 @@ class SearchDataModule(L.LightningDataModule):
             atomic_write_json(folder / "hard_set.json", self.hard.to_dict())
         atomic_write_json(folder / "replay_buffer.json", self.buffer.to_dict())
 
+    def write_trees(self, module: L.LightningModule, results: Sequence[TreeResult], epoch: int) -> None:
+        """The epoch's first `save_trees` trees as JSON lines, for the tree viewer (rank 0)."""
+        trainer = self.trainer
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if not self.save_trees or not trainer.is_global_zero or not log_dir or not results:
+            return
+        decode = _decoder(module.tokenizer)
+        lines = [json.dumps(r.to_json(decode, logprobs=False)) for r in results[: self.save_trees]]
+        atomic_write_bytes(Path(log_dir) / "trees" / f"epoch_{epoch:04d}.jsonl", ("\n".join(lines) + "\n").encode())
+
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
@@ -345,6 +363,7 @@ class SearchDataModule(L.LightningDataModule):
                                    "data/uniform_groups_dropped": float(self.uniform_groups),
                                    "compute/screening_tokens": float(self.screening_tokens)})
         self.persist()
+        self.write_trees(module, results, epoch)
         log.info(
             "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
             epoch, len(problems), sum(p.id in self.buffer for p in problems), sum(len(g) for g in per_problem),

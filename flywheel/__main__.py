@@ -63,6 +63,10 @@ def main(args: list[str] | None = None, run: bool = True):
         from flywheel.eval_command import main as eval_main
 
         return eval_main(argv[1:])
+    if argv[:1] == ["tree"]:
+        from flywheel.viewer import main as tree_main
+
+        return tree_main(argv[1:])
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
 

@@ -23,6 +23,7 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     prefix = f".{path.name}."
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=prefix, suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file the usual mode
         with os.fdopen(fd, "wb") as fh:
             yield fh
             fh.flush()
@@ -34,6 +35,12 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
     for stale in path.parent.glob(f"{prefix}*.tmp"):
         stale.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -1,0 +1,230 @@
+"""The tree viewer: one search tree as a self-contained HTML page.
+
+    python -m flywheel tree runs/quickstart/version_0              # first tree of the last epoch
+    python -m flywheel tree runs/quickstart/version_0 --epoch 3 --index 1 --out tree.html
+    python -m flywheel tree some_tree.json
+
+Reads the trees a run saves (`<log_dir>/trees/epoch_NNNN.jsonl`, format
+"flywheel.search.tree/v1", `--data.save_trees`) or a single dumped tree. Nodes are coloured
+by their soft-clipped value q~ (red -1, white 0, green +1), terminals are squares outlined by
+their verdict, the K backed-up trajectories are drawn in blue with their backup order, and
+each expanded node carries its place in the expansion order (#1 = the root's expansion),
+which shows where the frontier selection went next. Hover a node for its step text; click
+it for every statistic. No network access: the page has no external resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from flywheel.io import atomic_write_bytes
+from flywheel.search.outputs import JSON_FORMAT
+
+X_GAP, Y_GAP, MARGIN, RADIUS = 26, 84, 40, 8
+VERDICT_COLOURS = {"correct": "#1a9850", "incorrect": "#d73027", "incomplete": "#7f7f7f"}
+TRAJECTORY_COLOUR = "#2166ac"
+
+
+def value_colour(value: float | None) -> str:
+    """-1 -> red, 0 -> white, +1 -> green (linear in between); None -> light grey."""
+    if value is None:
+        return "#dddddd"
+    v = max(-1.0, min(1.0, value))
+    low, mid, high = (215, 48, 39), (247, 247, 247), (26, 152, 80)
+    end = high if v >= 0 else low
+    t = abs(v)
+    rgb = [round(m + (e - m) * t) for m, e in zip(mid, end)]
+    return "#{:02x}{:02x}{:02x}".format(*rgb)
+
+
+def expansion_order(nodes: list[dict[str, Any]]) -> dict[int, int]:
+    """Expanded node id -> its place (1-based) in the order of expansions.
+
+    Node ids are creation order and a node's children are created when it is expanded, so
+    sorting expanded nodes by their first child's id recovers the order the search chose."""
+    expanded = sorted((min(n["children"]), n["id"]) for n in nodes if n["children"])
+    return {node: i + 1 for i, (_, node) in enumerate(expanded)}
+
+
+def layout(nodes: list[dict[str, Any]]) -> dict[int, tuple[float, float]]:
+    """Tidy enough: leaves left to right in depth-first order, parents centred over children."""
+    by_id = {n["id"]: n for n in nodes}
+    pos: dict[int, tuple[float, float]] = {}
+    next_x = [0]
+
+    def place(node_id: int) -> float:  # iterative would be longer; trees are shallow
+        node = by_id[node_id]
+        if not node["children"]:
+            x = next_x[0]
+            next_x[0] += 1
+        else:
+            xs = [place(child) for child in node["children"]]
+            x = (xs[0] + xs[-1]) / 2
+        pos[node_id] = (MARGIN + x * X_GAP, MARGIN + node["depth"] * Y_GAP)
+        return x
+
+    place(0)
+    return pos
+
+
+def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
+    """The whole page for one tree dump (format flywheel.search.tree/v1)."""
+    if tree.get("format") != JSON_FORMAT:
+        raise ValueError(f"not a search tree dump: format {tree.get('format')!r}, expected {JSON_FORMAT!r}")
+    nodes = tree["nodes"]
+    pos = layout(nodes)
+    order = expansion_order(nodes)
+    on_path: dict[int, list[int]] = {}
+    for t in tree["trajectories"]:
+        for node_id in [0, *t["node_ids"]]:
+            on_path.setdefault(node_id, []).append(t["backup_index"])
+    width = max(x for x, _ in pos.values()) + 2 * MARGIN + 200
+    height = max(y for _, y in pos.values()) + 2 * MARGIN
+    edges, shapes = [], []
+    for n in nodes:
+        if n["parent"] is None:
+            continue
+        (x1, y1), (x2, y2) = pos[n["parent"]], pos[n["id"]]
+        traj = n["id"] in on_path
+        edges.append(
+            f'<line x1="{x1:.1f}" y1="{y1:.1f}" x2="{x2:.1f}" y2="{y2:.1f}" '
+            f'stroke="{TRAJECTORY_COLOUR if traj else "#bbbbbb"}" stroke-width="{3 if traj else 1}"/>'
+        )
+    for n in nodes:
+        x, y = pos[n["id"]]
+        text = n.get("text") if n["id"] else tree.get("prompt_text")
+        tip = html.escape(f"#{n['id']} depth {n['depth']}: {text if text is not None else n['token_ids']}")
+        fill = value_colour(n.get("q_soft"))
+        attrs = f'class="node" data-id="{n["id"]}" fill="{fill}"'
+        if n["terminal"]:
+            stroke = VERDICT_COLOURS.get(n.get("kind") or "incomplete", "#7f7f7f")
+            shape = (f'<rect {attrs} x="{x - RADIUS:.1f}" y="{y - RADIUS:.1f}" width="{2 * RADIUS}" height="{2 * RADIUS}" '
+                     f'stroke="{stroke}" stroke-width="3">')
+            shapes.append(f"{shape}<title>{tip}</title></rect>")
+        else:
+            shapes.append(f'<circle {attrs} cx="{x:.1f}" cy="{y:.1f}" r="{RADIUS}" stroke="#444" stroke-width="1">'
+                          f"<title>{tip}</title></circle>")
+        if n["id"] in order:
+            shapes.append(f'<text class="order" x="{x + RADIUS + 2:.1f}" y="{y - RADIUS:.1f}">#{order[n["id"]]}</text>')
+        if n["terminal"] and n.get("backup_index") is not None:
+            shapes.append(f'<text class="k" x="{x - 6:.1f}" y="{y + RADIUS + 14:.1f}">K{n["backup_index"] + 1}</text>')
+    data = json.dumps({"tree": tree, "order": order}).replace("</", "<\\/")
+    heading = html.escape(title or f"problem {tree.get('problem_id')} ({tree.get('mode')}, {tree.get('status')})")
+    stats = tree.get("stats", {})
+    kinds = [t["kind"] for t in tree["trajectories"]]
+    summary = html.escape(
+        f"{stats.get('nodes', len(nodes))} nodes, {stats.get('expansions', len(order))} expansions, "
+        f"{len(kinds)} trajectories ({kinds.count('correct')} correct), {stats.get('generated_tokens', '?')} generated tokens"
+    )
+    return _PAGE.format(
+        title=heading, summary=summary, prompt=html.escape(tree.get("prompt_text") or ""), width=f"{width:.0f}",
+        height=f"{height:.0f}", edges="\n".join(edges), shapes="\n".join(shapes), data=data,
+        legend=_legend(),
+    )
+
+
+def _legend() -> str:
+    swatches = "".join(
+        f'<span class="sw" style="background:{value_colour(v)}"></span>{v:+.1f} ' for v in (-1.0, -0.5, 0.0, 0.5, 1.0)
+    )
+    verdicts = "".join(
+        f'<span class="sw sq" style="border-color:{c}"></span>{k} ' for k, c in VERDICT_COLOURS.items()
+    )
+    return (f"q~: {swatches} &nbsp; terminals: {verdicts} &nbsp; "
+            f'<span class="sw" style="background:{TRAJECTORY_COLOUR}"></span>backed-up trajectory (K1 = first) '
+            "&nbsp; #n = expansion order")
+
+
+_PAGE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<style>
+body {{ font-family: sans-serif; margin: 12px; }}
+#prompt {{ white-space: pre-wrap; font-family: monospace; background: #f4f4f4; padding: 4px 8px; display: inline-block; }}
+#legend {{ margin: 8px 0; font-size: 13px; }}
+.sw {{ display: inline-block; width: 12px; height: 12px; border: 1px solid #444; border-radius: 6px; margin: 0 3px -2px 6px; }}
+.sw.sq {{ border-radius: 0; border-width: 3px; background: #fff; }}
+#canvas {{ overflow: auto; border: 1px solid #ccc; max-height: 70vh; }}
+.node {{ cursor: pointer; }}
+.node.selected {{ stroke: #000; stroke-width: 4; }}
+text.order {{ font-size: 10px; fill: #555; }}
+text.k {{ font-size: 10px; fill: {trajectory}; font-weight: bold; }}
+#details {{ font-family: monospace; white-space: pre-wrap; background: #fafafa; border: 1px solid #ddd; padding: 8px; min-height: 3em; }}
+</style></head>
+<body>
+<h2>{title}</h2>
+<div>prompt: <span id="prompt">{prompt}</span></div>
+<div id="summary">{summary}</div>
+<div id="legend">{legend}</div>
+<div id="canvas"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">
+{edges}
+{shapes}
+</svg></div>
+<p>Click a node for its statistics.</p>
+<div id="details"></div>
+<script id="tree-data" type="application/json">{data}</script>
+<script>
+const payload = JSON.parse(document.getElementById("tree-data").textContent);
+const nodes = new Map(payload.tree.nodes.map(n => [n.id, n]));
+const fmt = v => (v === null || v === undefined) ? "-" : (typeof v === "number" ? Number(v.toFixed(4)) : v);
+function show(id) {{
+  const n = nodes.get(id);
+  document.querySelectorAll(".node.selected").forEach(e => e.classList.remove("selected"));
+  document.querySelector(`.node[data-id="${{id}}"]`).classList.add("selected");
+  const lines = [
+    `node ${{n.id}}  depth ${{n.depth}}  parent ${{fmt(n.parent)}}  expansion #${{fmt(payload.order[n.id])}}`,
+    `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}`,
+    n.terminal ? `terminal: ${{n.kind}}  reward ${{fmt(n.reward)}}  backup ${{n.backup_index === null ? "not backed up" : "K" + (n.backup_index + 1)}}` : `children ${{n.children.length}}`,
+    n.verdict ? `verdict: ${{n.verdict.reason}}  answer ${{fmt(n.verdict.answer)}}` : "",
+    "step text:", n.id === 0 ? (payload.tree.prompt_text || "") : (n.text ?? JSON.stringify(n.token_ids)),
+  ];
+  document.getElementById("details").textContent = lines.filter(Boolean).join("\\n");
+}}
+document.querySelectorAll(".node").forEach(e => e.addEventListener("click", () => show(Number(e.dataset.id))));
+document.body.dataset.rendered = String(nodes.size);
+</script>
+</body></html>
+""".replace("{trajectory}", TRAJECTORY_COLOUR)
+
+
+def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dict[str, Any]:
+    """One tree from a run folder (its trees/ dumps), a trees jsonl file, or a tree .json file."""
+    path = Path(path)
+    if path.is_dir():
+        folder = path / "trees" if (path / "trees").is_dir() else path
+        files = sorted(folder.glob("epoch_*.jsonl"))
+        if not files:
+            raise FileNotFoundError(
+                f"no saved trees in {folder}: a run saves --data.save_trees trees per epoch into <log_dir>/trees/"
+            )
+        if epoch is None:
+            path = files[-1]
+        else:
+            path = folder / f"epoch_{epoch:04d}.jsonl"
+            if not path.is_file():
+                raise FileNotFoundError(f"{path} does not exist; saved epochs: {', '.join(f.stem for f in files)}")
+    if path.suffix == ".jsonl":
+        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        if not 0 <= index < len(lines):
+            raise IndexError(f"{path} holds {len(lines)} trees; --index must be in 0..{len(lines) - 1}")
+        return json.loads(lines[index])
+    return json.loads(path.read_text())
+
+
+def main(args: list[str]) -> Path:
+    parser = argparse.ArgumentParser(prog="python -m flywheel tree", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("path", help="a run's log folder, a trees/epoch_NNNN.jsonl file or a tree .json file")
+    parser.add_argument("--epoch", type=int, default=None, help="epoch of a run folder's trees (default: the last saved)")
+    parser.add_argument("--index", type=int, default=0, help="which tree of that epoch's file (0 = first)")
+    parser.add_argument("--out", type=Path, default=None, help="HTML file to write (default: tree.html beside the input)")
+    ns = parser.parse_args(args)
+    tree = load_tree(ns.path, ns.epoch, ns.index)
+    source = Path(ns.path)
+    out = ns.out or (source if source.is_dir() else source.parent) / f"tree_{tree.get('problem_id', 'x')}.html"
+    atomic_write_bytes(out, render_tree_html(tree).encode())
+    print(f"written: {out}")
+    return out
