@@ -17,6 +17,7 @@ import torch
 from flywheel.evaluation import evaluate
 from flywheel.metrics import PassAtK
 from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
+from flywheel.packing import PACKABLE_MODEL_TYPES, Packed, packable, packed_logprobs, pack_rows
 from flywheel.policy import load_policy
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ class TreeGRPOModule(L.LightningModule):
             generator/trainer mismatch. "behaviour": the generator's own log-probs are
             pi_old (no extra forward pass).
         dtype: parameter dtype of the policy ("float32" or "bfloat16").
+        packing: compute each tree's shared prefixes once (flywheel.packing): one packed
+            sequence per tree with an ancestor-only mask, log-probs laid back out per
+            trajectory, so the loss is the same. Llama and Qwen2 families; other models fall
+            back to one row per trajectory, saying so once.
     """
 
     def __init__(
@@ -71,6 +76,7 @@ class TreeGRPOModule(L.LightningModule):
         optimizer: OptimizerConfig = OptimizerConfig(),
         old_logprobs: OldLogprobs = "recompute",
         dtype: str = "float32",
+        packing: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -78,6 +84,11 @@ class TreeGRPOModule(L.LightningModule):
         self.optimizer_config = optimizer
         self.old_logprobs = old_logprobs
         self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.packing = packing and packable(self.policy)
+        if packing and not self.packing:
+            log.info("packing off: %s models are not known to take a 4D attention mask (packable: %s); "
+                     "training one row per trajectory", getattr(self.policy.config, "model_type", "?"),
+                     ", ".join(sorted(PACKABLE_MODEL_TYPES)))
         self.pass_metrics = torch.nn.ModuleDict()
         """pass@k metrics of `validate` / `test`, created on first use."""
         self.reference = None
@@ -87,9 +98,22 @@ class TreeGRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, L] ids -> [B, L-1] log-prob of each next token under `model`."""
+        """[B, L] ids -> [B, L-1] log-prob of each next token under `model` (one row each)."""
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, L-1, V]
         return token_logprobs(logits, input_ids[:, 1:])
+
+    def batch_logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """[B, L-1] next-token log-probs of a collated batch: tree-packed when `packing` is on."""
+        if not self.packing:
+            return self.sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        packed = batch.get("packed")
+        if packed is None:  # built once per batch; the epoch's batches are reused by every pass
+            packed = pack_rows(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), batch["group_ids"].cpu(),
+                               pad_id=self.tokenizer.pad_token_id or 0)
+            batch["packed"] = packed
+        device = batch["input_ids"].device
+        on_device = Packed(*(getattr(packed, f).to(device) for f in ("input_ids", "position_ids", "parent", "row_group", "index")))
+        return packed_logprobs(model, on_device, batch["input_ids"].shape)
 
     @torch.no_grad()
     def score_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -97,14 +121,14 @@ class TreeGRPOModule(L.LightningModule):
         was_training = self.policy.training
         self.policy.eval()
         try:
-            return self.sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])
+            return self.batch_logprobs(self.policy, batch)
         finally:
             self.policy.train(was_training)
 
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
-        logprobs = self.sequence_logprobs(self.policy, batch["input_ids"], batch["attention_mask"])
+        logprobs = self.batch_logprobs(self.policy, batch)
         weights = None
         if self.old_logprobs == "behaviour":
             old = batch["behaviour_logprobs"]
@@ -125,7 +149,7 @@ class TreeGRPOModule(L.LightningModule):
             weights=weights,
         )
         if self.reference is not None:
-            ref = self.sequence_logprobs(self.reference, batch["input_ids"], batch["attention_mask"]).detach()
+            ref = self.batch_logprobs(self.reference, batch).detach()
             kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"))
             loss = loss + self.objective.kl_coef * kl
             stats["kl_ref"] = kl.detach()

@@ -64,3 +64,24 @@ def test_gradients_come_only_from_response_tokens(tmp_path):
     loss.backward()
     assert loss.item() == 0.0
     assert all(p.grad is None or not p.grad.any() for p in module.policy.parameters())
+
+
+def test_packing_gives_the_same_loss_and_gradients(tmp_path):
+    module = make_module(tmp_path)
+    tok = module.tokenizer
+    rows = [row(tok, "1 2|3\n", "1+2=3\n<answer>1+2</answer>", 1.0), row(tok, "1 2|3\n", "1+2=3\n<answer>2+1</answer>", 0.5),
+            row(tok, "1 2|3\n", "2-1=1\n", -1.0), row(tok, "4 4|8\n", "4+4=8\n", 0.3, group=1)]
+    batch = collate(rows, tok.pad_token_id)
+    batch["old_logprobs"] = module.score_batch(batch)
+    losses, grads = [], []
+    for packing in (False, True):
+        module.packing = packing
+        module.policy.zero_grad()
+        loss = module.training_step(dict(batch), 0)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append([p.grad.clone() for p in module.policy.parameters()])
+    assert torch.allclose(losses[0], losses[1], atol=1e-6)
+    assert any(g.abs().sum() > 0 for g in grads[0])
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, atol=1e-6)

@@ -1,0 +1,85 @@
+"""Tree packing: log-probs, loss and gradients equal the one-row-per-trajectory form (fp32,
+1e-5) on random trees, for the Llama and Qwen2 families; the trie and mask by hand."""
+
+import random
+
+import pytest
+import torch
+
+from flywheel.objectives import policy_loss
+from flywheel.packing import ancestor_mask, pack_rows, packable, packed_logprobs
+from flywheel.tiny import build_tiny_llama
+
+
+def test_trie_and_mask_by_hand():
+    # Two rows of group 0 share "1 5 6"; row 2 is alone in group 1.
+    ids = torch.tensor([[1, 5, 6, 7, 8], [1, 5, 6, 9, 0], [1, 4, 0, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0], [1, 1, 0, 0, 0]])
+    packed = pack_rows(ids, mask, torch.tensor([3, 3, 7]))
+    assert packed.input_ids.tolist() == [[1, 5, 6, 7, 8, 9], [1, 4, 0, 0, 0, 0]]
+    assert packed.position_ids.tolist() == [[0, 1, 2, 3, 4, 3], [0, 1, -1, -1, -1, -1]]
+    assert packed.parent.tolist() == [[-1, 0, 1, 2, 3, 2], [-1, 0, -1, -1, -1, -1]]
+    assert packed.index.tolist() == [[0, 1, 2, 3, 4], [0, 1, 2, 5, -1], [0, 1, -1, -1, -1]]
+    assert packed.row_group.tolist() == [0, 0, 1] and packed.tokens == 8
+    m = ancestor_mask(packed.parent)[0, 0].int()
+    assert m[5].tolist() == [1, 1, 1, 0, 0, 1]  # "9" sees 1 5 6 and itself, not 7 8
+    assert m[4].tolist() == [1, 1, 1, 1, 1, 0]
+    assert ancestor_mask(packed.parent)[1, 0, 3].tolist() == [0, 0, 0, 1, 0, 0]  # padding: itself only
+
+
+def random_tree_batch(rng: random.Random, vocab: int, groups: int = 3, k: int = 5):
+    """Rows that branch off each other at random depths, like a search tree's K trajectories."""
+    rows, group_ids = [], []
+    for g in range(groups):
+        prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(2, 6))]
+        paths = [prompt + [rng.randrange(3, vocab) for _ in range(rng.randrange(4, 12))]]
+        for _ in range(k - 1):
+            base = rng.choice(paths)
+            cut = rng.randrange(len(prompt), len(base))
+            paths.append(base[:cut] + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 10))])
+        rows += paths
+        group_ids += [g] * len(paths)
+    length = max(map(len, rows))
+    ids = torch.zeros((len(rows), length), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask, torch.tensor(group_ids)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_packed_equals_flat_logprobs_loss_and_gradients(one_thread, tok, family, seed):
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    vocab = len(tok)
+    model = build_tiny_llama(tok, family=family, seed=seed, initializer_range=0.2).float().train()
+    assert packable(model)
+    ids, mask, groups = random_tree_batch(rng, vocab)
+    packed = pack_rows(ids, mask, groups)
+    assert packed.tokens < int(mask.sum())  # shared prefixes are computed once
+
+    loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= 3)
+    advantages = torch.randn(loss_mask.shape)
+    old = None
+
+    def loss_of(logprobs):
+        nonlocal old
+        if old is None:
+            old = logprobs.detach() + 0.05 * torch.randn_like(logprobs)
+        return policy_loss(logprobs, old, advantages, loss_mask)[0]
+
+    flat_lp = model(input_ids=ids, attention_mask=mask).logits[:, :-1].log_softmax(-1).gather(2, ids[:, 1:, None])[..., 0]
+    flat_lp = torch.where(mask[:, 1:].bool(), flat_lp, torch.zeros_like(flat_lp))
+    flat_loss = loss_of(flat_lp)
+    flat_grads = torch.autograd.grad(flat_loss, list(model.parameters()))
+
+    packed_lp = packed_logprobs(model, packed, ids.shape)
+    assert torch.allclose(packed_lp, flat_lp, atol=1e-5), (packed_lp - flat_lp).abs().max()
+    packed_loss = loss_of(packed_lp)
+    packed_grads = torch.autograd.grad(packed_loss, list(model.parameters()))
+    assert any(g.abs().sum() > 0 for g in flat_grads)
+    assert torch.allclose(packed_loss, flat_loss, atol=1e-5)
+    for a, b in zip(flat_grads, packed_grads):
+        assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()

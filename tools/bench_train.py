@@ -1,0 +1,140 @@
+"""Tree-packed vs flat training steps on DeepSearch-shaped trees, measured side by side.
+
+Each tree: a prompt and K trajectories of `depth` steps of `step_tokens` tokens; the first
+trajectory is random, every later one branches off an earlier one at a random step
+boundary (as the frontier selection does) and continues with fresh steps; 8 children per
+expansion means up to 8 branches per node. The flat form trains one row per trajectory;
+the packed form computes every shared prefix once (flywheel.packing). Both run the same
+forward + backward of the Tree-GRPO loss, alternating, and the loss difference is printed.
+
+    python tools/bench_train.py                 # tiny policy and a ~100M Llama, depth 4 and 16
+    python tools/bench_train.py --models tiny   # the tiny policy only
+
+Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step time> ... for
+the depth-16 trees with the tiny policy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
+from flywheel.packing import pack_rows, packed_logprobs  # noqa: E402
+
+
+def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
+    rows, groups = [], []
+    for g in range(trees):
+        prompt = [rng.randrange(3, vocab) for _ in range(prompt_tokens)]
+        steps = lambda n: [rng.randrange(3, vocab) for _ in range(n * step_tokens)]  # noqa: E731
+        paths = [prompt + steps(depth)]
+        branches: dict[tuple[int, int], int] = {}
+        while len(paths) < k:
+            base = rng.randrange(len(paths))
+            cut = rng.randrange(0, depth)  # branch after `cut` shared steps
+            if branches.get((base, cut), 0) >= 7:  # 8 children per expansion at most
+                continue
+            branches[(base, cut)] = branches.get((base, cut), 0) + 1
+            shared = paths[base][: prompt_tokens + cut * step_tokens]
+            paths.append(shared + steps(depth - cut))
+        rows += paths
+        groups += [g] * len(paths)
+    length = max(map(len, rows))
+    ids = torch.zeros((len(rows), length), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        mask[i, : len(r)] = 1
+    return ids, mask, torch.tensor(groups), prompt_tokens
+
+
+def build(name: str):
+    if name == "tiny":
+        from flywheel.policy import load_policy
+
+        model, _ = load_policy("tiny-countdown")
+        return model.train()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=4096,
+                         tie_word_embeddings=True)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).float().train()
+
+
+def step_time(model, fn, repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        loss = fn()
+        loss.backward()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["tiny", "100m"], choices=["tiny", "100m"])
+    parser.add_argument("--depths", nargs="+", type=int, default=[4, 16])
+    parser.add_argument("--trees", type=int, default=4, help="trees per mini-batch (the ~100M model gets 1)")
+    parser.add_argument("--k", type=int, default=8, help="trajectories per tree")
+    parser.add_argument("--step-tokens", type=int, default=16)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    results = {}
+    print(f"{'model':<6} {'depth':>5} {'flat tok':>9} {'packed tok':>10} {'ratio':>6} {'flat s':>8} {'packed s':>8} "
+          f"{'speedup':>7} {'|dloss|':>9}")
+    for name in args.models:
+        model = build(name)
+        vocab = model.config.vocab_size
+        repeats = args.repeats if name == "tiny" else 1
+        for depth in args.depths:
+            trees = args.trees if name == "tiny" else 1
+            ids, mask, groups, prompt = tree_rows(random.Random(depth), vocab, trees, args.k, depth,
+                                                  args.step_tokens, args.prompt_tokens)
+            packed = pack_rows(ids, mask, groups)
+            loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= prompt - 1)
+            advantages = torch.randn(loss_mask.shape, generator=torch.Generator().manual_seed(depth))
+            with torch.no_grad():
+                old = packed_logprobs(model, packed, ids.shape)
+
+            def flat():
+                logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+                return policy_loss(token_logprobs(logits, ids[:, 1:]), old, advantages, loss_mask)[0]
+
+            def tree():
+                return policy_loss(packed_logprobs(model, packed, ids.shape), old, advantages, loss_mask)[0]
+
+            with torch.no_grad():
+                diff = abs(float(flat()) - float(tree()))
+            step_time(model, flat, 1), step_time(model, tree, 1)  # warm-up
+            flat_times, tree_times = [], []
+            for _ in range(repeats):  # alternate, so drifts in machine load hit both
+                flat_times += step_time(model, flat, 1)
+                tree_times += step_time(model, tree, 1)
+            flat_tok, tree_tok = int(mask.sum()), packed.tokens
+            f, t = statistics.median(flat_times), statistics.median(tree_times)
+            results[(name, depth)] = (flat_tok / tree_tok, f / t)
+            print(f"{name:<6} {depth:>5} {flat_tok:>9} {tree_tok:>10} {flat_tok / tree_tok:6.2f} {f:8.3f} {t:8.3f} "
+                  f"{f / t:7.2f} {diff:9.2e}", flush=True)
+    key = ("tiny", 16) if ("tiny", 16) in results else next(iter(results))
+    extra = " ".join(f"{n}_d{d}_speedup={s:.2f}" for (n, d), (_, s) in results.items() if (n, d) != key)
+    ratio, speedup = results[key]
+    print(f"RESULT token_ratio={ratio:.2f} speedup={speedup:.2f} model={key[0]} depth={key[1]} {extra}")
+
+
+if __name__ == "__main__":
+    main()
