@@ -568,4 +568,5 @@ def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: f
         metrics["compute/prefill_tokens"] = float(g.prefill_tokens)
         metrics["compute/prompt_tokens"] = float(g.prompt_tokens)
         metrics["compute/prefill_saved_tokens"] = float(g.prompt_tokens - g.prefill_tokens)
+        metrics["compute/prefix_hit_rate"] = 1.0 - g.prefill_tokens / g.prompt_tokens if g.prompt_tokens else 0.0
     return metrics

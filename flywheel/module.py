@@ -129,6 +129,9 @@ class TreeGRPOModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
         logprobs = self.batch_logprobs(self.policy, batch)
+        if "packed" in batch and self._trainer is not None:  # tokens a flat pass would compute / computed
+            self.log("compute/packed_token_ratio", float(batch["attention_mask"].sum()) / max(batch["packed"].tokens, 1),
+                     batch_size=len(batch["input_ids"]))
         weights = None
         if self.old_logprobs == "behaviour":
             old = batch["behaviour_logprobs"]

@@ -43,7 +43,7 @@ def scalars(log_dir: str) -> dict[str, list]:
 
 @pytest.mark.slow
 def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
-    cli = run_fit(tmp_path)
+    cli = run_fit(tmp_path, "--model.packing=true")
     trainer = cli.trainer
     log_dir = trainer.log_dir
 
@@ -57,7 +57,8 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     tags = scalars(log_dir)
     for tag in ("train/loss", "train/advantage_mean", "search/depth", "search/iterations_per_tree",
                 "search/reward", "search/seconds", "compute/generated_tokens", "compute/prefill_tokens",
-                "eval/pass@1", "eval/pass@2", "round/eval_pass@1"):
+                "eval/pass@1", "eval/pass@2", "round/eval_pass@1", "compute/prefix_hit_rate",
+                "compute/packed_token_ratio"):
         assert tag in tags, f"{tag} missing from TensorBoard; have {sorted(tags)}"
     tokens = [p.value for p in tags["compute/generated_tokens"]]
     assert tokens == sorted(tokens) and tokens[-1] > 0  # cumulative
