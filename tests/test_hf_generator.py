@@ -386,3 +386,48 @@ def test_qwen2_family(tok):
     c = gen.sample([GenerationRequest(prompt, 3, SamplingParams(max_new_tokens=8), seed=0)])[0][1]
     chosen, _ = teacher_forced(qwen, prompt, c)
     torch.testing.assert_close(torch.tensor(c.logprobs), chosen, atol=1e-5, rtol=1e-5)
+
+
+def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thread):
+    import functools
+
+    from flywheel.evaluation import encode_prompt
+    from flywheel.policy import load_policy
+    from flywheel.search import SearchConfig, SearchDriver, SearchProblem
+    from flywheel.tasks.countdown import CountdownTask
+
+    policy, ptok = load_policy("tiny-countdown")
+    task = CountdownTask()
+    problems = task.problems("test")[:8]
+    searches = [SearchProblem(encode_prompt(ptok, task, p), functools.partial(task.score, p), p.id) for p in problems]
+    config = SearchConfig(max_depth=8, expansion_width=4, trajectories_per_tree=4, max_expansions_per_tree=32)
+    decode = functools.partial(ptok.decode, skip_special_tokens=True)
+
+    def search(generator):
+        driver = SearchDriver(generator, config, step=task.step, decode=decode, eos_token_ids=[ptok.eos_token_id])
+        return driver.run(searches)
+
+    plain = HFGenerator(policy, ptok, seed=0)
+    cached = HFGenerator(policy, ptok, seed=0, prefix_cache_mb=16)
+    a, b = search(plain), search(cached)
+    for x, y in zip(a, b):  # the same trees: the cache changes what is computed, not what is sampled
+        assert [t.response_ids for t in x.trajectories] == [t.response_ids for t in y.trajectories]
+        for tx, ty in zip(x.trajectories, y.trajectories):
+            assert max(abs(p - q) for p, q in zip(tx.response_logprobs, ty.response_logprobs)) < 1e-4
+    assert plain.stats.prompt_tokens == cached.stats.prompt_tokens
+    assert cached.stats.prefill_tokens < plain.stats.prefill_tokens / 3
+    assert cached.stats.extra["prefix_cache_hit_tokens"] > 0
+    assert 0 < cached.prefix_cache.bytes <= 16 * 2**20
+
+    # A weight update empties the cache: stale KV would give wrong log-probs.
+    with torch.no_grad():
+        policy.lm_head.weight.mul_(1.0)
+    request = [GenerationRequest(searches[0].prompt_ids, n=2, params=SamplingParams(max_new_tokens=4), seed=1)]
+    cached.sample(request)
+    assert cached.prefix_cache.weights == tuple(p._version for p in policy.parameters())
+    assert len(cached.prefix_cache.entries) <= 2  # only this call's two samples; the rest was dropped
+
+    # Bounded: a tiny budget never holds more than it allows.
+    small = HFGenerator(policy, ptok, seed=0, prefix_cache_mb=0.01)
+    search(small)
+    assert small.prefix_cache.bytes <= 0.01 * 2**20

@@ -36,16 +36,22 @@ class HFBackend(GeneratorBackend):
         compact_fraction: drop finished rows from the decode batch once this fraction of it
             has finished (see HFGenerator).
         seed: seed of the sampling stream for requests that carry no seed of their own.
+        prefix_cache_mb: memory for the KV of search nodes kept from one search round to the
+            next, so expanding a node computes only its new tokens (0 = off). Emptied when
+            the weights change.
     """
 
-    def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0) -> None:
+    def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0,
+                 prefix_cache_mb: float = 256.0) -> None:
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
         self.seed = seed
+        self.prefix_cache_mb = prefix_cache_mb
 
     def build(self, model: Any, tokenizer: Any) -> Generator:
         from flywheel.generation.hf import HFGenerator
 
         return HFGenerator(
-            model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed
+            model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed,
+            prefix_cache_mb=self.prefix_cache_mb,
         )

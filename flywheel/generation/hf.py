@@ -4,7 +4,9 @@ The model is the trainer's own module (shared, never copied), so the generator a
 samples from the current weights and needs no weight sync. Decoding is a hand-written
 KV-cache loop rather than `model.generate`, for three reasons:
   * prefix reuse: each distinct prompt is prefilled once and its cache is replicated for
-    its n samples (`stats.prefill_tokens` vs `stats.prompt_tokens` shows the saving);
+    its n samples; with `prefix_cache_mb`, the KV of every unfinished completion (a search
+    node) is kept across calls, so expanding that node next round computes only the new
+    tokens (`stats.prefill_tokens` vs `stats.prompt_tokens` shows the saving);
   * per-row sampling parameters, stop rules and seeds inside one batch;
   * the records the objective needs: raw log-probs and entropies of every sampled token.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -166,6 +169,10 @@ class HFGenerator:
         compact_fraction: drop finished rows from the batch (and its KV cache) once at
             least this fraction of the rows in it has finished. 0 compacts whenever a row
             finishes; values above 1 never compact (finished rows ride along, masked).
+        prefix_cache_mb: memory for KV caches kept across calls (least recently used
+            first out): the KV of each completion that stopped without EOS, keyed by its
+            tokens, reused by any later prompt that extends it. Dropped whenever the
+            model's weights change (an optimizer step). 0 = off.
     """
 
     def __init__(
@@ -176,6 +183,7 @@ class HFGenerator:
         eos_token_id: int | Sequence[int] | None = None,
         seed: int = 0,
         compact_fraction: float = 0.25,
+        prefix_cache_mb: float = 0.0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -196,6 +204,9 @@ class HFGenerator:
         self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in forward_args
         self._stop_strings: dict[tuple[str, ...], _StopStrings] = {}
+        if prefix_cache_mb < 0:
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
+        self.prefix_cache = _PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
 
     @classmethod
     def from_pretrained(
@@ -246,6 +257,8 @@ class HFGenerator:
         """`result[i]` holds `requests[i].n` completions of `requests[i].prompt_ids`, in order."""
         start = time.perf_counter()
         self._validate(requests)
+        if self.prefix_cache is not None:
+            self.prefix_cache.follow_weights(self.model)
         rows = self._rows(requests)
         # Sorting by prompt puts identical prompts side by side (one prefill for all of
         # them) and similar lengths in the same chunk (little padding).
@@ -321,27 +334,46 @@ class HFGenerator:
     def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Prefill each distinct prompt of the chunk once, then replicate it to its rows.
 
+        A prompt that extends a sequence in the prefix cache starts from that sequence's KV
+        and computes only the rest. Layout per prompt: [pad | cached | pad | new], every
+        part left-padded to the chunk's widest, the pads masked out; positions count real
+        tokens only, so they are 0..len-1 whatever the padding.
+
         Returns the cache (batch = rows), the last-position logits [R, V] and the prompt
-        attention mask [R, P] (left padding).
+        attention mask [R, W].
         """
         device = self.model.device
         unique: dict[tuple[int, ...], int] = {}
         row_prompt = torch.tensor([unique.setdefault(r.prompt, len(unique)) for r in rows])
-        width = max(len(p) for p in unique)
-        ids = torch.full((len(unique), width), self.pad_token_id, dtype=torch.long)  # [U, P]
-        mask = torch.zeros((len(unique), width), dtype=torch.long)
-        for u, prompt in enumerate(unique):
-            ids[u, width - len(prompt) :] = torch.tensor(prompt)
-            mask[u, width - len(prompt) :] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # pads get 0; they are masked anyway
+        prompts = list(unique)
+        hits = [self.prefix_cache.longest(p) if self.prefix_cache is not None else (0, None) for p in prompts]
+        cached_width = max(c for c, _ in hits)
+        new_width = max(len(p) - c for p, (c, _) in zip(prompts, hits))
+        u = len(prompts)
+        ids = torch.full((u, new_width), self.pad_token_id, dtype=torch.long)  # [U, N]
+        mask = torch.zeros((u, cached_width + new_width), dtype=torch.long)  # [U, C + N]
+        start = torch.zeros(u, dtype=torch.long)
+        for i, (prompt, (c, _)) in enumerate(zip(prompts, hits)):
+            fresh = prompt[c:]
+            ids[i, new_width - len(fresh) :] = torch.tensor(fresh)
+            mask[i, cached_width - c : cached_width] = 1
+            mask[i, cached_width + new_width - len(fresh) :] = 1
+            start[i] = c
+        new_mask = mask[:, cached_width:]
+        positions = (start[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0)  # pads get any value; masked
         cache = DynamicCache(config=self.model.config)
+        if cached_width:
+            for layer, (keys, values) in enumerate(_left_padded([kv for _, kv in hits], [c for c, _ in hits], cached_width)):
+                cache.update(keys.to(device), values.to(device), layer)
         logits = self._forward(
             ids.to(device), mask.to(device), positions.to(device), cache, last_only=True
         )  # [U, V]
-        computed = int(mask.sum())
+        computed = int(new_mask.sum())
         self.stats.prefill_tokens += computed
         self.stats.cached_prompt_tokens += sum(len(r.prompt) for r in rows) - computed
         _bump(self.stats, "prefill_padded_tokens", ids.numel())
+        if cached_width:
+            _bump(self.stats, "prefix_cache_hit_tokens", sum(c for c, _ in hits))
 
         row_prompt = row_prompt.to(device)
         cache.batch_select_indices(row_prompt)  # gather with repeats: [U, ...] -> [R, ...]
@@ -376,6 +408,8 @@ class HFGenerator:
             record.add(t, slots, active, new, logits)
             reason = rules.check(t, slots, active, new, record.tokens, self.tokenizer)  # [B]
             record.finish(t, slots, reason)
+            if self.prefix_cache is not None:
+                self._keep_kv(rows, cache, attention, width, t, slots, reason, record)
             active &= reason == _ACTIVE
             if not bool(active.any()):
                 break
@@ -394,6 +428,86 @@ class HFGenerator:
             )
         _bump(self.stats, "decode_row_steps", row_steps)
         return record.completions(rows)
+
+
+    def _keep_kv(self, rows, cache, attention, width, t, slots, reason, record) -> None:
+        """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
+        prompt + tokens[:t], everything that was fed to the model (the last sampled token
+        was not)."""
+        ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1).tolist()
+        for b in ended:
+            slot = int(slots[b])
+            row = rows[slot]
+            columns = attention[slot, : width + t].nonzero().squeeze(1)  # the real positions
+            key = row.prompt + tuple(record.tokens[slot, :t].tolist())
+            kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
+                  for layer in cache.layers]
+            self.prefix_cache.put(key, kv)
+
+
+class _PrefixCache:
+    """KV caches of token sequences kept across generator calls, least recently used first
+    out, bounded in bytes, emptied when the model's parameters change (their in-place
+    version counters move on every optimizer step or weight load)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
+        self.sizes: dict[tuple[int, ...], int] = {}
+        self.lengths: Counter[int] = Counter()
+        self.bytes = 0
+        self.weights: tuple[int, ...] | None = None
+
+    def follow_weights(self, model: torch.nn.Module) -> None:
+        version = tuple(p._version for p in model.parameters())
+        if version != self.weights:
+            self.clear()
+            self.weights = version
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.sizes.clear()
+        self.lengths.clear()
+        self.bytes = 0
+
+    def longest(self, prompt: tuple[int, ...]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
+        """The longest cached sequence that is a proper prefix of `prompt` (at least the
+        prompt's last token is always computed: its logits start the decoding)."""
+        for length in sorted((n for n in self.lengths if n < len(prompt)), reverse=True):
+            kv = self.entries.get(prompt[:length])
+            if kv is not None:
+                self.entries.move_to_end(prompt[:length])
+                return length, kv
+        return 0, None
+
+    def put(self, key: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
+        if key in self.entries or size > self.max_bytes or not key:
+            return
+        self.entries[key] = kv
+        self.sizes[key] = size
+        self.lengths[len(key)] += 1
+        self.bytes += size
+        while self.bytes > self.max_bytes:
+            old, _ = self.entries.popitem(last=False)
+            self.bytes -= self.sizes.pop(old)
+            self.lengths[len(old)] -= 1
+            if not self.lengths[len(old)]:
+                del self.lengths[len(old)]
+
+
+def _left_padded(kvs, lengths: list[int], width: int):
+    """Per layer, the cached KV of each prompt left-padded with zeros to `width`:
+    yields (keys, values) [U, H, width, D]; prompts without a hit are all padding."""
+    template = next(kv for kv in kvs if kv is not None)
+    for layer, (k0, v0) in enumerate(template):
+        keys = k0.new_zeros((len(kvs), k0.shape[0], width, k0.shape[2]))
+        values = v0.new_zeros((len(kvs), v0.shape[0], width, v0.shape[2]))
+        for i, (kv, c) in enumerate(zip(kvs, lengths)):
+            if kv is not None and c:
+                keys[i, :, width - c :] = kv[layer][0]
+                values[i, :, width - c :] = kv[layer][1]
+        yield keys, values
 
 
 class _StopRules:
