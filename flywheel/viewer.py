@@ -176,7 +176,7 @@ function show(id) {{
   document.querySelector(`.node[data-id="${{id}}"]`).classList.add("selected");
   const lines = [
     `node ${{n.id}}  depth ${{n.depth}}  parent ${{fmt(n.parent)}}  expansion #${{fmt(payload.order[n.id])}}`,
-    `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}`,
+    `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}  PRM V ${{fmt(n.prm_value)}}`,
     n.terminal ? `terminal: ${{n.kind}}  reward ${{fmt(n.reward)}}  backup ${{n.backup_index === null ? "not backed up" : "K" + (n.backup_index + 1)}}` : `children ${{n.children.length}}`,
     n.verdict ? `verdict: ${{n.verdict.reason}}  answer ${{fmt(n.verdict.answer)}}` : "",
     "step text:", n.id === 0 ? (payload.tree.prompt_text || "") : (n.text ?? JSON.stringify(n.token_ids)),

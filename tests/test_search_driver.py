@@ -185,6 +185,31 @@ def test_merge_duplicate_steps_keeps_one_child_per_distinct_step():
     assert len({t.response_ids for t in res_plain.trajectories}) < len(res_plain.trajectories)
 
 
+def test_value_model_scores_new_nodes_once_per_round_and_steers_selection():
+    calls = []
+
+    def value_fn(prefixes):
+        calls.append(list(prefixes))
+        return [1.0 if prefix[-1] == 6 else 0.0 for prefix in prefixes]  # likes B (6, 6)
+
+    def first_requests(config, value):
+        gen = CountingGenerator(ScriptedGenerator(SMALL_SCRIPT))
+        driver = SearchDriver(gen, config, step=StepSpec(4), decode=toy_decode, value_fn=value)
+        (result,) = driver.run([problem()])
+        return [b[0].prompt_ids for b in gen.batches], result, driver.stats
+
+    plain = SearchConfig(expansion_width=2, trajectories_per_tree=2)
+    order, _, _ = first_requests(plain, None)
+    assert order[1] == (0, 5, 5)  # tie between A and B: the lowest id, A
+    guided = SearchConfig(expansion_width=2, trajectories_per_tree=2, prm_weight=1.0)
+    order, result, stats = first_requests(guided, value_fn)
+    assert order[1] == (0, 6, 6)  # the value model prefers B
+    assert calls[0] == [(0, 5, 5), (0, 6, 6)]  # one call per round, new non-terminal nodes only
+    assert all(len(batch) >= 1 for batch in calls) and stats.value_calls == len(calls)
+    assert result.tree.prm_value[2] == 1.0 and result.tree.prm_value[1] == 0.0
+    assert result.to_json()["nodes"][2]["prm_value"] == 1.0
+
+
 # --------------------------------------------------------------------- batching, determinism
 class CountingGenerator:
     """Wraps a generator and records the batch of every call."""

@@ -50,6 +50,9 @@ class SearchConfig:
         frontier_lambda3: weight of the depth bonus D(depth) (§5).
         depth_bonus: D(d): "sqrt" = sqrt(d / d_T) (paper), "linear" = d, "log" = log(d + 1).
         puct_c: c in Q + c * P * sqrt(N(parent)) / (1 + N) for selection "puct".
+        prm_weight: weight of a value model's V(s) in [0, 1] (ReST-MCTS*, when the driver has
+            one): added to the frontier score F(s), to local UCT and to pUCT of every scored
+            node. 0 = off (DeepSearch alone).
         backup: "constrained" (Eq. 5) or "vanilla" (Table 4 row 1 ablation).
         gamma_min: floor of the time-decay weight gamma(i, l) (Eq. 3).
         gamma_rule: "paper" = max(i / l, gamma_min); "code" = max((i + 1) / (l + 1), gamma_min).
@@ -89,6 +92,7 @@ class SearchConfig:
     frontier_lambda3: float = 0.01
     depth_bonus: DepthBonus = "sqrt"
     puct_c: float = 0.5
+    prm_weight: float = 0.0
     backup: BackupRule = "constrained"
     gamma_min: float = 0.1
     gamma_rule: GammaRule = "paper"
@@ -119,7 +123,7 @@ class SearchConfig:
                 f"search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "
                 "on a correct path keep q = 0 (Eq. 3); set search.gamma_min=0.1"
             )
-        for name in ("uct_lambda", "puct_c", "frontier_lambda1", "frontier_lambda2", "frontier_lambda3"):
+        for name in ("uct_lambda", "puct_c", "frontier_lambda1", "frontier_lambda2", "frontier_lambda3", "prm_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"search.{name} must be >= 0, got {getattr(self, name)}")
         if self.terminal_choice == "entropy" and self.entropy_top_k < 1:

@@ -81,11 +81,15 @@ class DriverStats:
     trajectories: int = 0
     generator_seconds: float = 0.0
     total_seconds: float = 0.0
+    value_calls: int = 0
+    valued_nodes: int = 0
+    value_seconds: float = 0.0
+    """Time in the value model (a model call like the generator's, not bookkeeping)."""
 
     @property
     def bookkeeping_seconds(self) -> float:
-        """Everything that is not the generator call: selection, grading, backup, batching."""
-        return self.total_seconds - self.generator_seconds
+        """Everything that is not a model call: selection, grading, backup, batching."""
+        return self.total_seconds - self.generator_seconds - self.value_seconds
 
     @property
     def overhead_pct(self) -> float:
@@ -237,7 +241,8 @@ class _LiveTree:
         )
 
     def absorb(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
-        """Expand `next_node` with `completions`, back up, and pick the next node (or finish)."""
+        """Expand `next_node` with `completions` and back up (or finish); `choose_next` then
+        picks the next node, after a value model has scored the new children."""
         cfg, tree = self.config, self.tree
         node = self.next_node
         depth = tree.depth[node] + 1
@@ -262,12 +267,21 @@ class _LiveTree:
             self.status = "complete"
         elif self.expansions >= cfg.max_expansions_per_tree:
             self.status = "expansion_cap"
+        self._expanded, self._produced_terminal = node, bool(new_terminals)
+
+    def new_live_children(self) -> list[int]:
+        """The non-terminal children the last expansion added (what a value model scores)."""
+        return [c for c in self.tree.children[self._expanded] if not self.tree.terminal[c]]
+
+    def choose_next(self) -> None:
+        """Pick the node to expand next round (or finish the tree as exhausted)."""
+        if self.status is not None:
+            return
+        nxt = self._select(self._expanded, produced_terminal=self._produced_terminal)
+        if nxt is None:
+            self.status = "exhausted"
         else:
-            nxt = self._select(node, produced_terminal=bool(new_terminals))
-            if nxt is None:
-                self.status = "exhausted"
-            else:
-                self.next_node = nxt
+            self.next_node = nxt
 
     def _back_up(self, new_terminals: list[int]) -> None:
         cfg, tree = self.config, self.tree
@@ -349,6 +363,10 @@ class SearchDriver:
             backends that report it as "stop"); the generator's "eos" finish reason always counts.
         progress: called with a SearchProgress after every round.
         log_every_seconds: how often to log progress at INFO level (0 = every round).
+        value_fn: a value model (e.g. the previous round's PRM): prefixes (prompt + partial
+            response) -> values in [0, 1]; called once per round for every new non-terminal
+            node of every live tree; the values enter selection with weight
+            `config.prm_weight` (rest-mcts-and-countdown.md §A).
     """
 
     def __init__(
@@ -362,6 +380,7 @@ class SearchDriver:
         eos_token_ids: Iterable[int] = (),
         progress: Callable[[SearchProgress], None] | None = None,
         log_every_seconds: float = 30.0,
+        value_fn: Callable[[list[tuple[int, ...]]], Sequence[float]] | None = None,
     ) -> None:
         if max_concurrent_trees < 1:
             raise ValueError(f"max_concurrent_trees must be >= 1, got {max_concurrent_trees}")
@@ -373,8 +392,24 @@ class SearchDriver:
         self.eos_token_ids = frozenset(eos_token_ids)
         self.progress = progress
         self.log_every_seconds = log_every_seconds
+        self.value_fn = value_fn
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
+
+    def _score_new_nodes(self, trees: list[_LiveTree]) -> None:
+        """One value-model call for the new non-terminal children of every live tree."""
+        nodes = [(t, c) for t in trees for c in t.new_live_children()]
+        if not nodes:
+            return
+        start = time.perf_counter()
+        values = self.value_fn([t.tree.prefix_ids(c) for t, c in nodes])
+        if len(values) != len(nodes):
+            raise RuntimeError(f"value_fn returned {len(values)} values for {len(nodes)} nodes")
+        for (t, c), v in zip(nodes, values):
+            t.tree.prm_value[c] = float(v)
+        self.stats.value_calls += 1
+        self.stats.valued_nodes += len(nodes)
+        self.stats.value_seconds += time.perf_counter() - start
 
     def run(self, problems: Iterable[SearchProblem]) -> list[TreeResult]:
         """Search every problem; results in input order."""
@@ -413,6 +448,10 @@ class SearchDriver:
                 before = tree.generated_tokens
                 tree.absorb(completions, self.decode, self.eos_token_ids)
                 stats.generated_tokens += tree.generated_tokens - before
+            if self.value_fn is not None:
+                self._score_new_nodes([t for t in live if t.status is None])
+            for tree in live:
+                tree.choose_next()
                 if tree.status is None:
                     still.append(tree)
                 else:

@@ -199,6 +199,7 @@ def tree_to_json(
             "finish_reason": tree.finish[node],
             "token_ids": list(tree.tokens[node]),
             "mean_nll": _num(tree.step_mean_nll(node)) if node else None,
+            "prm_value": _num(tree.prm_value[node]),
         }
         if logprobs:
             entry["logprobs"] = [_num(lp) for lp in tree.logprobs[node]]

@@ -52,8 +52,15 @@ def local_uct_select(tree: SearchTree, node: int, config: SearchConfig, rng: ran
     if not candidates:
         return None
     parent_visits = tree.visits[node]
-    scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], config.uct_lambda) for c in candidates]
+    scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], config.uct_lambda) + prm_term(tree, c, config)
+              for c in candidates]
     return candidates[_pick(scores, config.uct_sampling, rng)]
+
+
+def prm_term(tree: SearchTree, node: int, config: SearchConfig) -> float:
+    """prm_weight * V(node) when a value model scored the node, else 0."""
+    value = tree.prm_value[node]
+    return config.prm_weight * value if config.prm_weight and value == value else 0.0
 
 
 def depth_bonus(depth: int, max_depth: int, kind: str) -> float:
@@ -96,13 +103,13 @@ def select_frontier(tree: SearchTree, config: SearchConfig) -> int | None:
     """
     best_score = -math.inf
     best = -1
-    use_uncertainty = config.frontier_lambda2 != 0.0
+    per_node = config.frontier_lambda2 != 0.0 or config.prm_weight != 0.0
     for parent, kids in tree.frontier.items():
         q_parent = tree.mean_q(parent)
         depth = tree.depth[parent] + 1
-        if use_uncertainty:
-            for kid in kids:
-                score = frontier_score(q_parent, tree.step_mean_nll(kid), depth, config)
+        if per_node:
+            for kid in sorted(kids):
+                score = frontier_score(q_parent, tree.step_mean_nll(kid), depth, config) + prm_term(tree, kid, config)
                 if score > best_score or (score == best_score and kid < best):
                     best_score, best = score, kid
         else:
@@ -169,6 +176,7 @@ def descend_puct(tree: SearchTree, config: SearchConfig) -> int | None:
             if tree.dead[kid]:
                 continue
             score = puct_score(tree.mean_q(kid), prior, parent_visits, tree.visits[kid], config.puct_c)
+            score += prm_term(tree, kid, config)
             if score > best_score:
                 best, best_score = kid, score
         if best < 0:

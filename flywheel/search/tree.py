@@ -48,6 +48,8 @@ class SearchTree:
         # Statistics (§4): N and q (a sum); Q = q / N is derived.
         self.visits: list[int] = [0]
         self.value: list[float] = [0.0]
+        self.prm_value: list[float] = [math.nan]
+        """A value model's score of the node (NaN = not scored)."""
         # The step itself.
         self.tokens: list[tuple[int, ...]] = [()]
         self.logprobs: list[tuple[float, ...]] = [()]
@@ -107,6 +109,7 @@ class SearchTree:
             self.depth.append(depth)
             self.visits.append(1 if (initial_visit and not is_terminal) else 0)
             self.value.append(0.0)
+            self.prm_value.append(math.nan)
             self.tokens.append(completion.token_ids)
             self.logprobs.append(completion.logprobs)
             self.entropies.append(ent)
