@@ -192,6 +192,10 @@ class SearchDataModule(L.LightningDataModule):
         self.epoch_metrics: dict[str, float] = {}
         self.uniform_groups = 0
         """Groups left out of this epoch's training by `drop_uniform_groups`."""
+        self.last_results: list[TreeResult] = []
+        """This epoch's finished trees on this rank (read by the PRMUpdate callback)."""
+        self.value_fn = None
+        """A value model scoring new search nodes (set by PRMUpdate; None = none)."""
 
     # ------------------------------------------------------------------ problems
     def train_pool(self) -> dict[str, Problem]:
@@ -260,6 +264,7 @@ class SearchDataModule(L.LightningDataModule):
             self.generator(module), config, step=self.task.step, decode=_decoder(tokenizer),
             max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=_eos(tokenizer),
             progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
+            value_fn=self.value_fn if config.prm_weight > 0 else None,
         )
         return driver.run(self.search_problems(tokenizer, problems)), driver.stats
 
@@ -355,6 +360,7 @@ class SearchDataModule(L.LightningDataModule):
         self.ensure_hard_set(module)
         problems = self.next_problems(self.problems_per_epoch)[rank::world]
         per_problem, results, stats = self.rollouts(module, problems, epoch, rank)
+        self.last_results = results
         seconds = time.perf_counter() - start
         batches = self.mini_batches(module, per_problem, world)
         self.generated_tokens += _all_sum(trainer, stats.generated_tokens)
@@ -560,6 +566,7 @@ def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: f
         "search/correct_fraction": sum(t.verdict.correct for t in trajectories) / max(len(trajectories), 1),
         "search/solved_fraction": sum(any(t.verdict.correct for t in r.trajectories) for r in results) / max(len(results), 1),
         "search/overhead_pct": stats.overhead_pct,
+        "search/valued_nodes": float(stats.valued_nodes),
         "compute/generated_tokens": float(cumulative_tokens),
         "compute/epoch_generated_tokens": float(stats.generated_tokens),
     }

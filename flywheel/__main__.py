@@ -17,12 +17,14 @@ class FlywheelCLI(LightningCLI):
         from callbacks.budget import GenerationBudget
         from callbacks.evaluation import HeldOutEval
         from callbacks.hard_set import HardSetRefresh
+        from callbacks.prm import PRMUpdate
 
         # Order matters: the round's hard-set refresh runs before its evaluation, so the
         # summary of a round holds that round's hard-set size.
         parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
         parser.add_lightning_class_args(HeldOutEval, "eval")
         parser.add_lightning_class_args(GenerationBudget, "budget")
+        parser.add_lightning_class_args(PRMUpdate, "prm_update")
 
     def instantiate_trainer(self, **kwargs):
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO

@@ -60,3 +60,15 @@ def value_targets(parent: Sequence[int], correct: Sequence[bool]) -> list[float]
         w = (1.0 - v[up]) / (m_eff[node] + 1.0) * (1.0 - 2.0 * r)
         v[node] = max(v[up] + w, 0.0)
     return v
+
+
+def tree_samples(tree) -> list[tuple[tuple[int, ...], float, bool]]:
+    """(prompt + partial response ids, v_k, can reach a correct answer) for every non-root
+    node of a finished `flywheel.search.SearchTree`; [] when nothing in it is correct."""
+    n = len(tree.parent)
+    correct = [tree.kind[i] == "correct" for i in range(n)]
+    values = value_targets(tree.parent, correct)
+    if values is None:
+        return []
+    m = remaining_steps(tree.parent, correct)
+    return [(tree.prefix_ids(i), values[i], not math.isinf(m[i])) for i in range(1, n)]
