@@ -208,6 +208,8 @@ def test_value_model_scores_new_nodes_once_per_round_and_steers_selection():
     assert all(len(batch) >= 1 for batch in calls) and stats.value_calls == len(calls)
     assert result.tree.prm_value[2] == 1.0 and result.tree.prm_value[1] == 0.0
     assert result.to_json()["nodes"][2]["prm_value"] == 1.0
+    # B's branch has no correct answer, so A's (with C) is found later: after 3 expansions of 2 x 2 tokens.
+    assert result.stats.tokens_to_first_correct == 12 and order[:3] == [(0,), (0, 6, 6), (0, 5, 5)]
 
 
 # --------------------------------------------------------------------- batching, determinism

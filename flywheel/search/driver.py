@@ -218,6 +218,7 @@ class _LiveTree:
         self.generated_tokens = 0
         self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
         self.terminals = 0
+        self.first_correct_tokens: int | None = None
         self.rounds = 0
         self.status: str | None = None
         self.started = time.perf_counter()
@@ -260,6 +261,8 @@ class _LiveTree:
             if tree.terminal[child]:
                 grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
         self.terminals += len(new_terminals)
+        if self.first_correct_tokens is None and any(tree.kind[c] == "correct" for c in new_terminals):
+            self.first_correct_tokens = self.generated_tokens
         if new_terminals:
             self._back_up(new_terminals)
 
@@ -343,6 +346,7 @@ class _LiveTree:
                 terminals=self.terminals,
                 rounds=self.rounds,
                 wall_seconds=time.perf_counter() - self.started,
+                tokens_to_first_correct=self.first_correct_tokens,
             ),
             config=self.config,
             tree=tree,

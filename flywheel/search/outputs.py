@@ -93,6 +93,8 @@ class TreeStats:
     """Driver rounds the tree was live."""
     wall_seconds: float
     """From joining the batch to finishing (includes waiting on shared generator calls)."""
+    tokens_to_first_correct: int | None = None
+    """Tokens generated for this tree until its first correct terminal appeared (None: never)."""
 
 
 @dataclass(frozen=True)
@@ -230,6 +232,7 @@ def tree_to_json(
             "terminals": result.stats.terminals,
             "rounds": result.stats.rounds,
             "wall_seconds": result.stats.wall_seconds,
+            "tokens_to_first_correct": result.stats.tokens_to_first_correct,
         },
         "nodes": nodes,
         "trajectories": [
