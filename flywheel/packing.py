@@ -19,6 +19,7 @@ long trees want a block-sparse (flex attention) mask instead.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -93,6 +94,17 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids: 
         position[g, :n] = torch.tensor(depths[g], dtype=torch.long)
         parent[g, :n] = torch.tensor(parents[g], dtype=torch.long)
     return Packed(packed_ids, position, parent, row_group, index)
+
+
+def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token sequences -> right-padded ids and attention mask, both [B, max length]."""
+    length = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), length), dtype=torch.long)
+    for i, s in enumerate(sequences):
+        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
+        mask[i, : len(s)] = 1
+    return ids, mask
 
 
 def ancestor_mask(parent: torch.Tensor) -> torch.Tensor:

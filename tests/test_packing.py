@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from flywheel.objectives import policy_loss
-from flywheel.packing import ancestor_mask, pack_rows, packable, packed_logprobs
+from flywheel.packing import ancestor_mask, pack_rows, packable, packed_logprobs, right_pad
 from flywheel.tiny import build_tiny_llama
 
 
@@ -39,12 +39,7 @@ def random_tree_batch(rng: random.Random, vocab: int, groups: int = 3, k: int = 
             paths.append(base[:cut] + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 10))])
         rows += paths
         group_ids += [g] * len(paths)
-    length = max(map(len, rows))
-    ids = torch.zeros((len(rows), length), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    ids, mask = right_pad(rows, pad_id=0)
     return ids, mask, torch.tensor(group_ids)
 
 

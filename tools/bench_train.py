@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
-from flywheel.packing import pack_rows, packed_logprobs  # noqa: E402
+from flywheel.packing import pack_rows, packed_logprobs, right_pad  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -48,12 +48,7 @@ def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, st
             paths.append(shared + steps(depth - cut))
         rows += paths
         groups += [g] * len(paths)
-    length = max(map(len, rows))
-    ids = torch.zeros((len(rows), length), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, r in enumerate(rows):
-        ids[i, : len(r)] = torch.tensor(r)
-        mask[i, : len(r)] = 1
+    ids, mask = right_pad(rows, pad_id=0)
     return ids, mask, torch.tensor(groups), prompt_tokens
 
 

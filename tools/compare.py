@@ -23,13 +23,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-METHODS = {"deepsearch": [], "dapo": ["conf/dapo.yaml"], "bon": ["conf/best_of_n.yaml"]}
+METHODS: dict[str, tuple[list[str], list[str]]] = {
+    # name: (overlay configs, overrides)
+    "deepsearch": ([], ["--data.advantage=node"]),  # the paper's node-level Tree-GRPO credit
+    "deepsearch_outcome": ([], ["--data.advantage=outcome"]),  # the tree's trajectories, outcome credit
+    "dapo": (["conf/dapo.yaml"], []),
+    "bon": (["conf/best_of_n.yaml"], []),
+}
 
 
-def run(method: str, overlays: list[str], args: argparse.Namespace, out: Path) -> dict:
+def run(method: str, overlays: list[str], overrides: list[str], args: argparse.Namespace, out: Path) -> dict:
     cmd = [sys.executable, "-m", "flywheel", "fit", "--config", "conf/quickstart.yaml"]
     for overlay in overlays:
         cmd += ["--config", overlay]
+    cmd += overrides
     cmd += [
         f"--trainer.logger.init_args.save_dir={out}",
         f"--trainer.logger.init_args.name={method}",
@@ -70,16 +77,16 @@ def main() -> None:
     results = {}
     for method in args.methods:
         print(f"running {method} ...", flush=True)
-        results[method] = run(method, METHODS[method], args, args.out)
+        results[method] = run(method, *METHODS[method], args, args.out)
 
     print(f"\nheld-out Pass@1 ({args.eval_split}) against training tokens generated")
-    print(f"{'method':<11} {'round':>5} {'tokens':>10} {'pass@1':>7} {'hard set':>8} {'cached':>6}")
+    print(f"{'method':<18} {'round':>5} {'tokens':>10} {'pass@1':>7} {'hard set':>8} {'cached':>6}")
     for method, summary in results.items():
-        print(f"{method:<11} {'base':>5} {0:>10} {summary['base_eval_pass1']:7.4f}")
+        print(f"{method:<18} {'base':>5} {0:>10} {summary['base_eval_pass1']:7.4f}")
         for r in summary["rounds"]:
-            print(f"{method:<11} {r['round']:>5} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
+            print(f"{method:<18} {r['round']:>5} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
                   f"{r['hard_set_size'] if r['hard_set_size'] is not None else '-':>8} {r['cached'] or 0:>6}")
-        print(f"{method:<11} wall {summary['wall_seconds']:.0f} s")
+        print(f"{method:<18} wall {summary['wall_seconds']:.0f} s")
     final = {m: s["rounds"][-1] for m, s in results.items()}
     fields = " ".join(f"{m}_pass1={final[m]['eval_pass1']:.4f}" for m in results)
     tokens = " ".join(f"{m}_tokens={final[m]['generated_tokens']}" for m in results)

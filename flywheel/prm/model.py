@@ -17,6 +17,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
+from flywheel.packing import right_pad
+
 
 class ValueModel(nn.Module):
     """Scalar value head over a transformers decoder (e.g. `LlamaForCausalLM.model`)."""
@@ -56,16 +58,6 @@ class ValueModel(nn.Module):
         finally:
             self.train(was_training)
         return out
-
-
-def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    length = max(len(s) for s in sequences)
-    ids = torch.full((len(sequences), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(sequences), length), dtype=torch.long)
-    for i, s in enumerate(sequences):
-        ids[i, : len(s)] = torch.tensor(list(s), dtype=torch.long)
-        mask[i, : len(s)] = 1
-    return ids, mask
 
 
 @dataclass(frozen=True)
