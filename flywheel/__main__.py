@@ -69,6 +69,10 @@ def main(args: list[str] | None = None, run: bool = True):
         from flywheel.viewer import main as tree_main
 
         return tree_main(argv[1:])
+    if argv[:1] in (["--help"], ["-h"]):
+        print("flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder "
+              "(`python -m flywheel eval --help`); tree: one search tree as an HTML page "
+              "(`python -m flywheel tree --help`)\n")
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
 

@@ -2,11 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from procs import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_ddp_two_process_fit(tmp_path):
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_group(cmd, timeout=300, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summaries = list(tmp_path.glob("quickstart/version_*/summary.json"))
     assert len(summaries) == 1

@@ -4,7 +4,6 @@ to JSON and TensorBoard; sharded across processes without double counting."""
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
+from procs import run_group
 from flywheel.eval_command import merge_shards, shard
 from flywheel.evaluation import EvalResult
 from flywheel.tasks import Problem
@@ -76,11 +76,10 @@ def test_eval_reports_each_file_and_matches_under_two_processes(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run(
+    proc = run_group(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={port}",
-         "--master_addr=127.0.0.1", "-m", "flywheel",
-         "eval", *args, "--out", str(tmp_path / "two")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+         "--master_addr=127.0.0.1", "-m", "flywheel", "eval", *args, "--out", str(tmp_path / "two")],
+        timeout=300, cwd=ROOT, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     double = json.loads((tmp_path / "two" / "eval.json").read_text())

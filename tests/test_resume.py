@@ -6,7 +6,6 @@ checkpoint fails with its path and the way out."""
 import json
 import os
 import signal
-import subprocess
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from flywheel.__main__ import main
 from flywheel.checkpoint import CheckpointReadError
+from procs import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
 CRASH = ROOT / "tests" / "scripts" / "crash_fit.py"
@@ -85,8 +85,7 @@ def test_resume_continues_and_matches_an_uninterrupted_run(tmp_path, whole):
 )
 def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, whole, point):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    crashed = subprocess.run([sys.executable, str(CRASH), point, *fit_args(tmp_path, EPOCHS)], env=env,
-                             capture_output=True, text=True, timeout=600)
+    crashed = run_group([sys.executable, str(CRASH), point, *fit_args(tmp_path, EPOCHS)], timeout=600, env=env)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
     assert "crash_fit: SIGKILL" in crashed.stderr
     checkpoints = tmp_path / "checkpoints"
