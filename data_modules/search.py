@@ -570,6 +570,8 @@ def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: f
         "compute/generated_tokens": float(cumulative_tokens),
         "compute/epoch_generated_tokens": float(stats.generated_tokens),
     }
+    if stats.valued_nodes:
+        metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes
     if generator is not None:
         g = generator.stats
         metrics["compute/prefill_tokens"] = float(g.prefill_tokens)

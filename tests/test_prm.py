@@ -47,6 +47,8 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
         assert tag in tags, tag
     valued = [p.value for p in ea.Scalars("search/valued_nodes")]
     assert valued[0] == 0 and all(v > 0 for v in valued[1:])  # round 1 searches alone, then scored
+    means = [p.value for p in ea.Scalars("search/prm_value_mean")]
+    assert len(means) == len(valued) - 1 and all(0 <= m <= 1 for m in means)
     samples = [p.value for p in ea.Scalars("round/prm_samples")]
     assert samples == sorted(samples) and samples[0] > 0  # accumulated over rounds
 

@@ -83,6 +83,7 @@ class DriverStats:
     total_seconds: float = 0.0
     value_calls: int = 0
     valued_nodes: int = 0
+    value_sum: float = 0.0
     value_seconds: float = 0.0
     """Time in the value model (a model call like the generator's, not bookkeeping)."""
 
@@ -413,6 +414,7 @@ class SearchDriver:
             t.tree.prm_value[c] = float(v)
         self.stats.value_calls += 1
         self.stats.valued_nodes += len(nodes)
+        self.stats.value_sum += float(sum(values))
         self.stats.value_seconds += time.perf_counter() - start
 
     def run(self, problems: Iterable[SearchProblem]) -> list[TreeResult]:
