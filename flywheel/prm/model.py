@@ -106,7 +106,7 @@ def fit_value_model(
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             optimizer.step()
-            total += float(loss) * len(batch)
+            total += float(loss.detach()) * len(batch)
             count += len(batch)
         mean = total / max(count, 1)
     model.eval()
