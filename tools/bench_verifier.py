@@ -1,0 +1,110 @@
+"""Accuracy of flywheel's math verifier on the regression corpus, beside math-verify.
+
+    python tools/bench_verifier.py                         # tests/data/math_verifier_cases.jsonl
+    python tools/bench_verifier.py --corpus other.jsonl --show 20
+
+Per verifier: accuracy, false positives (a wrong answer accepted: the costly error in RL,
+it rewards the policy for being wrong), false negatives, the slowest case, and errors per
+category. math-verify (`pip install math-verify`) is run on the same cases when installed,
+through its documented parse/verify API, each call in a worker process with a timeout.
+flywheel's verifier runs in this process: its budgets need no outside timeout.
+Last line: RESULT flywheel_accuracy=... flywheel_fp=... flywheel_fn=... [math_verify_...] cases=...
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import json
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flywheel.rewards.math import verify  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def flywheel_judge(gold: str, prediction: str) -> bool:
+    return verify(gold, prediction).correct
+
+
+def math_verify_judge(gold: str, prediction: str) -> bool:
+    """math-verify's documented parse / verify (run in a worker process, so its own
+    signal-based timeouts work: they need the main thread)."""
+    from math_verify import parse, verify as mv_verify
+
+    return bool(mv_verify(parse("$" + gold + "$"), parse(prediction)))
+
+
+def math_verify_installed() -> bool:
+    try:
+        import math_verify  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def run(name, judge, rows, timeout: float, in_process: bool):
+    """Judge every row; in a worker process with a hard timeout unless `in_process`."""
+    results = []
+    pool = None if in_process else multiprocessing.get_context("fork").Pool(1)
+    for row in rows:
+        start = time.perf_counter()
+        error = None
+        try:
+            if pool is None:
+                said = judge(row["gold"], row["prediction"])
+            else:
+                said = pool.apply_async(judge, (row["gold"], row["prediction"])).get(timeout=timeout)
+        except multiprocessing.TimeoutError:
+            said, error = False, "timeout"
+            pool.terminate()  # a stuck case must not keep a core busy
+            pool = multiprocessing.get_context("fork").Pool(1)
+        except Exception as err:  # noqa: BLE001 - a grader crash counts as "not equal"
+            said, error = False, type(err).__name__
+        results.append((row, said, time.perf_counter() - start, error))
+    if pool is not None:
+        pool.terminate()
+    fp = [r for r, said, _, _ in results if said and not r["equal"]]
+    fn = [r for r, said, _, _ in results if not said and r["equal"]]
+    slowest = max(results, key=lambda x: x[2])
+    wrong_by_category = Counter(r["category"] for r in fp + fn)
+    return {"name": name, "accuracy": 1 - (len(fp) + len(fn)) / len(rows), "fp": fp, "fn": fn,
+            "slowest": (slowest[0]["id"], slowest[2]), "errors": sum(1 for *_, e in results if e),
+            "by_category": wrong_by_category}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "data" / "math_verifier_cases.jsonl")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds per case before it counts as a failure")
+    parser.add_argument("--show", type=int, default=10, help="misjudged cases to print per verifier")
+    args = parser.parse_args()
+    rows = [json.loads(line) for line in args.corpus.read_text().splitlines() if line.strip()]
+    reports = [run("flywheel", flywheel_judge, rows, args.timeout, in_process=True)]
+    if math_verify_installed():
+        reports.append(run("math_verify", math_verify_judge, rows, args.timeout, in_process=False))
+    else:
+        print("math-verify is not installed (pip install math-verify): flywheel only\n")
+    print(f"{len(rows)} cases ({sum(r['equal'] for r in rows)} equal)\n")
+    print(f"{'verifier':<12} {'accuracy':>8} {'false +':>7} {'false -':>7} {'errors':>6}  slowest")
+    for rep in reports:
+        print(f"{rep['name']:<12} {rep['accuracy']:8.4f} {len(rep['fp']):7d} {len(rep['fn']):7d} {rep['errors']:6d}  "
+              f"{rep['slowest'][0]} ({rep['slowest'][1] * 1000:.1f} ms)")
+    for rep in reports:
+        if rep["fp"] or rep["fn"]:
+            print(f"\n{rep['name']}: misjudged by category {dict(rep['by_category'])}")
+            for r in (rep["fp"] + rep["fn"])[: args.show]:
+                kind = "FP" if r in rep["fp"] else "FN"
+                print(f"  {kind} {r['id']}: gold {r['gold'][:60]!r} prediction {r['prediction'][-80:]!r}")
+    fields = " ".join(f"{rep['name']}_accuracy={rep['accuracy']:.4f} {rep['name']}_fp={len(rep['fp'])} "
+                      f"{rep['name']}_fn={len(rep['fn'])}" for rep in reports)
+    print(f"RESULT {fields} cases={len(rows)}")
+
+
+if __name__ == "__main__":
+    main()
