@@ -24,9 +24,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS: dict[str, tuple[list[str], list[str]]] = {
-    # name: (overlay configs, overrides)
-    "deepsearch": ([], ["--data.advantage=node"]),  # the paper's node-level Tree-GRPO credit
-    "deepsearch_outcome": ([], ["--data.advantage=outcome"]),  # the tree's trajectories, outcome credit
+    # name: (overlay configs, overrides) on top of conf/quickstart.yaml
+    "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
+    "deepsearch_paper": ([], ["--data.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "dapo": (["conf/dapo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
 }
