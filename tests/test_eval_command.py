@@ -59,6 +59,16 @@ def test_eval_of_a_checkpoint_reproduces_the_in_run_evaluation(tmp_path):
     ea.Reload()
     assert {"eval/test/pass@1", "eval/test/pass@2"} <= set(ea.Tags()["scalars"])
 
+    # tools/export_hf.py: the checkpoint's policy as a model folder, evaluated the same.
+    sys.path.insert(0, str(ROOT / "tools"))
+    from export_hf import main as export_main
+
+    folder = export_main([str(tmp_path / "checkpoints" / "last.ckpt"), str(tmp_path / "hf")])
+    exported = main(["eval", "--policy", str(folder), "--split", "test", "--samples", "2", "--max_problems", "16",
+                     "--out", str(tmp_path / "eval_hf")])
+    assert exported["results"]["test"]["per_problem"] == result["per_problem"]
+    assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+
 
 @pytest.mark.slow
 @pytest.mark.ddp
