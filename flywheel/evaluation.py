@@ -61,8 +61,16 @@ class EvalResult:
 
 
 def encode_prompt(tokenizer: Any, task: Task, problem: Problem) -> tuple[int, ...]:
-    """The prompt's token ids (the tokenizer adds BOS / applies its own special tokens)."""
-    return tuple(tokenizer(task.prompt(problem))["input_ids"])
+    """The prompt's token ids: the user turn of the tokenizer's chat template (with the
+    generation prompt) when the task asks for it and the tokenizer has one, else the plain
+    text (the tokenizer adds BOS / its own special tokens)."""
+    text = task.prompt(problem)
+    if getattr(task, "chat_template", False) and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
+            ids = ids["input_ids"]
+        return tuple(int(i) for i in ids)
+    return tuple(tokenizer(text)["input_ids"])
 
 
 def evaluate(

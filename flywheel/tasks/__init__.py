@@ -2,5 +2,6 @@
 
 from flywheel.tasks.base import Problem, StepSpec, Task
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
+from flywheel.tasks.math import MathTask
 
-__all__ = ["CountdownProblem", "CountdownTask", "Problem", "StepSpec", "Task"]
+__all__ = ["CountdownProblem", "CountdownTask", "MathTask", "Problem", "StepSpec", "Task"]

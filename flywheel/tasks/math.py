@@ -1,0 +1,99 @@
+"""Math: DeepSearch's prompt and steps, graded by the math verifier (flywheel.rewards.math).
+
+Problem files (jsonl / parquet) have `problem` and `answer` columns and optional `id` and
+`source`. Built-in splits "arith_train" / "arith_test" are seeded multi-step integer
+arithmetic ("Compute (7 - 3) * 5 + 2.", answer "22"): enough for the math path (prompt,
+chunked steps, \\boxed answers, the verifier) to run end to end on CPU with a tiny policy.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Literal
+
+from flywheel.rewards import Verdict
+from flywheel.rewards.math import verify
+from flywheel.tasks.base import Problem, StepSpec, Task
+
+DEEPSEARCH_PROMPT_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
+"""deepsearch.md §6 (code): appended to the question, the user turn of the chat template."""
+
+BUILTIN_SPLITS = {"arith_train": slice(0, 2000), "arith_test": slice(2000, 2500)}
+"""name -> its part of one seeded stream of distinct expressions (so the splits never overlap)."""
+
+
+class MathTask(Task):
+    """Math problems with \\boxed{} answers (DeepSearch recipe, deepsearch.md §1 and §6).
+
+    Args:
+        step_tokens: tokens per search step; a fixed chunk (the paper's 256) unless
+            `step_delimiter` is set, then the cap of one delimited step.
+        step_delimiter: None = fixed chunks (paper); e.g. "\\n\\n" = one paragraph per step.
+        max_response_tokens: token budget of a whole response (paper: 16384).
+        prompt_suffix: appended to the question (default: DeepSearch's instruction).
+        chat_template: when the tokenizer has a chat template, the prompt is its user turn
+            (with the generation prompt); tokenizers without one get the plain text.
+        hedged: an answer like "2 or 3": "wrong" (default), or take the "first" / "last".
+    """
+
+    def __init__(
+        self,
+        step_tokens: int = 256,
+        step_delimiter: str | None = None,
+        max_response_tokens: int = 16384,
+        prompt_suffix: str = DEEPSEARCH_PROMPT_SUFFIX,
+        chat_template: bool = True,
+        hedged: Literal["wrong", "first", "last"] = "wrong",
+    ) -> None:
+        if max_response_tokens < 1:
+            raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
+        if hedged not in ("wrong", "first", "last"):
+            raise ValueError(f"hedged must be 'wrong', 'first' or 'last', got {hedged!r}")
+        self.step = StepSpec(max_tokens=step_tokens, delimiter=step_delimiter)
+        self.max_response_tokens = max_response_tokens
+        self.prompt_suffix = prompt_suffix
+        self.chat_template = chat_template
+        self.hedged = hedged
+
+    def prompt(self, problem: Problem) -> str:
+        return problem.question + self.prompt_suffix
+
+    def score(self, problem: Problem, completion: str) -> Verdict:
+        return verify(problem.answer, completion, hedged=self.hedged)
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in BUILTIN_SPLITS:
+            raise ValueError(
+                f"MathTask has no built-in split {split!r} (built-in: {', '.join(BUILTIN_SPLITS)}); "
+                "give problem files with --data.train_files / --data.eval_files"
+            )
+        part = BUILTIN_SPLITS[split]
+        return [Problem(id=f"{split}-{i:05d}", question=q, answer=a)
+                for i, (q, a) in enumerate(arithmetic_problems(seed=0, count=2500)[part])]
+
+
+def arithmetic_problems(seed: int, count: int) -> list[tuple[str, str]]:
+    """`count` distinct (question, answer) pairs: integer expressions of 2-3 operations over
+    1..12 with values in -999..999, in a seeded order."""
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    seen: set[str] = set()
+    while len(out) < count:
+        expression, value = _expression(rng, rng.randint(2, 3))
+        if expression in seen or not -999 <= value <= 999:
+            continue
+        seen.add(expression)
+        out.append((f"Compute {expression}.", str(value)))
+    return out
+
+
+def _expression(rng: random.Random, operations: int) -> tuple[str, int]:
+    value = rng.randint(1, 12)
+    text = str(value)
+    for _ in range(operations):
+        n = rng.randint(1, 12)
+        op = rng.choice("+-*")
+        if op == "*" and ("+" in text or "-" in text):
+            text = f"({text})"
+        text, value = f"{text} {op} {n}", {"+": value + n, "-": value - n, "*": value * n}[op]
+    return text, value
