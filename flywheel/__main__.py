@@ -31,6 +31,11 @@ class FlywheelCLI(LightningCLI):
 
         from flywheel.checkpoint import AtomicCheckpointIO
 
+        strategy = kwargs.get("strategy")
+        if type(strategy).__name__ == "DeepSpeedStrategy" and isinstance(getattr(strategy, "config", None), dict):
+            from flywheel.deepspeed_config import check_deepspeed_config
+
+            check_deepspeed_config(strategy.config, where="--trainer.strategy's DeepSpeed config")
         trainer = super().instantiate_trainer(**kwargs)
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
