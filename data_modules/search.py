@@ -177,6 +177,7 @@ class SearchDataModule(L.LightningDataModule):
         self._train_pool: dict[str, Problem] | None = None
         self._eval_pool: tuple[Problem, ...] | None = None
         self._generator: Generator | None = None
+        self._synced_step = 0
         self.skipped_rows = 0
         # State restored on resume (state_dict / load_state_dict):
         self.hard: HardSet | None = None
@@ -244,9 +245,23 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ generation
     def generator(self, module: L.LightningModule) -> Generator:
+        """The backend's generator, in step with the policy: an out-of-process backend (the
+        vLLM sidecar) gets the weights pushed whenever optimizer steps happened since the
+        last push (before the epoch's search, a screening or an evaluation)."""
+        step = self.trainer.global_step if self.trainer is not None else 0
         if self._generator is None:
             self._generator = self.backend.build(module.policy, module.tokenizer)
+            self._synced_step = step
+        elif step != self._synced_step:
+            self.backend.sync_weights(module.policy, version=step)
+            self._synced_step = step
         return self._generator
+
+    def teardown(self, stage: str) -> None:
+        """Release the generator backend (stops a launched vLLM server)."""
+        if self._generator is not None:
+            self.backend.close()
+            self._generator = None
 
     def search_problems(self, tokenizer: Any, problems: Sequence[Problem]) -> list[SearchProblem]:
         return [
