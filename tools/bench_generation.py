@@ -1,0 +1,99 @@
+"""The same DeepSearch search through the in-process generator and through the vLLM sidecar.
+
+    FLYWHEEL_VLLM_PYTHON=/path/to/vllm-venv/bin/python python tools/bench_generation.py
+
+Both arms search the same Countdown problems with the same tree settings and seeds, from a
+randomly initialised character-level Llama with head_dim 32 (vLLM's CPU attention needs at
+least 32; the shipped policy has 24). Printed per arm: wall time of the search, generated
+tokens per second, prompt tokens submitted, prompt tokens computed, and the prefix-cache
+hit rate (the in-process generator's own accounting; the server's /metrics counters).
+Server start-up is reported apart and not counted. Last line: RESULT ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from flywheel.evaluation import encode_prompt  # noqa: E402
+from flywheel.generation.hf import HFGenerator  # noqa: E402
+from flywheel.generation.vllm import VLLMSidecar  # noqa: E402
+from flywheel.policy import load_policy  # noqa: E402
+from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402
+from flywheel.tasks.countdown import CountdownTask  # noqa: E402
+from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--problems", type=int, default=64)
+    parser.add_argument("--width", type=int, default=8)
+    parser.add_argument("--k", type=int, default=8)
+    parser.add_argument("--max-expansions", type=int, default=32)
+    parser.add_argument("--python", default=os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable),
+                        help="interpreter with vLLM installed")
+    args = parser.parse_args()
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-generation-"))
+    tok = build_char_tokenizer()
+    build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0,
+                     initializer_range=0.2).save_pretrained(folder)
+    tok.save_pretrained(folder)
+    model, tok = load_policy(str(folder))
+    model.eval()
+    task = CountdownTask(numbers_count=3)
+    problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
+                for p in task.problems("test")[: args.problems]]
+    config = SearchConfig(max_depth=8, expansion_width=args.width, trajectories_per_tree=args.k,
+                          max_expansions_per_tree=args.max_expansions)
+    decode = functools.partial(tok.decode, skip_special_tokens=True)
+
+    def search(generator):
+        driver = SearchDriver(generator, config, step=task.step, decode=decode, max_concurrent_trees=64,
+                              eos_token_ids=[tok.eos_token_id])
+        start = time.perf_counter()
+        driver.run(problems)
+        return time.perf_counter() - start, driver.stats.generated_tokens
+
+    rows = {}
+    hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
+    seconds, tokens = search(hf)
+    s = hf.stats
+    rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1))
+
+    sidecar = VLLMSidecar(python=args.python, max_num_seqs=256, startup_timeout=600)
+    start = time.perf_counter()
+    generator = sidecar.build(model, tok)
+    startup = time.perf_counter() - start
+    try:
+        search(generator)  # warm-up: first requests pay one-off costs
+        before = sidecar.prefix_cache_counters() or (0.0, 0.0)
+        submitted_before = generator.stats.prompt_tokens
+        seconds, tokens = search(generator)
+        after = sidecar.prefix_cache_counters() or (0.0, 0.0)
+        queries, hits = after[0] - before[0], after[1] - before[1]
+        rows["vllm"] = (seconds, tokens, generator.stats.prompt_tokens - submitted_before, queries - hits,
+                        hits / queries if queries else 0.0)
+    finally:
+        sidecar.close()
+
+    print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
+          f"vLLM server start-up {startup:.0f} s (not counted)")
+    print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9}")
+    for name, (sec, tok_count, prompt, computed, rate) in rows.items():
+        print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f}")
+    hf_row, v_row = rows["hf"], rows["vllm"]
+    print(f"RESULT hf_seconds={hf_row[0]:.2f} vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} "
+          f"hf_tok_per_s={hf_row[1] / hf_row[0]:.0f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "
+          f"hf_hit_rate={hf_row[4]:.3f} vllm_hit_rate={v_row[4]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
