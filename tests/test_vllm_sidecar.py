@@ -134,3 +134,30 @@ def live_members(group: int) -> list[int]:
         if int(fields[2]) == group and fields[0] != "Z":
             out.append(int(stat.parent.name))
     return out
+
+
+def test_fit_through_the_sidecar_pushes_weights_every_epoch(tmp_path):
+    """`fit` with --data.generator=VLLMSidecar: the search and the evaluation sample from the
+    server, the weights are pushed (and probed) after every epoch's updates."""
+    if not _has_vllm():
+        pytest.skip(f"vllm is not importable by {VLLM_PYTHON}")
+    from flywheel.__main__ import main
+    from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+
+    root = Path(__file__).resolve().parents[1]
+    policy = tmp_path / "policy"
+    tok = build_char_tokenizer()
+    build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0).save_pretrained(policy)
+    tok.save_pretrained(policy)
+    cli = main(["fit", "--config", str(root / "conf" / "quickstart.yaml"), f"--model.policy={policy}",
+                "--data.generator=flywheel.generation.vllm.VLLMSidecar", f"--data.generator.init_args.python={VLLM_PYTHON}",
+                f"--data.generator.init_args.log_dir={tmp_path / 'vllm'}", "--data.generator.init_args.logprob_tolerance=2e-3",
+                "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=8",
+                "--data.mini_batch_problems=4", "--data.max_eval_problems=8", "--data.eval.samples=2",
+                "--model.optimizer.lr=1e-2", f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    backend = cli.datamodule.backend
+    assert cli.trainer.global_step == 4
+    assert backend.weight_version == 4  # pushed after epoch 2's steps, before the round-2 evaluation
+    assert backend.process is None  # stopped at teardown
+    assert (tmp_path / "vllm" / "vllm_server.log").is_file()
