@@ -71,7 +71,7 @@ class TreeGRPOModule(L.LightningModule):
 
     def __init__(
         self,
-        policy: str = "tiny-countdown",
+        policy: str | None = "tiny-countdown",
         objective: ObjectiveConfig = ObjectiveConfig(),
         optimizer: OptimizerConfig = OptimizerConfig(),
         old_logprobs: OldLogprobs = "recompute",
@@ -79,6 +79,11 @@ class TreeGRPOModule(L.LightningModule):
         packing: bool = False,
     ) -> None:
         super().__init__()
+        if not policy:
+            raise ValueError(
+                "--model.policy is required: the folder of the Hugging Face model to train (e.g. "
+                "--model.policy=/models/Nemotron-Research-Reasoning-Qwen-1.5B), or a built-in name (tiny-countdown)"
+            )
         self.save_hyperparameters()
         self.objective = objective
         self.optimizer_config = optimizer

@@ -66,3 +66,26 @@ def test_deepsearch_cpu_config_runs_the_math_path(tmp_path):
     steps = [n for n in tree["nodes"][1:] if not n["terminal"]]
     assert steps and all(len(n["token_ids"]) == 16 for n in steps)  # fixed 16-token chunks
     assert "\\boxed{}" in tree["prompt_text"]
+
+
+def test_deepsearch_recipe_config_reads_and_names_its_required_settings(tmp_path):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "flywheel", "fit", "--config", str(ROOT / "conf" / "deepsearch.yaml"),
+                          "--print_config"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for line in ("lr: 1.0e-06", "weight_decay: 0.1", "warmup_steps: 10", "clip_high: 0.28", "dual_clip: 10.0",
+                 "expansion_width: 8", "trajectories_per_tree: 8", "max_depth: 64", "step_tokens: 256",
+                 "max_response_tokens: 16384", "problems_per_epoch: 256", "mini_batch_problems: 32",
+                 "class_path: flywheel.generation.vllm.VLLMSidecar", "config: conf/deepspeed/zero2.json"):
+        assert line in out.stdout, line
+    # On CPU, without DeepSpeed or vLLM: the missing policy is named before anything starts.
+    cpu = ["--trainer.accelerator=cpu", "--trainer.strategy=auto", "--trainer.precision=32-true",
+           "--data.generator=flywheel.generation.backends.HFBackend", "--model.dtype=float32",
+           f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks.init_args.dirpath={tmp_path}"]
+    with pytest.raises(ValueError, match="--model.policy is required"):
+        main(["fit", "--config", str(ROOT / "conf" / "deepsearch.yaml"), *cpu])
+    with pytest.raises(ValueError, match="--data.train_files"):
+        main(["fit", "--config", str(ROOT / "conf" / "deepsearch.yaml"), *cpu, "--model.policy=tiny-countdown",
+              "--trainer.max_epochs=1"])
