@@ -12,7 +12,14 @@ from flywheel.module import TreeGRPOModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
-OVERLAYS = {"dapo.yaml", "best_of_n.yaml"}
+OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "rest_mcts.yaml"}
+GPU_RECIPES = {
+    # Instantiated here with its GPU parts swapped for CPU ones (DeepSpeed and vLLM are GPU
+    # extras); its DeepSpeed file is checked by tests/test_deepspeed_config.py.
+    "deepsearch.yaml": ["--trainer.accelerator=cpu", "--trainer.strategy=auto", "--trainer.precision=32-true",
+                        "--data.generator=flywheel.generation.backends.HFBackend", "--model.policy=tiny-countdown",
+                        "--model.dtype=float32"],
+}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
@@ -20,6 +27,7 @@ def test_every_config_parses_and_instantiates(config, tmp_path):
     args = ["--config", str(config)]
     if config.name in OVERLAYS:  # overlays modify a recipe: check them on top of the quickstart
         args = ["--config", str(ROOT / "conf" / "quickstart.yaml")] + args
+    args += GPU_RECIPES.get(config.name, [])
     cli = main(args + [f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert isinstance(cli.model, TreeGRPOModule)
     assert isinstance(cli.datamodule, SearchDataModule)
