@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
+from data_modules.search import all_gather
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
 from flywheel.prm.targets import tree_samples
 
@@ -109,11 +110,7 @@ class PRMUpdate(Callback):
                 continue
             held = zlib.crc32(result.problem_id.encode()) % self.heldout_every == 0
             local += [(held, sample) for sample in tree_samples(result.tree)]
-        parts = [local]
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            parts = [None] * trainer.world_size
-            torch.distributed.all_gather_object(parts, local)  # every rank fits the same model
-        for part in parts:
+        for part in all_gather(trainer, local):  # every rank fits the same model
             for held, sample in part:
                 (self.heldout if held else self.samples).append(sample)
         del self.samples[: max(0, len(self.samples) - self.max_samples)]

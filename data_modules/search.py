@@ -304,7 +304,7 @@ class SearchDataModule(L.LightningDataModule):
         result = evaluate(self.generator(module), module.tokenizer, self.task, shard, config, progress=lambda d: bar.update(d - bar.n))
         bar.close()
         self.screening_tokens += result.generated_tokens
-        gathered = _all_gather(trainer, (result.problem_ids, result.samples, result.correct))
+        gathered = all_gather(trainer, (result.problem_ids, result.samples, result.correct))
         return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3)))
 
     def ensure_hard_set(self, module: L.LightningModule) -> None:
@@ -459,7 +459,7 @@ class SearchDataModule(L.LightningDataModule):
              len(results[p.id].trajectories))
             for p in problems
         ]
-        for part in _all_gather(self.trainer, local):
+        for part in all_gather(self.trainer, local):
             for problem_id, correct, count in part:
                 if count:
                     responses = [CachedSolution(problem_id, tuple(ids), text, self.round) for ids, text in correct]
@@ -547,7 +547,7 @@ def _eos(tokenizer: Any) -> list[int]:
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
 
-def _all_gather(trainer: L.Trainer, obj: Any) -> list[Any]:
+def all_gather(trainer: L.Trainer, obj: Any) -> list[Any]:
     """Every rank's `obj`, in rank order (a list of one outside distributed runs)."""
     if trainer.world_size == 1 or not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return [obj]
@@ -557,7 +557,7 @@ def _all_gather(trainer: L.Trainer, obj: Any) -> list[Any]:
 
 
 def _all_sum(trainer: L.Trainer, value: int) -> int:
-    return sum(_all_gather(trainer, value))
+    return sum(all_gather(trainer, value))
 
 
 def _advance(bar: tqdm, done: int, tokens: int | None) -> None:

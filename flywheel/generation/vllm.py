@@ -120,12 +120,11 @@ class VLLMGenerator:
         logprobs = tuple(float(x) if x is not None else math.nan for x in (lp.get("token_logprobs") or []))
         if len(logprobs) != len(ids):
             raise SidecarError(f"{len(ids)} tokens but {len(logprobs)} log-probs in the server's answer")
+        stop_reason = choice.get("stop_reason")
         if choice.get("finish_reason") == "length":
             reason = "length"
-        elif ids and ids[-1] in self.eos_token_ids and choice.get("stop_reason") in (None, ids[-1]):
-            reason = "eos"
-        elif choice.get("stop_reason") is None:
-            reason = "eos"
+        elif stop_reason is None or (ids and ids[-1] in self.eos_token_ids and stop_reason == ids[-1]):
+            reason = "eos"  # EOS, or a stop token id that is an EOS id
         else:
             reason = "stop"
         entropies = None

@@ -110,10 +110,11 @@ def extract_answer(completion: str) -> str | None:
     boxes = _last_boxes(completion)
     if boxes:
         return ", ".join(b[2].strip() for b in boxes)
-    matches = list(_FINAL.finditer(completion[-20_000:]))
+    end = completion[-20_000:]
+    matches = list(_FINAL.finditer(end))
     if not matches:
         return None
-    tail = completion[-20_000:][matches[-1].end() :].strip()
+    tail = end[matches[-1].end() :].strip()
     answer = tail.splitlines()[0].strip() if tail else ""
     math = re.match(r"\$+([^$]+)\$+", answer)
     if math:  # "The final answer is $42$. I hope it is correct."
@@ -867,7 +868,7 @@ def verify(gold: str, completion: str, *, hedged: Hedged = "wrong", correct_rewa
     if len(answer) > MAX_ANSWER_CHARS:
         return Verdict(False, wrong_reward, answer[:80], "too_long")
     if _HEDGE.search(f" {answer} "):
-        options = [p for p in re.split(r"\s(?:or|either)\s|\\text\{\s*or\s*\}|\\lor", answer, flags=re.IGNORECASE) if p.strip()]
+        options = [p for p in _HEDGE.split(answer) if p.strip()]
         if hedged == "wrong" or not options:
             return Verdict(False, wrong_reward, answer, "hedged")
         answer = options[0] if hedged == "first" else options[-1]
