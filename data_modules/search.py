@@ -250,7 +250,11 @@ class SearchDataModule(L.LightningDataModule):
         last push (before the epoch's search, a screening or an evaluation)."""
         step = self.trainer.global_step if self.trainer is not None else 0
         if self._generator is None:
-            self._generator = self.backend.build(module.policy, module.tokenizer)
+            strategy = self.trainer.strategy if self.trainer is not None else None
+            log_dir = self.trainer.log_dir if self.trainer is not None else None  # collective under DDP
+            if log_dir:
+                self.backend.run_dir = Path(log_dir)
+            self._generator = self.backend.build(module.policy, module.tokenizer, strategy)
             self._synced_step = step
         elif step != self._synced_step:
             self.backend.sync_weights(module.policy, version=step)
@@ -372,6 +376,7 @@ class SearchDataModule(L.LightningDataModule):
         module = trainer.lightning_module
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
         start = time.perf_counter()
+        self.generator(module)  # every rank at once: a sidecar's launch and weight sync are collective
         self.ensure_hard_set(module)
         problems = self.next_problems(self.problems_per_epoch)[rank::world]
         per_problem, results, stats = self.rollouts(module, problems, epoch, rank)

@@ -9,7 +9,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
-BUILTIN_POLICIES = {"tiny-countdown": ("policies", "tiny-countdown")}
+BUILTIN_POLICIES = {
+    "tiny-countdown": ("policies", "tiny-countdown"),
+    "tiny-countdown-h3": ("policies", "tiny-countdown-h3"),  # head size 32, for vLLM on CPU
+}
 """Policies shipped inside the package (flywheel/assets/...), usable by name."""
 
 

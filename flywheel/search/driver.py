@@ -240,6 +240,7 @@ class _LiveTree:
             n=self.config.expansion_width,
             params=params,
             seed=derive_seed(self.config.seed, self.index, self.expansions),
+            affinity=self.index,
         )
 
     def absorb(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:

@@ -95,13 +95,13 @@ def flat_rollouts(
         for fp in live:
             if not fp.leaves:  # first round: n samples of the prompt in one request
                 seed = derive_seed(config.seed, fp.index, 0)
-                requests.append(GenerationRequest(fp.tree.prompt_ids, n, params, seed))
+                requests.append(GenerationRequest(fp.tree.prompt_ids, n, params, seed, affinity=fp.index))
                 owners.append((fp, list(range(n))))
                 continue
             for j in fp.open_chains():
                 leaf = fp.leaves[j]
                 seed = derive_seed(config.seed, fp.index, fp.tree.depth[leaf], j)
-                requests.append(GenerationRequest(fp.tree.prefix_ids(leaf), 1, params, seed))
+                requests.append(GenerationRequest(fp.tree.prefix_ids(leaf), 1, params, seed, affinity=fp.index))
                 owners.append((fp, [j]))
         gen_start = time.perf_counter()
         outputs = generator.sample(requests)
