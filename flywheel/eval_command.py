@@ -40,7 +40,7 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     The architecture and tokenizer come from `policy` if given, else from the policy the
     checkpoint's run was started from (its `hyper_parameters`)."""
     from flywheel.checkpoint import AtomicCheckpointIO
-    from flywheel.policy import load_policy
+    from flywheel.policy import LoraSettings, add_lora, load_policy, merged
 
     ckpt = AtomicCheckpointIO().load_checkpoint(checkpoint, weights_only=False)
     source = policy or (ckpt.get("hyper_parameters") or {}).get("policy")
@@ -50,7 +50,16 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     weights = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     if not weights:
         raise ValueError(f"{checkpoint} holds no policy.* weights; is it a `flywheel fit` checkpoint?")
-    model.load_state_dict(weights)
+    if any("lora_" in k for k in weights):  # trained with --model.lora: rebuild the adapters, then fold them in
+        lora = (ckpt.get("hyper_parameters") or {}).get("lora")
+        lora = LoraSettings(**lora) if isinstance(lora, dict) else lora
+        if not isinstance(lora, LoraSettings) or not lora.rank:
+            raise ValueError(f"{checkpoint} holds LoRA weights but its hyper_parameters name no lora settings")
+        model = add_lora(model, lora)
+        model.load_state_dict(weights)
+        model = merged(model)
+    else:
+        model.load_state_dict(weights)
     return model.eval(), tokenizer, int(ckpt.get("global_step", 0))
 
 

@@ -18,7 +18,7 @@ from flywheel.evaluation import evaluate
 from flywheel.metrics import PassAtK
 from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
 from flywheel.packing import PACKABLE_MODEL_TYPES, Packed, packable, packed_logprobs, pack_rows
-from flywheel.policy import load_policy
+from flywheel.policy import LoraSettings, add_lora, load_policy
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,9 @@ class TreeGRPOModule(L.LightningModule):
             sequence per tree with an ancestor-only mask, log-probs laid back out per
             trajectory, so the loss is the same. Llama and Qwen2 families; other models fall
             back to one row per trajectory, saying so once.
+        lora: train low-rank adapters instead of every weight (`--model.lora.rank=16`; needs
+            `peft`). Checkpoints hold base + adapters; `tools/export_hf.py` and `flywheel eval`
+            merge them. With the vLLM sidecar set its `lora_rank` too: only the adapter is synced.
     """
 
     def __init__(
@@ -77,6 +80,7 @@ class TreeGRPOModule(L.LightningModule):
         old_logprobs: OldLogprobs = "recompute",
         dtype: str = "float32",
         packing: bool = False,
+        lora: LoraSettings = LoraSettings(),
     ) -> None:
         super().__init__()
         if not policy:
@@ -89,6 +93,7 @@ class TreeGRPOModule(L.LightningModule):
         self.optimizer_config = optimizer
         self.old_logprobs = old_logprobs
         self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.policy = add_lora(self.policy, lora)
         self.packing = packing and packable(self.policy)
         if packing and not self.packing:
             log.info("packing off: %s models are not known to take a 4D attention mask (packable: %s); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -59,3 +60,47 @@ def load_policy(policy: str, dtype: str = "float32"):
         )
     log.info("loaded policy %s (%.2fM parameters, %s)", path, sum(p.numel() for p in model.parameters()) / 1e6, dtype)
     return model, tokenizer
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """Low-rank adapters (LoRA, via the `peft` package) instead of full fine-tuning.
+
+    Args:
+        rank: adapter rank r; 0 = off (every weight trains).
+        alpha: scaling numerator (the update is alpha / r * B A).
+        dropout: dropout on the adapter's input.
+        target_modules: names of the linear layers that get adapters (Llama / Qwen2 names).
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    def __post_init__(self) -> None:
+        if self.rank < 0:
+            raise ValueError(f"--model.lora.rank must be >= 0 (0 = off), got {self.rank}")
+
+
+def add_lora(model, settings: LoraSettings):
+    """`model` wrapped with fresh LoRA adapters (only they train); `model` itself when rank is 0."""
+    if not settings.rank:
+        return model
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise ImportError(f"--model.lora.rank={settings.rank} needs the peft package: pip install -e \".[lora]\"") from err
+    config = LoraConfig(r=settings.rank, lora_alpha=settings.alpha, lora_dropout=settings.dropout,
+                        target_modules=list(settings.target_modules), task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def merged(model):
+    """A plain transformers model with any LoRA adapters folded into its weights (a copy when
+    there are adapters; `model` itself otherwise)."""
+    if not hasattr(model, "peft_config"):
+        return model
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()

@@ -235,3 +235,36 @@ def test_ddp_ranks_share_one_server_that_rank_0_launches_and_syncs(tmp_path):
     summary = json.loads(next(tmp_path.glob("quickstart_vllm/version_*/summary.json")).read_text())
     assert len(summary["rounds"]) == 2 and summary["eval_problems"] == 8
     assert not processes_with_env(mark), "a process of the run outlived it"
+
+
+def test_lora_fit_syncs_only_the_adapter_in_place(tmp_path, monkeypatch):
+    """--model.lora.rank with the sidecar's lora_rank: the server starts from the base weights,
+    samples through the adapter, and each sync loads the new adapter in place (the probe
+    checks its log-probs against the trainer's adapted policy)."""
+    _need_vllm()
+    pytest.importorskip("peft")
+    from flywheel.__main__ import main
+
+    monkeypatch.setenv("FLYWHEEL_VLLM_PYTHON", VLLM_PYTHON)
+    cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"),
+                *SMALL_FIT, "--model.lora.rank=8", "--data.generator.init_args.lora_rank=8",
+                f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    backend = cli.datamodule.backend
+    assert cli.trainer.global_step == 4 and backend.weight_version == 4
+    text = (Path(cli.trainer.log_dir) / "vllm_server.log").read_text(errors="replace")
+    loads = len(re.findall(r"POST /v1/load_lora_adapter HTTP", text))
+    assert loads == 3, loads  # at launch, then one per sync
+    assert not re.findall(r"POST /collective_rpc HTTP", text)  # the base weights never move
+    assert (backend.staging / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_lora_rank_must_match_the_policy(tmp_path):
+    _need_vllm()
+    pytest.importorskip("peft")
+    from flywheel.generation.vllm import SidecarError, VLLMSidecar
+    from flywheel.policy import load_policy
+
+    model, tok = load_policy("tiny-countdown-h3")
+    with pytest.raises(SidecarError, match="has no LoRA adapters"):
+        VLLMSidecar(lora_rank=8, python=VLLM_PYTHON).build(model, tok)

@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 SERVED_NAME = "policy"
 ADAPTER_NAME = "policy-lora"
 PYTHON_ENV = "FLYWHEEL_VLLM_PYTHON"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for --max-lora-rank."""
 
 
 class SidecarError(RuntimeError):
@@ -73,7 +75,12 @@ def _post(url: str, payload: dict | None, timeout: float) -> Any:
     request = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:
         body = response.read()
-    return json.loads(body) if body.strip() else None
+    if not body.strip():
+        return None
+    try:
+        return json.loads(body)
+    except ValueError:  # some endpoints answer plain text (e.g. load_lora_adapter)
+        return body.decode(errors="replace")
 
 
 def _get(url: str, timeout: float) -> bytes:
@@ -447,7 +454,8 @@ class VLLMSidecar(GeneratorBackend):
             "--max-logprobs", "20", "--enable-prefix-caching", "--seed", "0", *self.extra_args,
         ]
         if self.lora_rank:
-            cmd += ["--enable-lora", "--max-lora-rank", str(self.lora_rank), "--max-loras", "1"]
+            cap = min((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
+            cmd += ["--enable-lora", "--max-lora-rank", str(cap), "--max-loras", "1"]
         if not torch.cuda.is_available():
             cmd.append("--enforce-eager")
         return cmd

@@ -32,8 +32,13 @@ class ValueModel(nn.Module):
 
     @classmethod
     def from_policy(cls, policy: nn.Module) -> ValueModel:
-        """A value model whose backbone is a copy of `policy`'s decoder (the LM head dropped)."""
-        backbone = copy.deepcopy(policy.base_model)
+        """A value model whose backbone is a copy of `policy`'s decoder (the LM head dropped;
+        LoRA adapters, if any, folded into the weights)."""
+        if hasattr(policy, "peft_config"):
+            policy = copy.deepcopy(policy).merge_and_unload()
+            backbone = policy.base_model
+        else:
+            backbone = copy.deepcopy(policy.base_model)
         hidden = policy.config.get_text_config().hidden_size
         return cls(backbone, hidden).to(next(policy.parameters()).device)
 
