@@ -31,12 +31,17 @@ class FlywheelCLI(LightningCLI):
 
         from flywheel.checkpoint import AtomicCheckpointIO
 
-        strategy = kwargs.get("strategy")
-        if type(strategy).__name__ == "DeepSpeedStrategy" and isinstance(getattr(strategy, "config", None), dict):
+        trainer = super().instantiate_trainer(**kwargs)
+        strategy = trainer.strategy
+        deepspeed = any(c.__name__ == "DeepSpeedStrategy" for c in type(strategy).__mro__)
+        if deepspeed and isinstance(getattr(strategy, "config", None), dict):
             from flywheel.deepspeed_config import check_deepspeed_config
 
             check_deepspeed_config(strategy.config, where="--trainer.strategy's DeepSpeed config")
-        trainer = super().instantiate_trainer(**kwargs)
+            # Without it Lightning builds the training data during setup just to read a batch
+            # size (a whole epoch's search, before the model is wrapped) and then fails on
+            # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
+            strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()

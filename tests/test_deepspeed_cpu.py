@@ -1,0 +1,100 @@
+"""DeepSpeed on a CPU machine (marker `deepspeed`; skipped without the deepspeed package): the
+CLI checks and completes a DeepSpeed config, a ZeRO-2 fit writes a real checkpoint folder that
+tools/export_hf.py turns into the trained Hugging Face model, the sidecar's weight gather
+rebuilds ZeRO-3 partitioned parameters exactly, and (with vLLM too) a ZeRO-3 fit syncs its
+gathered weights to a vLLM server. Lightning refuses DeepSpeed without CUDA; the fits run
+through tests/scripts/deepspeed_cpu.py, which lifts that check for tests only."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from procs import run_group
+
+pytestmark = pytest.mark.deepspeed
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "scripts" / "deepspeed_cpu.py"
+STRATEGY = "--trainer.strategy=deepspeed_cpu.CPUDeepSpeedStrategy"
+SMALL = ["--trainer.max_epochs=2", "--data.problems_per_epoch=8", "--data.mini_batch_problems=4",
+         "--data.max_eval_problems=8", "--data.eval.samples=2", "--data.epochs_per_round=1"]
+
+
+@pytest.fixture(autouse=True)
+def _deepspeed():
+    pytest.importorskip("deepspeed")
+
+
+def _fit(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(SCRIPT), "fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), *args, *SMALL,
+           f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks.init_args.dirpath={tmp_path / 'ckpt'}"]
+    proc = run_group(cmd, timeout=timeout, cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS="1", **(env or {})))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc
+
+
+def test_the_cli_checks_the_deepspeed_config_and_sets_the_logging_batch_size(tmp_path):
+    sys.path.insert(0, str(SCRIPT.parent))
+    from flywheel.__main__ import main
+    from flywheel.deepspeed_config import DeepSpeedConfigError
+
+    base = ["--config", str(ROOT / "conf" / "quickstart.yaml"), STRATEGY, f"--trainer.default_root_dir={tmp_path}"]
+    cli = main([*base, f"--trainer.strategy.config={ROOT / 'conf' / 'deepspeed' / 'zero3.json'}"], run=False)
+    assert cli.trainer.strategy.config["zero_optimization"]["stage"] == 3
+    cli = main([*base, "--trainer.strategy.stage=2"], run=False)  # Lightning's default config, completed
+    assert cli.trainer.strategy.config["train_micro_batch_size_per_gpu"] == 1
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"zero_optimisation": {"stage": 2}}')
+    with pytest.raises(DeepSpeedConfigError, match="zero_optimization"):
+        main([*base, f"--trainer.strategy.config={bad}"], run=False)
+
+
+def test_zero2_checkpoint_folder_exports_to_the_trained_hf_model(tmp_path):
+    saved = tmp_path / "trained.pt"
+    _fit(tmp_path, STRATEGY, "--trainer.strategy.stage=2", "--model.optimizer.lr=1e-3",
+         env={"FLYWHEEL_TEST_SAVE_POLICY": str(saved)})
+    folder = tmp_path / "ckpt" / "last.ckpt"
+    assert folder.is_dir() and (folder / "checkpoint").is_dir()  # DeepSpeed's layout, not a file
+    out = tmp_path / "exported"
+    proc = subprocess.run([sys.executable, str(ROOT / "tools" / "export_hf.py"), str(folder), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from transformers import AutoModelForCausalLM
+
+    from flywheel.policy import load_policy
+
+    exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
+    trained = torch.load(saved)
+    base, _ = load_policy("tiny-countdown")
+    assert set(trained) <= set(exported)
+    for name, value in trained.items():
+        assert torch.equal(exported[name], value), name
+    assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items()), "the fit trained nothing"
+
+
+def test_zero3_gather_rebuilds_every_partitioned_parameter(tmp_path):
+    out = tmp_path / "gather.pt"
+    proc = run_group([sys.executable, str(SCRIPT), "gather", str(out)], timeout=600, cwd=tmp_path,
+                     env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = torch.load(out)
+    assert result["partitioned"], "ZeRO-3 left the parameters whole: nothing was gathered"
+    assert set(result["gathered"]) == set(result["before"])  # the tied LM head included
+    for name, value in result["before"].items():
+        assert torch.equal(result["gathered"][name], value), name
+
+
+@pytest.mark.vllm
+def test_zero3_fit_syncs_gathered_weights_to_the_sidecar(tmp_path):
+    from test_vllm_sidecar import VLLM_PYTHON, _need_vllm
+
+    _need_vllm()
+    _fit(tmp_path, "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"), STRATEGY, "--trainer.strategy.stage=3",
+         "--model.optimizer.lr=1e-3", env={"FLYWHEEL_VLLM_PYTHON": VLLM_PYTHON}, timeout=900)
+    text = next(tmp_path.glob("quickstart_vllm/version_*/vllm_server.log")).read_text(errors="replace")
+    # Two syncs (after each epoch's 2 steps), each followed by the probe the run would have died on.
+    assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 2
