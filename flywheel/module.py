@@ -69,7 +69,7 @@ class TreeGRPOModule(L.LightningModule):
             back to one row per trajectory, saying so once.
         lora: train low-rank adapters instead of every weight (`--model.lora.rank=16`; needs
             `peft`). Checkpoints hold base + adapters; `tools/export_hf.py` and `flywheel eval`
-            merge them. With the vLLM sidecar set its `lora_rank` too: only the adapter is synced.
+            merge them. The vLLM sidecar then syncs only the adapter.
     """
 
     def __init__(

@@ -94,7 +94,23 @@ def test_zero3_fit_syncs_gathered_weights_to_the_sidecar(tmp_path):
 
     _need_vllm()
     _fit(tmp_path, "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"), STRATEGY, "--trainer.strategy.stage=3",
-         "--model.optimizer.lr=1e-3", env={"FLYWHEEL_VLLM_PYTHON": VLLM_PYTHON}, timeout=900)
+         "--data.generator.init_args.access_log=true", "--model.optimizer.lr=1e-3", env={"FLYWHEEL_VLLM_PYTHON": VLLM_PYTHON}, timeout=900)
     text = next(tmp_path.glob("quickstart_vllm/version_*/vllm_server.log")).read_text(errors="replace")
     # Two syncs (after each epoch's 2 steps), each followed by the probe the run would have died on.
     assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 2
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_the_gpu_smoke_script_rehearses_on_cpu(tmp_path):
+    """tools/gpu_smoke.sh with FLYWHEEL_SMOKE_CPU=1: conf/deepsearch.yaml itself (ZeRO-2 from
+    conf/deepspeed/zero2.json, the vLLM sidecar, MathTask on problem files, hard set, two
+    rounds) with only the CUDA parts swapped, so the GPU run meets no config error of ours."""
+    from test_vllm_sidecar import VLLM_PYTHON, _need_vllm
+
+    _need_vllm()
+    env = dict(os.environ, FLYWHEEL_SMOKE_CPU="1", FLYWHEEL_SMOKE_DIR=str(tmp_path / "smoke"), OMP_NUM_THREADS="1",
+               FLYWHEEL_VLLM_PYTHON=VLLM_PYTHON, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    proc = run_group(["bash", str(ROOT / "tools" / "gpu_smoke.sh")], timeout=1200, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "RESULT gpu_smoke=ok cpu_rehearsal=1 rounds=2" in proc.stdout

@@ -191,7 +191,7 @@ def processes_with_env(entry: str) -> list[int]:
 
 SMALL_FIT = ["--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=8",
              "--data.mini_batch_problems=4", "--data.max_eval_problems=8", "--data.eval.samples=2",
-             "--model.optimizer.lr=1e-2"]
+             "--model.optimizer.lr=1e-2", "--data.generator.init_args.access_log=true"]  # the tests count requests
 
 
 def test_quickstart_vllm_fits_through_the_sidecar_pushing_weights_every_epoch(tmp_path, monkeypatch):
@@ -238,7 +238,7 @@ def test_ddp_ranks_share_one_server_that_rank_0_launches_and_syncs(tmp_path):
 
 
 def test_lora_fit_syncs_only_the_adapter_in_place(tmp_path, monkeypatch):
-    """--model.lora.rank with the sidecar's lora_rank: the server starts from the base weights,
+    """--model.lora.rank through the sidecar: the server starts from the base weights,
     samples through the adapter, and each sync loads the new adapter in place (the probe
     checks its log-probs against the trainer's adapted policy)."""
     _need_vllm()
@@ -247,24 +247,38 @@ def test_lora_fit_syncs_only_the_adapter_in_place(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FLYWHEEL_VLLM_PYTHON", VLLM_PYTHON)
     cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"),
-                *SMALL_FIT, "--model.lora.rank=8", "--data.generator.init_args.lora_rank=8",
+                *SMALL_FIT, "--model.lora.rank=4",
                 f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     backend = cli.datamodule.backend
-    assert cli.trainer.global_step == 4 and backend.weight_version == 4
+    assert cli.trainer.global_step == 4 and backend.weight_version == 4 and backend.lora_rank == 4
     text = (Path(cli.trainer.log_dir) / "vllm_server.log").read_text(errors="replace")
     loads = len(re.findall(r"POST /v1/load_lora_adapter HTTP", text))
     assert loads == 3, loads  # at launch, then one per sync
     assert not re.findall(r"POST /collective_rpc HTTP", text)  # the base weights never move
     assert (backend.staging / "adapter" / "adapter_model.safetensors").is_file()
+    assert "--max-lora-rank 8" in " ".join(backend._command(1))  # the least rank vLLM accepts above 4
 
 
-def test_lora_rank_must_match_the_policy(tmp_path):
+def test_a_trainer_killed_without_closing_takes_its_server_along(tmp_path):
+    """SIGKILL of the trainer (no close, no atexit): the watchdog stops the server's group."""
     _need_vllm()
-    pytest.importorskip("peft")
-    from flywheel.generation.vllm import SidecarError, VLLMSidecar
-    from flywheel.policy import load_policy
-
-    model, tok = load_policy("tiny-countdown-h3")
-    with pytest.raises(SidecarError, match="has no LoRA adapters"):
-        VLLMSidecar(lora_rank=8, python=VLLM_PYTHON).build(model, tok)
+    script = ROOT / "tests" / "scripts" / "sidecar_then_sleep.py"
+    env = dict(os.environ, FLYWHEEL_VLLM_PYTHON=VLLM_PYTHON, PYTHONUNBUFFERED="1")
+    trainer = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                               env=env, start_new_session=True)
+    try:
+        line = ""
+        deadline = time.monotonic() + 600
+        while not line.startswith("GROUP") and time.monotonic() < deadline:
+            line = trainer.stdout.readline()
+            assert line or trainer.poll() is None, "the script died before its server was up"
+        group = int(line.split()[1])
+        assert live_members(group)
+    finally:
+        os.killpg(trainer.pid, signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 60
+    while live_members(group) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not live_members(group), "the vLLM server outlived its SIGKILLed trainer"

@@ -2,9 +2,10 @@
 
     FLYWHEEL_VLLM_PYTHON=/path/to/vllm-venv/bin/python python tools/bench_generation.py
 
-Both arms search the same Countdown problems with the same tree settings and seeds, from a
-randomly initialised character-level Llama with head_dim 32 (vLLM's CPU attention needs at
-least 32; the shipped policy has 24). Printed per arm: wall time of the search, generated
+Both arms search the same Countdown problems with the same tree settings and seeds, with the
+shipped `tiny-countdown-h3` policy (head size 32: vLLM's CPU attention needs at least 32) or
+`--policy random`, a randomly initialised character-level Llama of the same head size (longer,
+less repetitive samples). `--replicas 2` spreads the sidecar arm over two servers. Printed per arm: wall time of the search, generated
 tokens per second, prompt tokens submitted, prompt tokens computed, and the prefix-cache
 hit rate (the in-process generator's own accounting; the server's /metrics counters).
 Server start-up is reported apart and not counted. Last line: RESULT ...
@@ -39,14 +40,19 @@ def main() -> None:
     parser.add_argument("--max-expansions", type=int, default=32)
     parser.add_argument("--python", default=os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable),
                         help="interpreter with vLLM installed")
+    parser.add_argument("--policy", default="tiny-countdown-h3", help="a model folder, a built-in name, or 'random'")
+    parser.add_argument("--replicas", type=int, default=1, help="vLLM servers of the sidecar arm")
     args = parser.parse_args()
 
-    folder = Path(tempfile.mkdtemp(prefix="bench-generation-"))
-    tok = build_char_tokenizer()
-    build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0,
-                     initializer_range=0.2).save_pretrained(folder)
-    tok.save_pretrained(folder)
-    model, tok = load_policy(str(folder))
+    policy = args.policy
+    if policy == "random":
+        folder = Path(tempfile.mkdtemp(prefix="bench-generation-"))
+        tok = build_char_tokenizer()
+        build_tiny_llama(tok, hidden_size=128, num_layers=2, num_heads=4, intermediate_size=256, seed=0,
+                         initializer_range=0.2).save_pretrained(folder)
+        tok.save_pretrained(folder)
+        policy = str(folder)
+    model, tok = load_policy(policy)
     model.eval()
     task = CountdownTask(numbers_count=3)
     problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
@@ -68,7 +74,7 @@ def main() -> None:
     s = hf.stats
     rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1))
 
-    sidecar = VLLMSidecar(python=args.python, max_num_seqs=256, startup_timeout=600)
+    sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600)
     start = time.perf_counter()
     generator = sidecar.build(model, tok)
     startup = time.perf_counter() - start
@@ -85,7 +91,7 @@ def main() -> None:
         sidecar.close()
 
     print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
-          f"vLLM server start-up {startup:.0f} s (not counted)")
+          f"policy {args.policy}; {args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)")
     print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9}")
     for name, (sec, tok_count, prompt, computed, rate) in rows.items():
         print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f}")

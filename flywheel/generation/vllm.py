@@ -13,7 +13,7 @@ Weights are synced after each epoch's updates: the policy is written as safetens
 staging folder (gathered parameter by parameter from DeepSpeed ZeRO-3 shards when the
 model is partitioned), then every server does pause -> reload_weights -> reset the prefix
 cache -> resume (shared/notes/vllm-cpu.md §4), and a probe compares each server's log-probs
-with the trainer's. With LoRA (`lora_rank`), only the adapter is written and loaded in place.
+with the trainer's. With a LoRA policy only the adapter is written, and loaded in place.
 
 In a distributed run (DDP, DeepSpeed) rank 0 launches the servers and pushes the weights;
 every rank sends its own search traffic to them. Launch, sync and probe are collective: the
@@ -58,6 +58,25 @@ ADAPTER_NAME = "policy-lora"
 PYTHON_ENV = "FLYWHEEL_VLLM_PYTHON"
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for --max-lora-rank."""
+
+
+WATCHDOG = """
+import os, signal, subprocess, sys, time
+trainer = int(sys.argv[1])
+server = subprocess.Popen(sys.argv[2:])
+while server.poll() is None:
+    if os.getppid() != trainer:  # orphaned: the trainer died without stopping us
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        os.killpg(0, signal.SIGKILL)
+    time.sleep(1.0)
+sys.exit(server.returncode)
+"""
+"""Runs the vLLM server as its child (same interpreter) and stops the server's whole process
+group once the trainer that launched it is gone."""
 
 
 class SidecarError(RuntimeError):
@@ -127,8 +146,12 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log.info("starting a vLLM server on %s (log: %s)", self.url, self.log_path)
+        command = self.command(self.port)
+        # The server runs under a watchdog in a process group of its own: stopping the group
+        # stops everything, and a trainer that dies without closing (SIGKILL, OOM) takes it along.
+        command = [command[0], "-c", WATCHDOG, str(os.getpid()), *command]
         with open(self.log_path, "ab") as out:
-            self.process = subprocess.Popen(self.command(self.port), stdout=out, stderr=subprocess.STDOUT, env=self.env,
+            self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=self.env,
                                             start_new_session=True)
 
     def wait_healthy(self) -> None:
@@ -284,9 +307,9 @@ class VLLMGenerator:
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason, entropies=entropies)
 
     def _read_cache_counters(self) -> None:
-        counters = [c for c in (s.prefix_cache_counters() for s in self.sidecar.servers) if c is not None]
-        if counters:
-            queries, hits = sum(q for q, _ in counters), sum(h for _, h in counters)
+        counters = self.sidecar.prefix_cache_counters()
+        if counters is not None:
+            queries, hits = counters
             self.stats.extra["server_prefix_cache_queries"] = queries
             self.stats.extra["server_prefix_cache_hits"] = hits
             self.stats.cached_prompt_tokens = int(hits)
@@ -312,7 +335,7 @@ class VLLMSidecar(GeneratorBackend):
         url: attach to these running servers (one URL or a list, e.g.
             "http://127.0.0.1:8000") instead of launching; the weights are still pushed to
             them, so they must run with VLLM_SERVER_DEV_MODE=1 (and
-            VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 --enable-lora for `lora_rank`).
+            VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 --enable-lora for a LoRA policy).
         replicas: servers to launch (one per GPU group: see `replica_devices`); the search
             traffic is spread over them, one tree per server, and every sync reaches all.
         replica_devices: CUDA_VISIBLE_DEVICES of each launched server (e.g. ["0,1", "2,3"]
@@ -335,9 +358,12 @@ class VLLMSidecar(GeneratorBackend):
             does not use offset") once many seeded requests share a batch.
         staging_dir: the folder the weights are written to for the servers to load (default: a
             temporary folder); servers on another machine must see it (a shared filesystem).
-        lora_rank: the trainer's policy carries LoRA adapters of this rank (`--model.lora`):
-            launch with LoRA enabled, sample from the adapter, and sync only the adapter
-            (`/v1/load_lora_adapter`, in place). 0 = full weights.
+        access_log: log every HTTP request in the server log (one line per search request:
+            megabytes per epoch on a GPU run; off by default).
+
+    When the policy carries LoRA adapters (`--model.lora.rank`), the servers launch with LoRA
+    enabled on the frozen base, sample through the adapter, and each sync loads only the
+    adapter, in place (`/v1/load_lora_adapter`).
     """
 
     def __init__(
@@ -359,7 +385,7 @@ class VLLMSidecar(GeneratorBackend):
         log_dir: str | None = None,
         send_seeds: bool | None = None,
         staging_dir: str | None = None,
-        lora_rank: int = 0,
+        access_log: bool = False,
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url or [])
         self.attached = bool(self.urls)
@@ -382,7 +408,8 @@ class VLLMSidecar(GeneratorBackend):
         self.logprob_tolerance = logprob_tolerance
         self.log_dir = Path(log_dir) if log_dir else None
         self.send_seeds = torch.cuda.is_available() if send_seeds is None else send_seeds
-        self.lora_rank = lora_rank
+        self.access_log = access_log
+        self.lora_rank = 0  # the policy's, set by build()
         self.servers: list[Server] = []
         self.staging: Path | None = Path(staging_dir) if staging_dir else None
         self.weight_version = 0
@@ -409,7 +436,7 @@ class VLLMSidecar(GeneratorBackend):
         """Launch (rank 0) or reach the servers; every rank gets their URLs. Collective."""
         self.dist = dist or SingleProcess()
         self._tokenizer = tokenizer
-        self._check_lora(model)
+        self.lora_rank = int(model.peft_config["default"].r) if hasattr(model, "peft_config") else 0
         if not self.attached:
             self._stage(model, adapter=False)
         if self.lora_rank:
@@ -419,8 +446,8 @@ class VLLMSidecar(GeneratorBackend):
             try:
                 self.servers = self._start_servers()
                 urls = [s.url for s in self.servers]
-            except SidecarError as err:
-                error = str(err)
+            except Exception as err:  # every rank must hear of it, or they wait forever
+                error = _describe(err)
         urls, error = self.dist.broadcast((urls, error), src=0)
         if error is not None:
             self.close()
@@ -456,6 +483,8 @@ class VLLMSidecar(GeneratorBackend):
         if self.lora_rank:
             cap = min((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
             cmd += ["--enable-lora", "--max-lora-rank", str(cap), "--max-loras", "1"]
+        if not self.access_log:
+            cmd.append("--disable-uvicorn-access-log")
         if not torch.cuda.is_available():
             cmd.append("--enforce-eager")
         return cmd
@@ -491,11 +520,8 @@ class VLLMSidecar(GeneratorBackend):
         n = len(self.servers)
         return [self.servers[(r.affinity if r.affinity is not None else next(self._round_robin)) % n] for r in requests]
 
-    def request(self, path: str, payload: dict | None) -> Any:
-        """POST to the first server (with its retries)."""
-        return self.servers[0].post(path, payload)
-
     def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """(queries, hits) of all the servers' prefix caches together, in tokens."""
         counters = [c for c in (s.prefix_cache_counters() for s in self.servers) if c is not None]
         if not counters:
             return None
@@ -514,8 +540,8 @@ class VLLMSidecar(GeneratorBackend):
         if self.dist.global_rank == 0:
             try:
                 self._fan_out(lambda s: self._reload(s, version))
-            except SidecarError as err:
-                error = str(err)
+            except Exception as err:
+                error = _describe(err)
         error = self.dist.broadcast(error, src=0)
         if error is not None:
             raise SidecarError(error if self.dist.global_rank == 0 else f"weight sync failed on rank 0: {error}")
@@ -570,15 +596,6 @@ class VLLMSidecar(GeneratorBackend):
                     {"lora_name": ADAPTER_NAME, "lora_path": str(self.staging / "adapter"), "load_inplace": True})
         server.post("/reset_prefix_cache", None)
 
-    def _check_lora(self, model: Any) -> None:
-        has_lora = hasattr(model, "peft_config")
-        if bool(self.lora_rank) != has_lora:
-            raise SidecarError(
-                f"--data.generator.init_args.lora_rank={self.lora_rank} but the policy "
-                + ("carries LoRA adapters: set lora_rank to --model.lora.rank" if has_lora else
-                   "has no LoRA adapters: set --model.lora.rank, or lora_rank 0 for full weights")
-            )
-
     @torch.no_grad()
     def probe(self, model: Any, prompt: Sequence[int] | None = None, tokens: int = 8) -> float:
         """Greedy-sample a few tokens on every server and compare their log-probs with the
@@ -595,8 +612,8 @@ class VLLMSidecar(GeneratorBackend):
                 choices = self._fan_out(lambda s: s.post("/v1/completions", payload)["choices"][0])
                 answers = [([int(t) for t in c["token_ids"]], [float(x) for x in c["logprobs"]["token_logprobs"]])
                            for c in choices]
-            except SidecarError as err:
-                error = str(err)
+            except Exception as err:
+                error = _describe(err)
         answers, error = self.dist.broadcast((answers, error), src=0)
         if error is not None:
             raise SidecarError(f"the probe after weight sync {self.weight_version} failed: {error}")
@@ -620,6 +637,10 @@ class VLLMSidecar(GeneratorBackend):
                 "trained policy"
             )
         return gaps[worst]
+
+
+def _describe(err: Exception) -> str:
+    return str(err) if isinstance(err, SidecarError) else f"{type(err).__name__}: {err}"
 
 
 def _device(model: Any) -> torch.device:
