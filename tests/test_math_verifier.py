@@ -102,10 +102,20 @@ def test_budgets_on_adversarial_input(completion):
 
 
 def test_runs_in_threads():
-    work = [(g, c) for g, c, _ in CASES] * 4 + [("1", c) for c in ADVERSARIAL[:3]]
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        threaded = list(pool.map(lambda gc: verify(*gc).correct, work))
-    assert threaded == [verify(g, c).correct for g, c in work]
+    """Many threads switching often: a verifier with shared mutable state (mpmath's global
+    precision, once) gives an occasional wrong verdict here."""
+    import sys
+
+    work = [(g, c) for g, c, _ in CASES] * 60 + [("1", c) for c in ADVERSARIAL[:3]]
+    expected = [verify(g, c).correct for g, c in work]
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            threaded = list(pool.map(lambda gc: verify(*gc).correct, work))
+    finally:
+        sys.setswitchinterval(interval)
+    assert threaded == expected
 
 
 @pytest.mark.skipif(not CORPUS.is_file(), reason="regression corpus not present")
@@ -117,3 +127,17 @@ def test_regression_corpus():
     # Accept means equal: a false positive rewards a wrong answer, the costlier error in RL.
     assert len(false_positive) <= 0.01 * len(rows), [r["id"] for r in false_positive]
     assert len(wrong) <= 0.05 * len(rows), [r["id"] for r in wrong]
+
+
+def test_verdicts_do_not_depend_on_the_global_mpmath_precision():
+    """Another thread (or library) changing mpmath's global precision must not change a verdict:
+    with the global context at 5 digits, every case still grades as at the default."""
+    import mpmath
+
+    expected = [verify(g, c).correct for g, c, _ in CASES]
+    saved = mpmath.mp.dps
+    try:
+        mpmath.mp.dps = 5
+        assert [verify(g, c).correct for g, c, _ in CASES] == expected
+    finally:
+        mpmath.mp.dps = saved

@@ -113,6 +113,27 @@ def test_weight_sync_reaches_every_server_and_is_checked_by_the_probe(sidecar):
         assert json.loads(_get(f"{server.url}/weight_info")) == {"weight_version": "1"}
 
 
+def test_a_sidecar_attached_by_url_samples_syncs_and_leaves_the_servers_running(sidecar):
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+    from flywheel.generation.vllm import VLLMSidecar
+
+    owner, _, model, tok = sidecar
+    attached = VLLMSidecar(url=[s.url for s in owner.servers], send_seeds=True)
+    generator = attached.build(model, tok)
+    assert attached.process is None and [s.url for s in attached.servers] == [s.url for s in owner.servers]
+    prompt = tuple(tok("5 9 8|67\n")["input_ids"])
+    (completions,) = generator.sample([GenerationRequest(prompt, n=2, params=SamplingParams(max_new_tokens=8), seed=1)])
+    assert len(completions) == 2
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.01)
+    attached.sync_weights(model, version=7)  # pushed through the attached handle, probed on both
+    assert all(json.loads(_get(f"{s.url}/weight_info")) == {"weight_version": "7"} for s in owner.servers)
+    attached.close()
+    assert all(s.process.poll() is None for s in owner.servers), "closing an attached sidecar stopped the servers"
+    owner.sync_weights(model, version=8)  # the owner's staging folder in step again (restarts load from it)
+
+
 def _get(url: str) -> bytes:
     import urllib.request
 

@@ -24,8 +24,9 @@ Three stages, each bounded, none calling eval():
 
 Budgets: completion and answer length, nesting depth, number of parse nodes, and the size
 of every exact power (a 10^{10^{10}} tower is evaluated in floating point, never exactly).
-Nothing here uses signals or global state, so it runs the same in threads and worker
-processes; every call returns in milliseconds.
+Nothing here uses signals or mutable global state (the numeric comparisons use a private
+mpmath context of fixed precision, never the global one), so it runs the same in threads
+and worker processes; every call returns in milliseconds.
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ MAX_EXACT_BITS = 4_096
 REL_TOL = 1e-6
 """Relative tolerance when a side is written as a decimal."""
 NUMERIC_DPS = 40
+HP = mpmath.MPContext()
+HP.dps = NUMERIC_DPS
+"""The high-precision context of the numeric comparisons: a constant, never modified after
+this line (mpmath's `workdps` changes the one global context and races between threads)."""
 SAMPLE_POINTS = 3
 
 Hedged = Literal["wrong", "first", "last"]
@@ -544,7 +549,7 @@ def _scalar(text: str) -> Value:
     if not symbols:
         exact = _exact(node)
         if exact is not None:
-            return Num(exact, mpmath.mpf(exact.numerator) / exact.denominator, _decimals(node))
+            return Num(exact, HP.mpf(exact.numerator) / exact.denominator, _decimals(node))
     return Expr(node, frozenset(symbols))
 
 
@@ -670,17 +675,17 @@ def _numeric(node: tuple, env: dict[str, object]):
     op = node[0]
     if op == "n":
         v = node[1]
-        return mpmath.mpf(v.numerator) / v.denominator
+        return HP.mpf(v.numerator) / v.denominator
     if op == "s":
         if node[1] == "pi":
-            return mpmath.pi
+            return HP.pi
         if node[1] == "e" and "e" not in env:
-            return mpmath.e
+            return HP.e
         if node[1] == "i" and "i" not in env:
-            return mpmath.mpc(0, 1)
+            return HP.mpc(0, 1)
         return env[node[1]]
     if op == "inf":
-        return mpmath.inf
+        return HP.inf
     if op == "neg":
         return -_numeric(node[1], env)
     a = _numeric(node[1], env) if isinstance(node[1], tuple) else None
@@ -692,24 +697,24 @@ def _numeric(node: tuple, env: dict[str, object]):
         return a / _numeric(node[2], env)
     if op == "^":
         b = _numeric(node[2], env)
-        if abs(a) not in (0, 1) and abs(b) * abs(mpmath.log(abs(a), 2)) > 10**6:
+        if abs(a) not in (0, 1) and abs(b) * abs(HP.log(abs(a), 2)) > 10**6:
             raise _Reject("too_big")  # a power tower: never materialise 2^(10^10)-bit numbers
-        return mpmath.power(a, b)
+        return HP.power(a, b)
     if op == "root":
-        return mpmath.root(_numeric(node[1], env), int(_numeric(node[2], env)))
+        return HP.root(_numeric(node[1], env), int(_numeric(node[2], env)))
     if op == "abs":
         return abs(_numeric(node[1], env))
     if op == "fact":
         x = _numeric(node[1], env)
         if abs(x) > 10**5:
             raise _Reject("too_big")
-        return mpmath.factorial(x)
+        return HP.factorial(x)
     if op == "f":
         name, x = node[1], _numeric(node[2], env)
-        table = {"sin": mpmath.sin, "cos": mpmath.cos, "tan": mpmath.tan, "sec": mpmath.sec, "csc": mpmath.csc,
-                 "cot": mpmath.cot, "arcsin": mpmath.asin, "arccos": mpmath.acos, "arctan": mpmath.atan,
-                 "sinh": mpmath.sinh, "cosh": mpmath.cosh, "tanh": mpmath.tanh, "ln": mpmath.log,
-                 "log": mpmath.log, "exp": mpmath.exp, "lg": mpmath.log10}
+        table = {"sin": HP.sin, "cos": HP.cos, "tan": HP.tan, "sec": HP.sec, "csc": HP.csc,
+                 "cot": HP.cot, "arcsin": HP.asin, "arccos": HP.acos, "arctan": HP.atan,
+                 "sinh": HP.sinh, "cosh": HP.cosh, "tanh": HP.tanh, "ln": HP.log,
+                 "log": HP.log, "exp": HP.exp, "lg": HP.log10}
         return table[name](x)
     raise _Reject(f"cannot evaluate {op}")
 
@@ -717,15 +722,15 @@ def _numeric(node: tuple, env: dict[str, object]):
 def _close(a, b, rel: float) -> bool:
     if a == b:
         return True
-    if mpmath.isinf(a) or mpmath.isinf(b) or mpmath.isnan(a) or mpmath.isnan(b):
+    if HP.isinf(a) or HP.isinf(b) or HP.isnan(a) or HP.isnan(b):
         return False
     diff = abs(a - b)
-    return diff <= rel * max(abs(a), abs(b)) or diff <= mpmath.mpf(10) ** -30
+    return diff <= rel * max(abs(a), abs(b)) or diff <= HP.mpf(10) ** -30
 
 
 def _points(symbols: frozenset, seed: int) -> list[dict[str, object]]:
     rng = random.Random(f"{seed}:{sorted(symbols)}")
-    return [{s: mpmath.mpf(rng.uniform(0.3, 2.7)) for s in symbols} for _ in range(SAMPLE_POINTS)]
+    return [{s: HP.mpf(rng.uniform(0.3, 2.7)) for s in symbols} for _ in range(SAMPLE_POINTS)]
 
 
 def _as_expr(v: Value) -> Expr | None:
@@ -756,14 +761,13 @@ def _num_equal(a: Num, b: Num) -> bool:
 
 def _expr_equal(a: Expr, b: Expr, tol: float = 1e-20) -> bool:
     symbols = a.symbols | b.symbols
-    with mpmath.workdps(NUMERIC_DPS):
-        for env in _points(symbols, 0) if symbols else [{}]:
-            try:
-                x, y = _numeric(a.node, env), _numeric(b.node, env)
-            except (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError):
-                return False
-            if not _close(x, y, tol):
-                return False
+    for env in _points(symbols, 0) if symbols else [{}]:
+        try:
+            x, y = _numeric(a.node, env), _numeric(b.node, env)
+        except (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError):
+            return False
+        if not _close(x, y, tol):
+            return False
     return True
 
 
@@ -831,21 +835,21 @@ def _equation_equal(a: Equation, b: Equation) -> bool:
     fb = ("+", db[0].node, ("neg", db[1].node))
     symbols = da[0].symbols | da[1].symbols | db[0].symbols | db[1].symbols
     ratio = None
-    with mpmath.workdps(NUMERIC_DPS):
-        for env in _points(frozenset(symbols), 1) if symbols else [{}]:
-            try:
-                x, y = _numeric(fa, env), _numeric(fb, env)
-            except (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError):
+    tiny = HP.mpf(10) ** -25
+    for env in _points(frozenset(symbols), 1) if symbols else [{}]:
+        try:
+            x, y = _numeric(fa, env), _numeric(fb, env)
+        except (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError):
+            return False
+        if abs(y) < tiny or abs(x) < tiny:
+            if not (abs(x) < tiny and abs(y) < tiny):
                 return False
-            if abs(y) < mpmath.mpf(10) ** -25 or abs(x) < mpmath.mpf(10) ** -25:
-                if not (abs(x) < mpmath.mpf(10) ** -25 and abs(y) < mpmath.mpf(10) ** -25):
-                    return False
-                continue
-            r = x / y
-            if ratio is None:
-                ratio = r
-            elif not _close(r, ratio, 1e-20):
-                return False
+            continue
+        r = x / y
+        if ratio is None:
+            ratio = r
+        elif not _close(r, ratio, 1e-20):
+            return False
     return True
 
 
