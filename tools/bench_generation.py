@@ -42,6 +42,7 @@ def main() -> None:
                         help="interpreter with vLLM installed")
     parser.add_argument("--policy", default="tiny-countdown-h3", help="a model folder, a built-in name, or 'random'")
     parser.add_argument("--replicas", type=int, default=1, help="vLLM servers of the sidecar arm")
+    parser.add_argument("--block-size", type=int, default=None, help="the servers' KV block size (default: the sidecar's)")
     args = parser.parse_args()
 
     policy = args.policy
@@ -74,7 +75,7 @@ def main() -> None:
     s = hf.stats
     rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1))
 
-    sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600)
+    sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600, block_size=args.block_size)
     start = time.perf_counter()
     generator = sidecar.build(model, tok)
     startup = time.perf_counter() - start
