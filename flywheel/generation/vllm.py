@@ -484,7 +484,7 @@ class VLLMSidecar(GeneratorBackend):
             self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.staging),
             "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
-            "--max-logprobs", "20", "--enable-prefix-caching", "--seed", "0", *self.extra_args,
+            "--max-logprobs", "20", "--enable-prefix-caching", "--seed", "0",
         ]
         if self.lora_rank:
             cap = min((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
@@ -495,7 +495,7 @@ class VLLMSidecar(GeneratorBackend):
             cmd.append("--disable-uvicorn-access-log")
         if not torch.cuda.is_available():
             cmd.append("--enforce-eager")
-        return cmd
+        return cmd + self.extra_args  # last: a flag given here wins over ours
 
     def _start_servers(self) -> list[Server]:
         if self.attached:
@@ -506,6 +506,7 @@ class VLLMSidecar(GeneratorBackend):
             self.servers = servers  # stopped by close() even if a later one fails to start
             for server in servers:
                 server.launch()
+
         def ready(server: Server) -> None:
             server.wait_healthy()
             if server.after_start is not None:
