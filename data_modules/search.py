@@ -597,8 +597,9 @@ def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: f
         metrics["compute/prefill_tokens"] = float(g.prefill_tokens)
         metrics["compute/prompt_tokens"] = float(g.prompt_tokens)
         metrics["compute/prefill_saved_tokens"] = float(g.prompt_tokens - g.prefill_tokens)
-        metrics["compute/prefix_hit_rate"] = 1.0 - g.prefill_tokens / g.prompt_tokens if g.prompt_tokens else 0.0
         queries = g.extra.get("server_prefix_cache_queries")
         if queries is not None:  # a server's own counters: shared by every rank, so its own ratio
             metrics["compute/prefix_hit_rate"] = g.extra["server_prefix_cache_hits"] / queries if queries else 0.0
+        else:
+            metrics["compute/prefix_hit_rate"] = 1.0 - g.prefill_tokens / g.prompt_tokens if g.prompt_tokens else 0.0
     return metrics

@@ -56,11 +56,8 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
         if not isinstance(lora, LoraSettings) or not lora.rank:
             raise ValueError(f"{checkpoint} holds LoRA weights but its hyper_parameters name no lora settings")
         model = add_lora(model, lora)
-        model.load_state_dict(weights)
-        model = merged(model)
-    else:
-        model.load_state_dict(weights)
-    return model.eval(), tokenizer, int(ckpt.get("global_step", 0))
+    model.load_state_dict(weights)
+    return merged(model).eval(), tokenizer, int(ckpt.get("global_step", 0))
 
 
 def shard(problems: Sequence[Problem], rank: int, world: int) -> list[Problem]:

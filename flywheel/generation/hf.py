@@ -429,7 +429,6 @@ class HFGenerator:
         _bump(self.stats, "decode_row_steps", row_steps)
         return record.completions(rows)
 
-
     def _keep_kv(self, rows, cache, attention, width, t, slots, reason, record) -> None:
         """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
         prompt + tokens[:t], everything that was fed to the model (the last sampled token

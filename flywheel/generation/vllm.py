@@ -42,6 +42,7 @@ import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -50,6 +51,7 @@ import torch
 
 from flywheel.generation.backends import Collective, GeneratorBackend, SingleProcess
 from flywheel.generation.base import Completion, GenerationRequest, GenerationStats
+from flywheel.objectives import token_logprobs
 
 log = logging.getLogger(__name__)
 
@@ -247,18 +249,31 @@ class VLLMGenerator:
     def __init__(self, sidecar: VLLMSidecar, eos_token_ids: Sequence[int]) -> None:
         self.sidecar = sidecar
         self.eos_token_ids = frozenset(eos_token_ids)
-        self.stats = GenerationStats()
+        self._stats = GenerationStats()
         self._pool = ThreadPoolExecutor(max_workers=sidecar.max_concurrency)
+
+    @property
+    def stats(self) -> GenerationStats:
+        """Cumulative accounting. The servers' prefix-cache counters come from their /metrics
+        pages, fetched here when the stats are read, not after every search round."""
+        counters = self.sidecar.prefix_cache_counters()
+        if counters is not None:
+            queries, hits = counters
+            self._stats.extra["server_prefix_cache_queries"] = queries
+            self._stats.extra["server_prefix_cache_hits"] = hits
+            self._stats.cached_prompt_tokens = int(hits)
+            self._stats.prefill_tokens = int(max(queries - hits, 0))
+        return self._stats
 
     def sample(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         start = time.perf_counter()
         results = list(self._pool.map(self._one, requests, self.sidecar.route(requests)))
-        self.stats.calls += 1
-        self.stats.requests += len(requests)
-        self.stats.prompt_tokens += sum(len(r.prompt_ids) * r.n for r in requests)
-        self.stats.generated_tokens += sum(len(c.token_ids) for cs in results for c in cs)
-        self.stats.seconds += time.perf_counter() - start
-        self._read_cache_counters()
+        stats = self._stats
+        stats.calls += 1
+        stats.requests += len(requests)
+        stats.prompt_tokens += sum(len(r.prompt_ids) * r.n for r in requests)
+        stats.generated_tokens += sum(len(c.token_ids) for cs in results for c in cs)
+        stats.seconds += time.perf_counter() - start
         return results
 
     def _one(self, request: GenerationRequest, server: Server) -> list[Completion]:
@@ -305,15 +320,6 @@ class VLLMGenerator:
         if top_k > 0:
             entropies = tuple(_entropy(step) for step in (lp.get("top_logprobs") or []))
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=reason, entropies=entropies)
-
-    def _read_cache_counters(self) -> None:
-        counters = self.sidecar.prefix_cache_counters()
-        if counters is not None:
-            queries, hits = counters
-            self.stats.extra["server_prefix_cache_queries"] = queries
-            self.stats.extra["server_prefix_cache_hits"] = hits
-            self.stats.cached_prompt_tokens = int(hits)
-            self.stats.prefill_tokens = int(max(queries - hits, 0))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -576,7 +582,7 @@ class VLLMSidecar(GeneratorBackend):
         else:
             target = self.staging / "model.safetensors"
             if not (self.staging / "config.json").is_file():
-                base = model.get_base_model() if hasattr(model, "peft_config") else model
+                base = model.get_base_model() if self.lora_rank else model
                 base.config.save_pretrained(self.staging)
                 if getattr(base, "generation_config", None) is not None:
                     base.generation_config.save_pretrained(self.staging)
@@ -632,16 +638,15 @@ class VLLMSidecar(GeneratorBackend):
         try:
             for ids, served in answers:
                 sequence = torch.tensor([list(prompt) + ids], device=_device(model))
-                logits = model(input_ids=sequence).logits[0, len(prompt) - 1 : -1].float()
-                trainer = logits.log_softmax(-1).gather(1, sequence[0, len(prompt):, None]).squeeze(1).tolist()
+                logits = model(input_ids=sequence).logits[:, len(prompt) - 1 : -1]
+                trainer = token_logprobs(logits, sequence[:, len(prompt):])[0].tolist()
                 gaps.append(max((abs(a - b) for a, b in zip(served, trainer)), default=0.0))
         finally:
             model.train(was_training)
         worst = max(range(len(gaps)), key=gaps.__getitem__)
         if gaps[worst] > self.logprob_tolerance:
-            url = self.servers[worst].url if worst < len(self.servers) else f"server {worst}"
             raise SidecarError(
-                f"after weight sync {self.weight_version} the log-probs of the vLLM server at {url} differ from the "
+                f"after weight sync {self.weight_version} the log-probs of the vLLM server at {self.servers[worst].url} differ from the "
                 f"trainer's by {gaps[worst]:.2e} (tolerance {self.logprob_tolerance:g}): it is not sampling from the "
                 "trained policy"
             )
@@ -677,23 +682,14 @@ def _full_state(model: Any, rank: int, adapter_only: bool) -> Iterator[tuple[str
                 yield name, tensor.detach().to("cpu").clone().contiguous()
 
 
-class _gathered:
-    """Context: a DeepSpeed ZeRO-3 partitioned parameter gathered in full on every rank
+@contextmanager
+def _gathered(tensor: torch.Tensor) -> Iterator[None]:
+    """A DeepSpeed ZeRO-3 partitioned parameter gathered in full on every rank for the block
     (collective); anything else as it is."""
+    if hasattr(tensor, "ds_id"):
+        import deepspeed
 
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-        self._ctx = None
-        if hasattr(tensor, "ds_id"):
-            import deepspeed
-
-            self._ctx = deepspeed.zero.GatheredParameters([tensor], modifier_rank=None)
-
-    def __enter__(self) -> torch.Tensor:
-        if self._ctx is not None:
-            self._ctx.__enter__()
-        return self.tensor
-
-    def __exit__(self, *exc) -> None:
-        if self._ctx is not None:
-            self._ctx.__exit__(*exc)
+        with deepspeed.zero.GatheredParameters([tensor], modifier_rank=None):
+            yield
+    else:
+        yield

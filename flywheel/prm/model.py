@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from flywheel.packing import right_pad
+from flywheel.policy import merged
 
 
 class ValueModel(nn.Module):
@@ -34,11 +35,8 @@ class ValueModel(nn.Module):
     def from_policy(cls, policy: nn.Module) -> ValueModel:
         """A value model whose backbone is a copy of `policy`'s decoder (the LM head dropped;
         LoRA adapters, if any, folded into the weights)."""
-        if hasattr(policy, "peft_config"):
-            policy = copy.deepcopy(policy).merge_and_unload()
-            backbone = policy.base_model
-        else:
-            backbone = copy.deepcopy(policy.base_model)
+        plain = merged(policy)  # a copy already when adapters were folded in
+        backbone = plain.base_model if plain is not policy else copy.deepcopy(policy.base_model)
         hidden = policy.config.get_text_config().hidden_size
         return cls(backbone, hidden).to(next(policy.parameters()).device)
 

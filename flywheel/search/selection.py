@@ -108,7 +108,7 @@ def select_frontier(tree: SearchTree, config: SearchConfig) -> int | None:
         q_parent = tree.mean_q(parent)
         depth = tree.depth[parent] + 1
         if per_node:
-            for kid in sorted(kids):
+            for kid in kids:
                 score = frontier_score(q_parent, tree.step_mean_nll(kid), depth, config) + prm_term(tree, kid, config)
                 if score > best_score or (score == best_score and kid < best):
                     best_score, best = score, kid
