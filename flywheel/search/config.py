@@ -16,6 +16,8 @@ BackupRule = Literal["constrained", "vanilla"]
 GammaRule = Literal["paper", "code"]
 TerminalChoice = Literal["mean_nll", "entropy", "random"]
 UctSampling = Literal["argmax", "softmax"]
+Expansion = Literal["step", "rollout"]
+ForkRule = Literal["uct", "random"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "selection": ("frontier", "vanilla_uct", "puct"),
@@ -24,6 +26,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "gamma_rule": ("paper", "code"),
     "terminal_choice": ("mean_nll", "entropy", "random"),
     "uct_sampling": ("argmax", "softmax"),
+    "expansion": ("step", "rollout"),
+    "fork_rule": ("uct", "random"),
 }
 
 
@@ -78,6 +82,21 @@ class SearchConfig:
         temperature: sampling temperature of expansions (§1: 1.0).
         top_p: nucleus sampling of expansions (§1: 1.0).
         seed: root of every random choice and every per-request generator seed.
+        expansion: "step" = an expansion samples n single steps of a leaf and adds them all
+            (§1, the paper); "rollout" = it samples n whole continuations (to EOS or max
+            depth) of any non-terminal node, cut into steps afterwards, so every generated
+            token ends in a graded terminal and later rollouts fork from steps of the
+            trajectories found so far (flywheel.search.rollout). In rollout mode every new
+            terminal is backed up, the tree stops at K distinct trajectories, and the node to
+            fork from is chosen by `fork_rule` (selection, local UCT and the frontier are
+            step-mode rules).
+        fork_rule: rollout mode: "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s))
+            (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them.
+        max_children: rollout mode: a node with this many children is no longer forked from
+            (0 = no cap).
+        stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
+            many trajectories (0 = off: every tree runs to K). With K above it, the expansions a
+            solved tree would have spent go to trees that have not found an answer yet.
     """
 
     expansion_width: int = 8
@@ -109,6 +128,10 @@ class SearchConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    expansion: Expansion = "step"
+    fork_rule: ForkRule = "uct"
+    max_children: int = 0
+    stop_when_solved: int = 0
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -145,6 +168,9 @@ class SearchConfig:
             raise ValueError(f"search.temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"search.top_p must be in (0, 1], got {self.top_p}")
+        for name in ("max_children", "stop_when_solved"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"search.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -25,6 +25,7 @@ from flywheel.rewards import Verdict
 from flywheel.search.backup import backup_trajectory
 from flywheel.search.config import SearchConfig
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
+from flywheel.search.rollout import insert_path, select_fork, split_steps
 from flywheel.search.selection import descend_puct, descend_uct, local_uct_select, select_frontier
 from flywheel.search.terminal import choose_terminals, is_terminal_step, terminal_kind, terminal_reward
 from flywheel.search.tree import ROOT, SearchTree
@@ -134,6 +135,17 @@ def step_sampling_params(step: StepSpec, config: SearchConfig) -> SamplingParams
     )
 
 
+def rollout_sampling_params(step: StepSpec, config: SearchConfig, depth: int) -> SamplingParams:
+    """A rollout expansion's request: a whole continuation (no stop string), room for every step
+    left above max depth."""
+    return SamplingParams(
+        max_new_tokens=step.max_tokens * (config.max_depth - depth),
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_logprobs=config.entropy_top_k if config.terminal_choice == "entropy" else 0,
+    )
+
+
 def emitted_eos(completion: Completion, eos_token_ids: frozenset[int]) -> bool:
     """EOS as the generator reports it, or as the last token when the caller names EOS ids."""
     if completion.finish_reason == "eos":
@@ -207,8 +219,12 @@ def check_outputs(
 class _LiveTree:
     """One tree being searched: its state between rounds."""
 
-    def __init__(self, index: int, problem: SearchProblem, config: SearchConfig) -> None:
+    def __init__(
+        self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step: Callable[[int], bool]
+    ) -> None:
         self.index = index
+        self.step = step
+        self.ends_step = ends_step
         self.problem = problem
         self.config = config
         self.tree = SearchTree(problem.prompt_ids)
@@ -230,6 +246,8 @@ class _LiveTree:
 
     def request(self, params: SamplingParams) -> GenerationRequest:
         tree, node = self.tree, self.next_node
+        if self.config.expansion == "rollout":
+            params = rollout_sampling_params(self.step, self.config, tree.depth[node])
         if node != ROOT and tree.parent[node] == self._prefix_node:
             prefix = self._prefix + tree.tokens[node]
         else:
@@ -250,6 +268,10 @@ class _LiveTree:
         node = self.next_node
         depth = tree.depth[node] + 1
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
+        tree.expanded[node] += 1
+        if cfg.expansion == "rollout":
+            self._absorb_rollouts(completions, decode, eos_ids)
+            return
         if cfg.merge_duplicate_steps:
             completions = distinct_steps(completions)
         ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
@@ -267,16 +289,53 @@ class _LiveTree:
             self.first_correct_tokens = self.generated_tokens
         if new_terminals:
             self._back_up(new_terminals)
+        self._expanded, self._produced_terminal = node, bool(new_terminals)
+        self._new_live = [c for c in children if not tree.terminal[c]]
+        self._check_stop()
 
+    def _absorb_rollouts(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """Rollout expansion (flywheel.search.rollout): hang each whole continuation below the
+        chosen node as a path of steps, grade its terminal and back every one up."""
+        cfg, tree, node = self.config, self.tree, self.next_node
+        self.expansions += 1
+        self.rounds += 1
+        self._new_live = []
+        for completion in completions:
+            pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node])
+            eos = emitted_eos(pieces[-1], eos_ids)  # False when the cut at max depth dropped the end
+            last_depth = tree.depth[node] + len(pieces)
+            terminal = is_terminal_step("eos" if eos else pieces[-1].finish_reason, last_depth, cfg.max_depth)
+            leaf, new = insert_path(tree, node, pieces, terminal, cfg.merge_duplicate_steps)
+            self._new_live.extend(v for v in new if not tree.terminal[v])
+            if not tree.terminal[leaf]:
+                continue
+            fresh = leaf in new
+            if fresh:
+                grade_terminal(tree, leaf, self.problem, decode, eos, cfg, self.graded)
+                self.terminals += 1
+            reward = tree.reward[leaf]
+            assert reward is not None
+            backup_trajectory(tree, leaf, reward, cfg)
+            if fresh:
+                tree.backup_index[leaf] = len(self.trajectories)
+                self.trajectories.append(leaf)
+                if self.first_correct_tokens is None and tree.kind[leaf] == "correct":
+                    self.first_correct_tokens = self.generated_tokens
+        self._expanded, self._produced_terminal = node, True
+        self._check_stop()
+
+    def _check_stop(self) -> None:
+        cfg = self.config
         if len(self.trajectories) >= cfg.trajectories_per_tree:
             self.status = "complete"
+        elif cfg.stop_when_solved and self.first_correct_tokens is not None and len(self.trajectories) >= cfg.stop_when_solved:
+            self.status = "solved"
         elif self.expansions >= cfg.max_expansions_per_tree:
             self.status = "expansion_cap"
-        self._expanded, self._produced_terminal = node, bool(new_terminals)
 
     def new_live_children(self) -> list[int]:
-        """The non-terminal children the last expansion added (what a value model scores)."""
-        return [c for c in self.tree.children[self._expanded] if not self.tree.terminal[c]]
+        """The non-terminal nodes the last expansion added (what a value model scores)."""
+        return self._new_live
 
     def choose_next(self) -> None:
         """Pick the node to expand next round (or finish the tree as exhausted)."""
@@ -321,6 +380,8 @@ class _LiveTree:
     def _select(self, expanded: int, produced_terminal: bool) -> int | None:
         """§5: local UCT among the new children while no terminal appeared, else the global rule."""
         cfg, tree = self.config, self.tree
+        if cfg.expansion == "rollout":
+            return select_fork(tree, cfg, self.rng)
         if cfg.selection == "puct":
             return descend_puct(tree, cfg)
         if not produced_terminal:
@@ -401,6 +462,14 @@ class SearchDriver:
         self.value_fn = value_fn
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
+        self._step_enders: dict[int, bool] = {}
+
+    def ends_step(self, token: int) -> bool:
+        """Does this token end a step (its text holds the delimiter)? Memoised per token id."""
+        known = self._step_enders.get(token)
+        if known is None:
+            known = self._step_enders[token] = self.step.delimiter is not None and self.step.delimiter in self.decode([token])
+        return known
 
     def _score_new_nodes(self, trees: list[_LiveTree]) -> None:
         """One value-model call for the new non-terminal children of every live tree."""
@@ -439,7 +508,7 @@ class SearchDriver:
                 item = next(queue, None)
                 if item is None:
                     return
-                live.append(_LiveTree(item[0], item[1], self.config))
+                live.append(_LiveTree(item[0], item[1], self.config, self.step, self.ends_step))
 
         refill()
         while live:

@@ -15,8 +15,9 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.tree import SearchTree
 from flywheel.search.values import overlong_penalty, soft_clip
 
-TreeStatus = Literal["complete", "expansion_cap", "exhausted"]
-"""complete: K trajectories backed up. expansion_cap: the tree hit max_expansions_per_tree
+TreeStatus = Literal["complete", "solved", "expansion_cap", "exhausted"]
+"""complete: K trajectories backed up. solved: stopped early, a correct answer found and
+`search.stop_when_solved` trajectories backed up. expansion_cap: the tree hit max_expansions_per_tree
 first and carries fewer than K. exhausted: nothing was left to expand (every leaf terminal)
 before K; also fewer than K."""
 
@@ -116,8 +117,9 @@ class TreeResult:
 
     @property
     def complete(self) -> bool:
-        """True when the tree holds all K trajectories; False when it stopped short (see status)."""
-        return self.status == "complete"
+        """True when the tree stopped by its rule (K trajectories, or solved early); False when
+        it ran out of budget or of nodes first (see status)."""
+        return self.status in ("complete", "solved")
 
     def to_json(self, decode: Callable[[Sequence[int]], str] | None = None, *, logprobs: bool = True) -> dict[str, Any]:
         """The whole tree as plain JSON data (format "flywheel.search.tree/v1"), for the viewer."""

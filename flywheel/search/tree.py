@@ -69,6 +69,9 @@ class SearchTree:
         self.kind: list[str | None] = [None]
         self.reward: list[float | None] = [None]
         self.backup_index: list[int] = [-1]
+        self.expanded: list[int] = [0]
+        """Generator requests made for this node (1 for a step-mode expansion; a rollout-mode
+        node is expanded once per fork from it; 0 for steps that came inside a rollout)."""
         self.verdicts: dict[int, Verdict] = {}
         self.texts: dict[int, str] = {}
         """Graded terminals: the decoded response text the verifier saw."""
@@ -83,15 +86,23 @@ class SearchTree:
 
     # ----------------------------------------------------------------------------- growth
     def add_children(
-        self, node: int, completions: Sequence[Completion], terminal: Sequence[bool], *, initial_visit: bool = True
+        self,
+        node: int,
+        completions: Sequence[Completion],
+        terminal: Sequence[bool],
+        *,
+        initial_visit: bool = True,
+        extend: bool = False,
     ) -> list[int]:
         """Attach one child per completion under the leaf `node`; return the new ids.
 
         `terminal[i]` says whether child i ends its trajectory (EOS or max depth, §1).
         With `initial_visit`, a new non-terminal child starts with N = 1 and no value (§1);
         terminal children start at N = 0 and get their visit from the backup (§4).
+        `extend`: `node` may already have children (rollout expansion forks from inner
+        nodes); the new ones are added after them.
         """
-        if self.children[node]:
+        if self.children[node] and not extend:
             raise ValueError(f"node {node} is already expanded; only leaves are expanded")
         if self.terminal[node]:
             raise ValueError(f"node {node} is terminal and cannot be expanded")
@@ -125,23 +136,36 @@ class SearchTree:
             self.kind.append(None)
             self.reward.append(None)
             self.backup_index.append(-1)
+            self.expanded.append(0)
             self.dead.append(is_terminal)
             self.live_children.append(0)
             if not is_terminal:
                 live.append(child)
-        self.children[node] = tuple(new_ids)
-        self.live_children[node] = len(live)
+        had_children = bool(self.children[node])
+        self.children[node] = self.children[node] + tuple(new_ids)
+        self.live_children[node] += len(live)
         # F loses the expanded node and gains its non-terminal children.
         siblings = self.frontier.get(self.parent[node])
-        if siblings is not None:
+        if siblings is not None and node in siblings:
             siblings.remove(node)
             if not siblings:
                 del self.frontier[self.parent[node]]
         if live:
-            self.frontier[node] = live
-        else:
+            self.frontier.setdefault(node, []).extend(live)
+            if self.dead[node]:
+                self._mark_live(node)
+        elif not had_children:
             self._mark_dead(node)
         return new_ids
+
+    def _mark_live(self, node: int) -> None:
+        """`node` (dead until now) gained a live child: it and its dead ancestors live again."""
+        while node >= 0 and self.dead[node]:
+            self.dead[node] = False
+            parent = self.parent[node]
+            if parent >= 0:
+                self.live_children[parent] += 1
+            node = parent
 
     def _mark_dead(self, node: int) -> None:
         """`node` has nothing left to expand below it; propagate to ancestors whose children all died."""

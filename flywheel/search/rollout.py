@@ -1,0 +1,124 @@
+"""Rollout expansion: every expansion samples whole continuations, and the tree forks from
+the steps of the trajectories it already has.
+
+The paper's expansion (deepsearch.md §1) samples n single STEPS of a node and adds them
+all; most of those siblings are never expanded, so on short-step tasks the tree pays for
+many partial lines that never reach an answer. With `search.expansion="rollout"` each of
+the n samples runs to EOS (or max depth) and is cut into steps after the fact, so every
+generated token ends in a graded terminal, and later expansions fork from a step on an
+existing path: the shared prefix is never generated again. This is how the tree-RL
+follow-ups to DeepSearch grow their trees (TreeRL's entropy-guided forks, SPO-tree's
+segment trees): whole rollouts, branch points chosen among their steps.
+
+Pure functions over SearchTree and Completion records; the driver calls them.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Callable, Sequence
+
+from flywheel.generation.base import Completion
+from flywheel.search.config import SearchConfig
+from flywheel.search.selection import prm_term, uct_score
+from flywheel.search.tree import ROOT, SearchTree
+from flywheel.tasks.base import StepSpec
+
+
+def split_steps(
+    completion: Completion, step: StepSpec, ends_step: Callable[[int], bool], max_steps: int
+) -> list[Completion]:
+    """Cut a whole continuation into at most `max_steps` steps, as the step rule would have
+    sampled them: after a token that ends a step (it contains the delimiter) or after
+    `step.max_tokens` tokens. Tokens past the `max_steps`-th step are dropped (that step
+    sits at max depth). Every piece but the last finishes with "stop" ("length" when cut at
+    the cap); the last keeps the completion's own finish reason.
+
+    >>> c = Completion((1, 9, 2, 9, 3), (-0.1,) * 5, "eos")
+    >>> [p.token_ids for p in split_steps(c, StepSpec(8, "\\n"), lambda t: t == 9, 8)]
+    [(1, 9), (2, 9), (3,)]
+    >>> [(p.token_ids, p.finish_reason) for p in split_steps(c, StepSpec(8, "\\n"), lambda t: t == 9, 2)]
+    [((1, 9), 'stop'), ((2, 9), 'stop')]
+    """
+    ids, lps, ents = completion.token_ids, completion.logprobs, completion.entropies
+    pieces: list[Completion] = []
+    start = 0
+    for i, token in enumerate(ids):
+        length = i + 1 - start
+        delimited = step.delimiter is not None and ends_step(token)
+        if not delimited and length < step.max_tokens:
+            continue
+        last = i + 1 == len(ids)
+        reason = completion.finish_reason if last else ("stop" if delimited else "length")
+        pieces.append(_piece(ids, lps, ents, start, i + 1, reason))
+        start = i + 1
+        if len(pieces) == max_steps:
+            return pieces
+    if start < len(ids) or not pieces:
+        pieces.append(_piece(ids, lps, ents, start, len(ids), completion.finish_reason))
+    return pieces
+
+
+def _piece(ids, lps, ents, start: int, end: int, reason: str) -> Completion:
+    return Completion(ids[start:end], lps[start:end], reason, ents[start:end] if ents is not None else None)  # type: ignore[arg-type]
+
+
+def insert_path(
+    tree: SearchTree, node: int, pieces: Sequence[Completion], terminal_last: bool, merge: bool
+) -> tuple[int, list[int]]:
+    """Hang the steps `pieces` below `node` as one path; return (its last node, the new nodes).
+
+    With `merge`, a step identical to an existing child of the node it continues is that
+    child (the trie of sampled trajectories: a repeated prefix is stored once). The last
+    node is terminal iff `terminal_last`; a path that repeats an existing one to its end
+    returns the existing last node and creates nothing.
+    """
+    new: list[int] = []
+    for j, piece in enumerate(pieces):
+        is_last = j + 1 == len(pieces)
+        twin = _same_child(tree, node, piece.token_ids) if merge else None
+        if twin is not None and tree.terminal[twin] == (is_last and terminal_last):
+            node = twin
+            continue
+        (node,) = tree.add_children(node, [piece], [is_last and terminal_last], extend=True)
+        new.append(node)
+    return node, new
+
+
+def _same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int | None:
+    for child in tree.children[node]:
+        if tree.tokens[child] == token_ids:
+            return child
+    return None
+
+
+def fork_candidates(tree: SearchTree, config: SearchConfig) -> list[int]:
+    """Nodes a rollout may start from: non-terminal, above max depth, with fewer than
+    `config.max_children` children (0 = no cap)."""
+    cap = config.max_children
+    return [
+        v for v in range(len(tree))
+        if not tree.terminal[v] and tree.depth[v] < config.max_depth and (not cap or len(tree.children[v]) < cap)
+    ]
+
+
+def select_fork(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+    """Where the next rollouts start (None: nothing left to fork from).
+
+    fork_rule "uct": argmax over the candidates of Q(s) + lambda * sqrt(ln N(root) / N(s))
+    (+ prm_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to
+    the lowest id. "random": uniform over the candidates.
+    """
+    candidates = fork_candidates(tree, config)
+    if not candidates:
+        return None
+    if config.fork_rule == "random":
+        return candidates[rng.randrange(len(candidates))]
+    total = tree.visits[ROOT]
+    best, best_score = -1, -math.inf
+    for v in candidates:
+        score = uct_score(tree.mean_q(v), total, tree.visits[v], config.uct_lambda) + prm_term(tree, v, config)
+        if score > best_score:
+            best, best_score = v, score
+    return best

@@ -1,0 +1,283 @@
+"""Exploration per generated token: does the tree find more solutions than flat sampling?
+
+From ONE policy, on ONE problem set, two arms:
+- tree: the search exactly as `fit` runs it with the given config(s) (search settings,
+  task, generator backend, concurrency, credit rule: every switch of the config applies);
+- flat: 64 independent samples per problem (the same task, step rule and sampling
+  temperature), read as curves over n = 1..64 with unbiased estimators (the pass@k
+  estimator for "solved with n samples", and its analogue for distinct correct answers),
+  so flat needs no separate run per n.
+
+Per arm one JSON line: generated tokens per problem, mean branching (children per expanded
+non-root node, i.e. per node a generator request started from; flat chains have 1), solved fraction (at least one correct answer), distinct
+correct answers per problem, terminals created per problem, trajectories trained per
+problem. The last line compares the tree with flat sampling interpolated at the tree's
+tokens per problem:
+
+    RESULT tree_tokens_per_problem=... tree_solved=... flat_solved_at_equal_tokens=...
+           solve_ratio=... mean_branching=...
+
+    python tools/bench_explore.py --config conf/quickstart.yaml
+    python tools/bench_explore.py --config conf/quickstart.yaml --split train --numbers 4 --limit 200
+    python tools/bench_explore.py --config conf/quickstart.yaml --data.search.expansion_width=4
+    python tools/bench_explore.py --config conf/quickstart.yaml --problems my_problems.jsonl
+
+`--problems` takes Countdown jsonl rows with `numbers`, `target` and an optional `id`.
+Any other `--section.key=value` is passed to the config, as on the `fit` command line.
+Tune on a training slice (`--split train --numbers 4`), never on the held-out split that
+`tools/compare.py` evaluates on (test_hard).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+FLAT_SAMPLES = 64
+FLAT_REPORTED = (8, 16, 32, 64)
+
+
+def solved_at(n: int, total: int, correct: int) -> float:
+    """P(a random n-subset of `total` samples holds a correct one) = 1 - C(total-c, n) / C(total, n).
+
+    >>> solved_at(1, 4, 1), solved_at(4, 4, 1), solved_at(2, 4, 0)
+    (0.25, 1.0, 0.0)
+    """
+    if total - correct < n:
+        return 1.0
+    return 1.0 - math.comb(total - correct, n) / math.comb(total, n)
+
+
+def distinct_at(n: int, total: int, multiplicities: Sequence[int]) -> float:
+    """Expected distinct correct answers in a random n-subset: each answer seen m times among
+    `total` samples is in the subset with probability solved_at(n, total, m).
+
+    >>> distinct_at(2, 4, [1, 1])  # each in a 2-subset of 4 with p = 1 - C(3,2)/C(4,2) = 1/2
+    1.0
+    """
+    return sum(solved_at(n, total, m) for m in multiplicities)
+
+
+def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> tuple[float, bool]:
+    """y at x on the piecewise-linear curve (xs ascending); (value, False) past the curve's end
+    (then the last y, an underestimate for a rising curve)."""
+    if x <= xs[0]:
+        return ys[0] * x / xs[0], True  # through the origin: 0 tokens solve nothing
+    for (x0, y0), (x1, y1) in zip(zip(xs, ys), zip(xs[1:], ys[1:])):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0), True
+    return ys[-1], False
+
+
+def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
+    """The tree's line: counts over every node and terminal the search created."""
+    problems = len(results)
+    tokens = solved = distinct = terminals = 0
+    branching: list[int] = []
+    for result in results:
+        tree = result.tree
+        tokens += result.stats.generated_tokens
+        terminals += result.stats.terminals
+        answers = {tree.verdicts[t].answer for t in range(len(tree)) if tree.kind[t] == "correct"}
+        solved += bool(answers)
+        distinct += len(answers)
+        branching.extend(len(tree.children[v]) for v in range(1, len(tree)) if tree.expanded[v])
+    return {
+        "arm": "tree",
+        "tokens_per_problem": tokens / problems,
+        "mean_branching": sum(branching) / len(branching) if branching else 0.0,
+        "root_branching": sum(len(r.tree.children[0]) for r in results) / problems,
+        "solved": solved / problems,
+        "distinct_correct_per_problem": distinct / problems,
+        "terminals_per_problem": terminals / problems,
+        "trained_per_problem": sum(rows_per_tree) / problems,
+        "expansions_per_tree": sum(r.stats.expansions for r in results) / problems,
+        "trees_short": sum(not r.complete for r in results),
+    }
+
+
+Sample = tuple[int, bool, str]
+"""One flat sample: (generated tokens, correct, answer)."""
+
+
+def flat_samples(results) -> list[list[Sample]]:
+    """Per problem, its flat samples in sampling order."""
+    out = []
+    for result in results:
+        tree = result.tree
+        out.append([(tree.path_length[t.terminal_id], t.kind == "correct", str(t.verdict.answer))
+                    for t in result.trajectories])
+    return out
+
+
+def flat_curve(samples: list[list[Sample]]) -> list[dict]:
+    """Flat sampling at n = 1..N from one run of N samples per problem (unbiased estimators)."""
+    problems = len(samples)
+    total = min(len(s) for s in samples)
+    tokens_per_sample = sum(t for s in samples for t, _, _ in s) / sum(len(s) for s in samples)
+    stats = []
+    for s in samples:
+        counts: dict[str, int] = {}
+        for _, correct, answer in s:
+            if correct:
+                counts[answer] = counts.get(answer, 0) + 1
+        stats.append((len(s), sum(counts.values()), list(counts.values())))
+    return [
+        {
+            "arm": f"flat_n{n}",
+            "tokens_per_problem": n * tokens_per_sample,
+            "mean_branching": 1.0,
+            "solved": sum(solved_at(n, size, c) for size, c, _ in stats) / problems,
+            "distinct_correct_per_problem": sum(distinct_at(n, size, m) for size, _, m in stats) / problems,
+            "terminals_per_problem": float(n),
+            "trained_per_problem": float(n),
+        }
+        for n in range(1, total + 1)
+    ]
+
+
+def flat_adaptive_curve(samples: list[list[Sample]], width: int, stop_when_solved: int) -> list[dict]:
+    """Flat sampling with the tree's stopping rule, as a curve over the cap K = width, 2 width, ...:
+    a problem draws `width` samples at a time (in sampling order) and stops once it holds a
+    correct one and at least `stop_when_solved` samples, or K samples. The fair control for
+    a tree that moves budget to unsolved problems."""
+    total = min(len(s) for s in samples)
+    curve = []
+    for cap in range(width, total + 1, width):
+        tokens = solved = taken_all = 0
+        for s in samples:
+            taken = 0
+            while taken < cap:
+                taken += width
+                if any(c for _, c, _ in s[:taken]) and taken >= max(stop_when_solved, 1):
+                    break
+            solved += any(c for _, c, _ in s[:taken])
+            tokens += sum(t for t, _, _ in s[:taken])
+            taken_all += taken
+        curve.append({"arm": f"flat_adaptive_k{cap}", "tokens_per_problem": tokens / len(samples),
+                      "mean_branching": 1.0, "solved": solved / len(samples), "trained_per_problem": taken_all / len(samples)})
+    return curve
+
+
+def load_problems(task, args) -> list:
+    """The problem set: a jsonl file of Countdown rows, or a shipped split (optionally only
+    the problems with `--numbers` numbers)."""
+    if args.problems is not None:
+        problems = []
+        for number, line in enumerate(args.problems.read_text(encoding="utf-8").splitlines(), start=1):
+            if line.strip():
+                row = json.loads(line)
+                row.setdefault("id", f"{args.problems.name}:{number}")
+                problems.append(task.problem_from_row(row, f"{args.problems}:{number}"))
+    else:
+        problems = task._read(task.split_files[args.split])
+        if args.numbers is not None:
+            problems = [p for p in problems if len(p.numbers) == args.numbers]
+    if args.limit is not None:
+        problems = problems[args.offset : args.offset + args.limit]
+    if not problems:
+        raise SystemExit("no problems to search: check --problems / --split / --numbers / --limit")
+    return problems
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", action="append", required=True, help="the recipe, then overlays (as for fit)")
+    parser.add_argument("--problems", type=Path, help="Countdown jsonl rows: numbers, target, optional id")
+    parser.add_argument("--split", default="test_hard", help="a shipped Countdown split when --problems is not given")
+    parser.add_argument("--numbers", type=int, help="keep only problems with this many numbers (e.g. 4 on train)")
+    parser.add_argument("--limit", type=int, help="search only this many problems")
+    parser.add_argument("--offset", type=int, default=0, help="skip this many problems first (with --limit)")
+    parser.add_argument("--policy", help="the policy to search with (default: the config's --model.policy)")
+    parser.add_argument("--skip-flat", action="store_true", help="the tree arm only (e.g. to compare tree settings)")
+    parser.add_argument("--flat-cache", type=Path, help="read the flat samples from this file if it exists, else "
+                        "sample them and write it (same policy and problems only: the file records both)")
+    args, overrides = parser.parse_known_args()
+
+    from data_modules.examples import rows_from_result
+    from flywheel.__main__ import main as cli_main
+    from flywheel.search import SearchDriver
+    from flywheel.search.flat import flat_rollouts
+
+    cli_args = [a for c in args.config for a in ("--config", c)] + overrides
+    if args.policy:
+        cli_args.append(f"--model.policy={args.policy}")
+    with tempfile.TemporaryDirectory() as tmp:
+        cli = cli_main(cli_args + ["--trainer.logger=false", f"--trainer.default_root_dir={tmp}"], run=False)
+    module, dm = cli.model, cli.datamodule
+    module.policy.eval()
+    tokenizer, task = module.tokenizer, dm.task
+    problems = load_problems(task, args)
+    search_problems = dm.search_problems(tokenizer, problems)
+    config = dm.effective_search_config(epoch=0, rank=0)  # what fit's first epoch on rank 0 uses
+    generator = dm.backend.build(module.policy, tokenizer)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    print(f"{len(problems)} problems; search: {json.dumps(config.to_dict())}", file=sys.stderr, flush=True)
+
+    start = time.perf_counter()
+    driver = SearchDriver(generator, config, step=task.step, decode=decode,
+                          max_concurrent_trees=dm.max_concurrent_trees, eos_token_ids=eos)
+    with __import__("torch").no_grad():
+        trees = driver.run(search_problems)
+    rows = [len(rows_from_result(r, 0, dm.advantage, dm.normalize_std)) for r in trees]
+    tree = tree_arm(trees, rows)
+    tree["seconds"] = time.perf_counter() - start
+    print(json.dumps(tree), flush=True)
+    if args.skip_flat:
+        print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
+              f"mean_branching={tree['mean_branching']:.3f}")
+        return
+
+    key = {"policy": module.hparams.get("policy"), "problems": [p.id for p in problems], "samples": FLAT_SAMPLES}
+    if args.flat_cache is not None and args.flat_cache.is_file():
+        cached = json.loads(args.flat_cache.read_text())
+        if cached["key"] != key:
+            raise SystemExit(f"{args.flat_cache} holds flat samples of another policy or problem set")
+        samples, seconds = cached["samples"], cached["seconds"]
+    else:
+        start = time.perf_counter()
+        with __import__("torch").no_grad():
+            flat = flat_rollouts(search_problems, generator, n=FLAT_SAMPLES, step=task.step, decode=decode, config=config,
+                                 max_concurrent_problems=max(1, dm.max_concurrent_trees // 4), eos_token_ids=eos)
+        samples, seconds = flat_samples(flat), time.perf_counter() - start
+        if args.flat_cache is not None:
+            args.flat_cache.write_text(json.dumps({"key": key, "samples": samples, "seconds": seconds}))
+    curve = flat_curve(samples)
+    for line in curve:
+        if int(line["arm"][6:]) in FLAT_REPORTED:
+            print(json.dumps({**line, "seconds": seconds}), flush=True)
+    if config.stop_when_solved:
+        adaptive = flat_adaptive_curve(samples, config.expansion_width, config.stop_when_solved)
+        for line in adaptive:
+            print(json.dumps(line), flush=True)
+        adaptive_equal, _ = interpolate(tree["tokens_per_problem"], [c["tokens_per_problem"] for c in adaptive],
+                                        [c["solved"] for c in adaptive])
+    xs = [c["tokens_per_problem"] for c in curve]
+    at_equal, inside = interpolate(tree["tokens_per_problem"], xs, [c["solved"] for c in curve])
+    distinct_equal, _ = interpolate(tree["tokens_per_problem"], xs, [c["distinct_correct_per_problem"] for c in curve])
+    if not inside:
+        print(f"note: the tree spent more than {FLAT_SAMPLES} flat samples' tokens; flat is read at n = {FLAT_SAMPLES} "
+              "(an underestimate)", file=sys.stderr)
+    ratio = tree["solved"] / at_equal if at_equal else math.inf
+    verdict = "tree explores better" if ratio >= 1.0 and tree["mean_branching"] >= 2 else "flat explores better"
+    print(f"at {tree['tokens_per_problem']:.0f} tokens per problem: tree solves {tree['solved']:.3f}, flat "
+          f"{at_equal:.3f} ({verdict}); distinct correct answers per problem {tree['distinct_correct_per_problem']:.2f} "
+          f"vs {distinct_equal:.2f}", file=sys.stderr)
+    print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
+          f"flat_solved_at_equal_tokens={at_equal:.4f} solve_ratio={ratio:.3f} mean_branching={tree['mean_branching']:.3f} "
+          f"tree_distinct={tree['distinct_correct_per_problem']:.3f} flat_distinct_at_equal_tokens={distinct_equal:.3f}"
+          + (f" flat_adaptive_solved_at_equal_tokens={adaptive_equal:.4f}" if config.stop_when_solved else ""))
+
+
+if __name__ == "__main__":
+    main()
