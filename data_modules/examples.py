@@ -14,10 +14,10 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from flywheel.adaptive import CachedSolution, mixed_rollout
-from flywheel.objectives import dapo_advantages, per_token, tree_grpo_advantages
+from flywheel.objectives import dapo_advantages, per_token, subtree_advantages, tree_grpo_advantages
 from flywheel.search.outputs import Trajectory, TreeResult
 
-Weighting = Literal["node", "outcome", "best_of_n"]
+Weighting = Literal["node", "outcome", "subtree", "best_of_n"]
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,10 @@ def rows_from_result(
     weighting "node": Tree-GRPO node-level advantages, q~(s_j) + overlong minus the group's
     mean final score (deepsearch.md §6; for a flat group q~ is the terminal reward, which is
     DAPO). "outcome": every token of a trajectory gets its final score minus the group mean
-    (the paper's "coarse scores" ablation, Table 4). "best_of_n": rejection-sampling
+    (the paper's "coarse scores" ablation, Table 4). "subtree": the TreeRL rule over the
+    tree's trajectories (`subtree_advantages`: a step's value is the mean final score of
+    the trajectories through it, credited against its parent and the root; not divided by
+    a std). "best_of_n": rejection-sampling
     fine-tuning, the best-of-N baseline: the correct trajectories only, each token with
     advantage +1 (none when nothing is correct).
     `drop`: trajectories to leave out of training (e.g. garbled negatives, deepsearch.md §7);
@@ -63,6 +66,10 @@ def rows_from_result(
     if weighting == "best_of_n":
         chosen = [t for t in trajectories if t.verdict.correct]
         step_advantages = [[1.0] * len(t.steps) for t in chosen]
+    elif weighting == "subtree":
+        chosen = list(trajectories)
+        step_advantages = subtree_advantages([[s.node_id for s in t.steps] for t in chosen],
+                                             [t.final_score for t in chosen])
     elif weighting == "outcome":
         chosen = list(trajectories)
         step_scores = [[t.final_score] * len(t.steps) for t in chosen]

@@ -92,7 +92,10 @@ class SearchDataModule(L.LightningDataModule):
         advantage: how a tree's trajectories are credited: "node" = Tree-GRPO node-level
             values q~(s_j) minus the tree's mean final score (the paper's default); "outcome"
             = every token gets its trajectory's final score minus the tree mean (the paper's
-            "coarse scores" ablation). Flat rollouts are DAPO either way.
+            "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
+            final score of the tree's trajectories through it, credited against its parent and
+            the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0).
+            Flat rollouts are DAPO either way.
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
         drop_uniform_groups: leave out of training every tree (or flat group) whose
             trajectories all ended with the same final score (all wrong, or all right), as
@@ -127,7 +130,7 @@ class SearchDataModule(L.LightningDataModule):
         mini_batch_problems: int = 8,
         max_concurrent_trees: int = 64,
         epochs_per_round: int = 1,
-        advantage: Literal["node", "outcome"] = "node",
+        advantage: Literal["node", "outcome", "subtree"] = "node",
         normalize_std: bool = False,
         drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
@@ -141,8 +144,8 @@ class SearchDataModule(L.LightningDataModule):
             raise ValueError("--data.problems_per_epoch and --data.mini_batch_problems must be >= 1")
         if epochs_per_round < 1:
             raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}")
-        if advantage not in ("node", "outcome"):
-            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO) or 'outcome'")
+        if advantage not in ("node", "outcome", "subtree"):
+            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome' or 'subtree'")
         if flat_samples < 1:
             raise ValueError(f"--data.flat_samples must be >= 1, got {flat_samples}")
         if max_train_problems is not None and max_train_problems < 1:

@@ -448,3 +448,32 @@ def test_config_defaults_are_the_papers():
 def test_config_validation_names_field_and_fix(field, value):
     with pytest.raises(ValueError, match=rf"ObjectiveConfig\.{field}=.*Set `{field}`"):
         ObjectiveConfig(**{field: value})
+
+
+# ------------------------------------------------------------------- subtree (TreeRL) credit
+def test_subtree_advantages_hand_worked():
+    """root -> a -> {c: +1, d: -1}; root -> b: -1 (b is a terminal at depth 1).
+
+    V(root) = (1 - 1 - 1) / 3 = -1/3; V(a) = (1 - 1) / 2 = 0 with L(a) = 2; V(c) = 1, V(d) = -1,
+    V(b) = -1, each L = 1.
+    a: ((0 + 1/3) + (0 + 1/3)) / sqrt(2) = 0.4714; c: (1 - 0) + (1 + 1/3) = 2.3333;
+    d: (-1 - 0) + (-1 + 1/3) = -1.6667; b: (-1 + 1/3) + (-1 + 1/3) = -1.3333.
+    """
+    from flywheel.objectives import subtree_advantages
+
+    adv = subtree_advantages([["a", "c"], ["a", "d"], ["b"]], [1.0, -1.0, -1.0])
+    assert adv[0] == pytest.approx([0.471405, 2.333333], abs=1e-6)
+    assert adv[1] == pytest.approx([0.471405, -1.666667], abs=1e-6)
+    assert adv[2] == pytest.approx([-1.333333], abs=1e-6)
+
+
+def test_subtree_advantages_of_a_uniform_tree_are_zero():
+    """All wrong (or all right): every V equals V(root), so nothing is pushed up or down -- unlike
+    Tree-GRPO's node scores, where tanh(q) > -1 = mu gives every inner step of an all-wrong
+    tree a positive advantage."""
+    from flywheel.objectives import subtree_advantages
+
+    adv = subtree_advantages([[1, 2], [1, 3], [4]], [-1.0, -1.0, -1.0])
+    assert adv == [[0.0, 0.0], [0.0, 0.0], [0.0]]
+    with pytest.raises(ValueError, match="one non-empty path"):
+        subtree_advantages([[1]], [1.0, -1.0])

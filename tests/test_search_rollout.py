@@ -174,3 +174,34 @@ def test_rollout_mode_reaches_every_generated_token_to_a_terminal():
         stored = sum(len(t) for t in tree.tokens)
         assert res.stats.generated_tokens >= stored
         assert all(math.isfinite(tree.value[v]) for v in range(len(tree)))
+
+
+def test_train_all_terminals_and_subtree_rows():
+    """The driver's small step-mode tree (tests/test_search_driver.py): root -> A(1), B(2);
+    A -> C(3) correct, D(4) wrong; B -> E(5), F(6) wrong. K = 2 backs up C and F; D is graded
+    but never backed up. With train_all_terminals D is trained on too (backup_index -1).
+
+    Subtree credit over C, F, D (finals +1, -1, -1): V(root) = -1/3; V(A) = 0 (2 below it);
+    V(B) = V(F) = V(D) = -1; V(C) = 1.
+      C row: A ((0 + 1/3) * 2) / sqrt(2) = 0.4714, C (1 - 0) + (1 + 1/3) = 2.3333
+      F row: B (-2/3) * 2 = -1.3333, F (-1 + 1) + (-1 + 1/3) = -0.6667
+      D row: A 0.4714, D (-1 - 0) + (-1 + 1/3) = -1.6667
+    Every step is 2 tokens long.
+    """
+    from data_modules.examples import rows_from_result
+    from tests.test_search_driver import SMALL_SCRIPT
+
+    cfg = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=3, overlong_penalty=False,
+                       train_all_terminals=True)
+    (res,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(SMALL_SCRIPT), cfg,
+                        step=StepSpec(max_tokens=2), decode=toy_decode)
+    assert [(t.terminal_id, t.backup_index) for t in res.trajectories] == [(3, 0), (6, 1), (4, -1)]
+    rows = rows_from_result(res, 0, "subtree")
+    expected = [[0.471405, 2.333333], [-1.333333, -0.666667], [0.471405, -1.666667]]
+    for row, steps in zip(rows, expected):
+        assert row.advantages == pytest.approx([a for a in steps for _ in range(2)], abs=1e-6)
+    # Without the switch only the K backed-up terminals are trained on.
+    (res,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(SMALL_SCRIPT),
+                        SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=3, overlong_penalty=False),
+                        step=StepSpec(max_tokens=2), decode=toy_decode)
+    assert [t.terminal_id for t in res.trajectories] == [3, 6]

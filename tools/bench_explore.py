@@ -199,6 +199,9 @@ def main() -> None:
     parser.add_argument("--offset", type=int, default=0, help="skip this many problems first (with --limit)")
     parser.add_argument("--policy", help="the policy to search with (default: the config's --model.policy)")
     parser.add_argument("--skip-flat", action="store_true", help="the tree arm only (e.g. to compare tree settings)")
+    parser.add_argument("--oracle", type=float, default=0.0, metavar="W",
+                        help="upper bound: an exact Countdown value oracle (can the numbers left still reach the "
+                             "target?) as the search's value function with weight W (search.prm_weight)")
     parser.add_argument("--flat-cache", type=Path, help="read the flat samples from this file if it exists, else "
                         "sample them and write it (same policy and problems only: the file records both)")
     args, overrides = parser.parse_known_args()
@@ -219,6 +222,14 @@ def main() -> None:
     problems = load_problems(task, args)
     search_problems = dm.search_problems(tokenizer, problems)
     config = dm.effective_search_config(epoch=0, rank=0)  # what fit's first epoch on rank 0 uses
+    value_fn = None
+    if args.oracle:
+        from dataclasses import replace
+
+        from flywheel.tasks.countdown_oracle import prompt_value
+
+        config = replace(config, prm_weight=args.oracle)
+        value_fn = lambda prefixes: [prompt_value(tokenizer.decode(p, skip_special_tokens=True)) for p in prefixes]  # noqa: E731
     generator = dm.backend.build(module.policy, tokenizer)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
@@ -226,7 +237,7 @@ def main() -> None:
 
     start = time.perf_counter()
     driver = SearchDriver(generator, config, step=task.step, decode=decode,
-                          max_concurrent_trees=dm.max_concurrent_trees, eos_token_ids=eos)
+                          max_concurrent_trees=dm.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
     with __import__("torch").no_grad():
         trees = driver.run(search_problems)
     rows = [len(rows_from_result(r, 0, dm.advantage, dm.normalize_std)) for r in trees]

@@ -11,6 +11,7 @@ from flywheel.objectives.advantages import (
     dapo_advantages,
     group_baseline,
     per_token,
+    subtree_advantages,
     tree_grpo_advantages,
     tree_grpo_token_advantages,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "masked_mean",
     "per_token",
     "policy_loss",
+    "subtree_advantages",
     "token_logprobs",
     "tree_grpo_advantages",
     "tree_grpo_token_advantages",

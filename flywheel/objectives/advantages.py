@@ -10,7 +10,8 @@ would blow them up to ~1e6 (the official code does divide by std + eps there).
 
 from __future__ import annotations
 
-from typing import Sequence
+import math
+from typing import Hashable, Sequence
 
 import torch
 
@@ -101,6 +102,46 @@ def tree_grpo_advantages(
     mean, divisor = group_baseline(finals, None, normalize_std, eps)
     mu, div = float(mean[0]), float(divisor[0])
     return [[(score - mu) / div for score in steps] for steps in step_scores]
+
+
+def subtree_advantages(paths: Sequence[Sequence[Hashable]], final_scores: Sequence[float]) -> list[list[float]]:
+    """Per-step advantages from every trajectory of a tree (the TreeRL credit rule).
+
+    A node's value V(s) is the mean final score of the trajectories through it; the root's
+    V is the mean over all of them. Step j of a trajectory gets
+
+        A_j = ((V(s_j) - V(s_{j-1})) + (V(s_j) - V(root))) / sqrt(L(s_j))
+
+    (s_0 = root): how much the step raised the chance of success over its parent (local)
+    and over the whole tree (global), scaled down by the number L(s_j) of trajectories that
+    share the step, which would otherwise count it L times in a token-mean loss. A tree whose
+    trajectories all score the same gives every step 0: an all-wrong tree pushes nothing up.
+
+    Args:
+        paths: one list of node ids per trajectory, root excluded, root to terminal; a node
+            shared by several trajectories has the same id in each.
+        final_scores: [K] each trajectory's final score (terminal reward + overlong).
+    Returns:
+        K lists, same lengths as `paths`: the advantage of each step.
+    """
+    if len(paths) != len(final_scores) or not paths or any(not path for path in paths):
+        raise ValueError("subtree_advantages needs one non-empty path per final score")
+    total: dict[Hashable, float] = {}
+    count: dict[Hashable, int] = {}
+    for path, score in zip(paths, final_scores):
+        for node in path:
+            total[node] = total.get(node, 0.0) + score
+            count[node] = count.get(node, 0) + 1
+    root = sum(final_scores) / len(final_scores)
+    out = []
+    for path in paths:
+        previous, steps = root, []
+        for node in path:
+            value = total[node] / count[node]
+            steps.append(((value - previous) + (value - root)) / math.sqrt(count[node]))
+            previous = value
+        out.append(steps)
+    return out
 
 
 def tree_grpo_token_advantages(

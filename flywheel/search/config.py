@@ -94,6 +94,9 @@ class SearchConfig:
             (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them.
         max_children: rollout mode: a node with this many children is no longer forked from
             (0 = no cap).
+        train_all_terminals: a finished tree hands every distinct graded terminal to training,
+            not only the K backed up (the backed-up ones first, then the others by creation);
+            rollout mode always does.
         stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
             many trajectories (0 = off: every tree runs to K). With K above it, the expansions a
             solved tree would have spent go to trees that have not found an answer yet.
@@ -131,6 +134,7 @@ class SearchConfig:
     expansion: Expansion = "step"
     fork_rule: ForkRule = "uct"
     max_children: int = 0
+    train_all_terminals: bool = False
     stop_when_solved: int = 0
 
     def __post_init__(self) -> None:

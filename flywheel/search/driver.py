@@ -392,6 +392,21 @@ class _LiveTree:
             return select_frontier(tree, cfg)
         return descend_uct(tree, cfg, self.rng)
 
+    def _trained_terminals(self) -> list[int]:
+        """The backed-up terminals, then (train_all_terminals) every other graded terminal
+        whose response differs from all taken so far."""
+        if not self.config.train_all_terminals:
+            return self.trajectories
+        tree, out = self.tree, list(self.trajectories)
+        seen = {tuple(tree.response_ids(t)) for t in out}
+        for node in range(len(tree)):
+            if tree.terminal[node] and tree.kind[node] is not None and tree.backup_index[node] < 0:
+                ids = tuple(tree.response_ids(node))
+                if ids not in seen:
+                    seen.add(ids)
+                    out.append(node)
+        return out
+
     def result(self) -> TreeResult:
         tree = self.tree
         assert self.status is not None
@@ -399,7 +414,7 @@ class _LiveTree:
             index=self.index,
             problem_id=self.problem.id,
             prompt_ids=self.problem.prompt_ids,
-            trajectories=tuple(build_trajectory(tree, t, self.config) for t in self.trajectories),
+            trajectories=tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()),
             status=self.status,  # type: ignore[arg-type]
             stats=TreeStats(
                 expansions=self.expansions,

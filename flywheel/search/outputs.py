@@ -48,7 +48,8 @@ class Trajectory:
 
     terminal_id: int
     backup_index: int
-    """Order in which it was backed up within its tree (0 = first)."""
+    """Order in which it was backed up within its tree (0 = first); -1 for a terminal that was
+    not backed up but is trained on (`search.train_all_terminals`)."""
     steps: tuple[StepRecord, ...]
     kind: str
     """"correct" | "incorrect" | "incomplete" (§2)."""
