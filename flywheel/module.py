@@ -160,6 +160,7 @@ class TreeGRPOModule(L.LightningModule):
             aggregation=self.objective.aggregation,
             step_ids=batch.get("step_ids"),
             weights=weights,
+            loss_type=self.objective.loss_type,
         )
         if self.reference is not None:
             ref = self.batch_logprobs(self.reference, batch).detach()

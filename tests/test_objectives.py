@@ -477,3 +477,28 @@ def test_subtree_advantages_of_a_uniform_tree_are_zero():
     assert adv == [[0.0, 0.0], [0.0, 0.0], [0.0]]
     with pytest.raises(ValueError, match="one non-empty path"):
         subtree_advantages([[1]], [1.0, -1.0])
+
+
+def test_cispo_keeps_the_gradient_ppo_clips_away():
+    """Two tokens, token mean over 2.
+    Token 1: A = +1, rho = 0.5 / 0.25 = 2 -> clipped to 1 + 0.28 = 1.28.
+      CISPO: L = -1.28 * 1 * log 0.5 = 0.887228; dL/dlogp = -1.28 / 2 = -0.64.
+      PPO: A > 0 and rho above the upper bound: the clipped branch wins, gradient 0.
+    Token 2: A = -1, rho = 0.25 / 0.5 = 0.5 -> clipped to 1 - 0.2 = 0.8.
+      CISPO: L = 0.8 * log 0.25 = -1.109035; dL/dlogp = 0.8 / 2 = 0.4.
+    Loss = (0.887228 - 1.109035) / 2 = -0.110904.
+    """
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    adv = torch.tensor([[1.0, -1.0]])
+    old = torch.log(torch.tensor([[0.25, 0.5]]))
+    logp = torch.log(torch.tensor([[0.5, 0.25]])).requires_grad_()
+    loss, _ = policy_loss(logp, old, adv, mask, loss_type="cispo")
+    loss.backward()
+    assert loss.item() == pytest.approx(-0.110904, abs=1e-5)
+    assert logp.grad[0].tolist() == pytest.approx([-0.64, 0.4], abs=1e-6)
+    logp.grad = None
+    ppo, _ = policy_loss(logp, old, adv, mask, loss_type="ppo")
+    ppo.backward()
+    assert logp.grad[0, 0].item() == 0.0
+    with pytest.raises(ValueError, match="loss_type"):
+        ObjectiveConfig(loss_type="reinforce")

@@ -18,6 +18,12 @@ KLEstimator = Literal["k1", "k2", "k3"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "step_mean", "sequence_mean")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
+LossType = Literal["ppo", "cispo"]
+"""The per-token surrogate: PPO's clipped ratio (the paper) or CISPO's clipped, stop-gradient
+importance weight on the log-prob (MiniMax-M1; the Countdown MCTS reference's loss)."""
+
+LOSS_TYPES: tuple[str, ...] = ("ppo", "cispo")
+
 
 @dataclass(frozen=True)
 class ObjectiveConfig:
@@ -37,6 +43,10 @@ class ObjectiveConfig:
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
+        loss_type: "ppo" = max(-A * rho, -A * clip(rho)) with the dual clip (the paper);
+            "cispo" = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) * A * log pi_theta: the
+            clipped ratio only weights the gradient, so no token's gradient is dropped
+            (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it).
         tis_cap: cap C of the truncated importance weight min(pi_old / pi_behaviour, C),
             used when the old log-probs come from the generator (see
             `truncated_importance_weight`).
@@ -51,6 +61,7 @@ class ObjectiveConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     tis_cap: float = 2.0
+    loss_type: LossType = "ppo"
 
     def __post_init__(self) -> None:
         def fail(field: str, why: str, fix: str) -> NoReturn:
@@ -82,6 +93,9 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             fail("kl_estimator", f"it must be one of {KL_ESTIMATORS}",
                  "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
+        if self.loss_type not in LOSS_TYPES:
+            fail("loss_type", f"it must be one of {LOSS_TYPES}",
+                 "Set `loss_type` to 'ppo' (the paper's) or 'cispo'.")
         if not self.tis_cap >= 1.0:
             fail("tis_cap", "a cap below 1 would down-weight even on-policy tokens",
                  "Set `tis_cap` >= 1, e.g. 2.0.")

@@ -26,12 +26,15 @@ def policy_loss(
     step_ids: torch.Tensor | None = None,
     weights: torch.Tensor | None = None,
     denominator: float | torch.Tensor | None = None,
+    loss_type: str = _D.loss_type,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with DAPO clip-higher and dual clip (DeepSearch Eq. 14).
+    """PPO clipped surrogate with DAPO clip-higher and dual clip (DeepSearch Eq. 14), or CISPO.
 
     Per token, rho = exp(logprobs - old_logprobs):
-        L = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))
-        L = min(L, -A * dual_clip)      if A < 0
+        "ppo":   L = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))
+                 L = min(L, -A * dual_clip)      if A < 0
+        "cispo": L = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) * A * logprobs
+                 (its gradient is -clip(rho) * A * grad log pi: PPO's without dropped tokens)
     then `aggregate`d. Minimising L maximises the surrogate objective.
 
     Masked positions are selected away with torch.where before any arithmetic, so
@@ -68,10 +71,16 @@ def policy_loss(
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = torch.where(valid, advantages, zeros).detach()  # [B, T]
 
-    unclipped = -adv * ratio
-    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-    loss = torch.maximum(unclipped, clipped)
-    loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)  # [B, T]
+    if loss_type == "cispo":
+        weight = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
+        loss = -adv * weight * torch.where(valid, logprobs, zeros)  # [B, T]
+    elif loss_type == "ppo":
+        unclipped = -adv * ratio
+        clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+        loss = torch.maximum(unclipped, clipped)
+        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)  # [B, T]
+    else:
+        raise ValueError(f"loss_type must be 'ppo' or 'cispo', got {loss_type!r}")
     if weights is not None:
         loss = loss * torch.where(valid, weights, zeros).detach()
     total = aggregate(loss, valid, aggregation, step_ids, denominator)
