@@ -92,7 +92,7 @@ def test_rollout_tree_reproduced_exactly():
         node 1 0.5 + 1/3, N 4; node 2 was -2/3 < 0 -> overwritten 2/3 * 1, N 3; node 5 q 1, N 1.
       R4 "C": the same path as node 4 -> nothing new; backed up again (statistics): root 0.3,
         N 4; node 1 1.3333, N 5; node 4 q 2, N 2. Not a new trajectory.
-    3 distinct trajectories = K: complete.
+    4 rollouts >= K = 3: complete, with 3 distinct trajectories.
     """
     gen = ScriptedGenerator(ROLLOUT_SCRIPT)
     cfg = SearchConfig(expansion="rollout", expansion_width=2, trajectories_per_tree=3, max_depth=3, uct_lambda=0.5,

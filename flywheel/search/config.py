@@ -87,7 +87,8 @@ class SearchConfig:
             depth) of any non-terminal node, cut into steps afterwards, so every generated
             token ends in a graded terminal and later rollouts fork from steps of the
             trajectories found so far (flywheel.search.rollout). In rollout mode every new
-            terminal is backed up, the tree stops at K distinct trajectories, and the node to
+            terminal is backed up and trained on, the tree stops after K rollouts (a repeat of
+            a trajectory counts, so K bounds the tree's cost), and the node to
             fork from is chosen by `fork_rule` (selection, local UCT and the frontier are
             step-mode rules).
         fork_rule: rollout mode: "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s))
@@ -98,7 +99,7 @@ class SearchConfig:
             not only the K backed up (the backed-up ones first, then the others by creation);
             rollout mode always does.
         stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
-            many trajectories (0 = off: every tree runs to K). With K above it, the expansions a
+            many trajectories (rollout mode: rollouts) (0 = off: every tree runs to K). With K above it, the expansions a
             solved tree would have spent go to trees that have not found an answer yet.
     """
 

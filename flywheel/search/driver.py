@@ -232,6 +232,8 @@ class _LiveTree:
         self.next_node: int = ROOT
         self.expansions = 0
         self.trajectories: list[int] = []
+        self.rollouts = 0
+        """Rollout mode: rollouts that reached a terminal, repeats of a trajectory included."""
         self.generated_tokens = 0
         self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
         self.terminals = 0
@@ -316,6 +318,7 @@ class _LiveTree:
             reward = tree.reward[leaf]
             assert reward is not None
             backup_trajectory(tree, leaf, reward, cfg)
+            self.rollouts += 1
             if fresh:
                 tree.backup_index[leaf] = len(self.trajectories)
                 self.trajectories.append(leaf)
@@ -325,10 +328,13 @@ class _LiveTree:
         self._check_stop()
 
     def _check_stop(self) -> None:
+        # Step mode counts backed-up trajectories; rollout mode counts rollouts (a repeated
+        # trajectory too), so a policy that keeps writing one wrong answer cannot keep a tree alive.
         cfg = self.config
-        if len(self.trajectories) >= cfg.trajectories_per_tree:
+        done = self.rollouts if cfg.expansion == "rollout" else len(self.trajectories)
+        if done >= cfg.trajectories_per_tree:
             self.status = "complete"
-        elif cfg.stop_when_solved and self.first_correct_tokens is not None and len(self.trajectories) >= cfg.stop_when_solved:
+        elif cfg.stop_when_solved and self.first_correct_tokens is not None and done >= cfg.stop_when_solved:
             self.status = "solved"
         elif self.expansions >= cfg.max_expansions_per_tree:
             self.status = "expansion_cap"
