@@ -42,6 +42,7 @@ class FlywheelCLI(LightningCLI):
             # size (a whole epoch's search, before the model is wrapped) and then fails on
             # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
+        checkpoints_beside_the_run(trainer)
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
@@ -64,6 +65,24 @@ class FlywheelCLI(LightningCLI):
         # configuration; a checkpoint restores state (weights, optimizer, loops, search
         # state), not settings.
         return
+
+
+def checkpoints_beside_the_run(trainer) -> None:
+    """A ModelCheckpoint without a dirpath writes to <logger save_dir>/<run name>/checkpoints:
+    fixed across versions, so `--ckpt_path last` finds it, and derived from the run name, so an
+    overlay that renames the run (conf/dapo.yaml on top of the quickstart) cannot overwrite
+    another recipe's last.ckpt."""
+    from pathlib import Path
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    logger = trainer.logger
+    save_dir, name = getattr(logger, "save_dir", None), getattr(logger, "name", None)
+    if not save_dir or not name:
+        return
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+            callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
 
 
 def main(args: list[str] | None = None, run: bool = True):

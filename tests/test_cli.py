@@ -87,3 +87,21 @@ def test_validate_and_test_report_pass_at_k(tmp_path):
         cli = main([sub, *args])
         metrics = cli.trainer.callback_metrics
         assert 0.0 <= float(metrics[f"{stage}/pass@1"]) <= float(metrics[f"{stage}/pass@2"]) <= 1.0
+
+
+def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
+    """An overlay that renames the run (dapo, best-of-N, CISPO, ReST-MCTS*) must not write into the
+    quickstart's checkpoint folder, or a later `--ckpt_path last` of the quickstart would resume
+    another recipe's weights."""
+    base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
+    save_dir = f"--trainer.logger.init_args.save_dir={tmp_path}"
+    folders = {}
+    for overlay in (None, "dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml"):
+        args = base + (["--config", str(ROOT / "conf" / overlay)] if overlay else []) + [save_dir]
+        folders[overlay] = main(args, run=False).trainer.checkpoint_callback.dirpath
+    assert folders[None] == str(tmp_path / "quickstart" / "checkpoints")
+    assert folders["dapo.yaml"] == str(tmp_path / "dapo" / "checkpoints")
+    assert len(set(folders.values())) == len(folders)
+    # A dirpath given explicitly is kept.
+    explicit = main(base + [save_dir, f"--trainer.callbacks.init_args.dirpath={tmp_path / 'mine'}"], run=False)
+    assert explicit.trainer.checkpoint_callback.dirpath == str(tmp_path / "mine")
