@@ -83,6 +83,7 @@ def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
     problems = len(results)
     tokens = solved = distinct = terminals = 0
     branching: list[int] = []
+    depths: dict[int, int] = {}
     for result in results:
         tree = result.tree
         tokens += result.stats.generated_tokens
@@ -91,6 +92,8 @@ def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
         solved += bool(answers)
         distinct += len(answers)
         branching.extend(len(tree.children[v]) for v in range(1, len(tree)) if tree.expanded[v])
+        for v in range(len(tree)):
+            depths[tree.depth[v]] = depths.get(tree.depth[v], 0) + tree.expanded[v]
     return {
         "arm": "tree",
         "tokens_per_problem": tokens / problems,
@@ -101,6 +104,7 @@ def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
         "terminals_per_problem": terminals / problems,
         "trained_per_problem": sum(rows_per_tree) / problems,
         "expansions_per_tree": sum(r.stats.expansions for r in results) / problems,
+        "expansions_by_depth": {d: round(n / problems, 2) for d, n in sorted(depths.items())},
         "trees_short": sum(not r.complete for r in results),
     }
 
