@@ -126,6 +126,9 @@ def test_fork_rules_and_the_children_cap():
     picks = {select_fork(tree, SearchConfig(expansion="rollout", max_depth=3, fork_rule="random"), random.Random(s))
              for s in range(40)}
     assert picks == {0, 1, 2}
+    assert select_fork(tree, SearchConfig(expansion="rollout", max_depth=3, fork_rule="root"), random.Random(0)) == 0
+    capped = SearchConfig(expansion="rollout", max_depth=3, fork_rule="root", max_children=1)
+    assert select_fork(tree, capped, random.Random(0)) is None  # the root is full: nothing to fork from
     # uct with no backup yet: every Q is 0 and N(root) = 0 gives no bonus: the lowest id.
     assert select_fork(tree, cfg, random.Random(0)) == 0
 

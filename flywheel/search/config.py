@@ -17,7 +17,7 @@ GammaRule = Literal["paper", "code"]
 TerminalChoice = Literal["mean_nll", "entropy", "random"]
 UctSampling = Literal["argmax", "softmax"]
 Expansion = Literal["step", "rollout"]
-ForkRule = Literal["uct", "random"]
+ForkRule = Literal["uct", "random", "root"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "selection": ("frontier", "vanilla_uct", "puct"),
@@ -27,7 +27,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "terminal_choice": ("mean_nll", "entropy", "random"),
     "uct_sampling": ("argmax", "softmax"),
     "expansion": ("step", "rollout"),
-    "fork_rule": ("uct", "random"),
+    "fork_rule": ("uct", "random", "root"),
 }
 
 
@@ -92,7 +92,9 @@ class SearchConfig:
             fork from is chosen by `fork_rule` (selection, local UCT and the frontier are
             step-mode rules).
         fork_rule: rollout mode: "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s))
-            (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them.
+            (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them;
+            "root" = always the root: flat sampling in rounds of n with the tree's stopping
+            rules (K, stop_when_solved), the control that tells what the forks themselves buy.
         max_children: rollout mode: a node with this many children is no longer forked from
             (0 = no cap).
         train_all_terminals: a finished tree hands every distinct graded terminal to training,

@@ -108,9 +108,12 @@ def select_fork(tree: SearchTree, config: SearchConfig, rng: random.Random) -> i
 
     fork_rule "uct": argmax over the candidates of Q(s) + lambda * sqrt(ln N(root) / N(s))
     (+ prm_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to
-    the lowest id. "random": uniform over the candidates.
+    the lowest id. "random": uniform over the candidates. "root": the root while it is a
+    candidate (flat sampling under the tree's stopping rules: the control arm).
     """
     candidates = fork_candidates(tree, config)
+    if config.fork_rule == "root":
+        return ROOT if candidates and candidates[0] == ROOT else None
     if not candidates:
         return None
     if config.fork_rule == "random":
