@@ -13,7 +13,8 @@ pass@8, read from each run's summary.json.
 
 Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
-trajectory trained, solved trees stop early), and the flat baselines DAPO (8 samples),
+trajectory trained, solved trees stop early), its control that never forks below the root
+(rollout_root: flat sampling under the same stopping rule and credit), and the flat baselines DAPO (8 samples),
 CISPO (16 samples) and best-of-N (8). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
 """
@@ -41,6 +42,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
     "deepsearch_paper": ([], ["--data.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "rollout": ([], ROLLOUT),
+    "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
     "dapo": (["conf/dapo.yaml"], []),
     "cispo": (["conf/cispo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
