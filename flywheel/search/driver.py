@@ -271,6 +271,8 @@ class _LiveTree:
         depth = tree.depth[node] + 1
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
         tree.expanded[node] += 1
+        self.expansions += 1
+        self.rounds += 1
         if cfg.expansion == "rollout":
             self._absorb_rollouts(completions, decode, eos_ids)
             return
@@ -279,8 +281,6 @@ class _LiveTree:
         ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
         terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
-        self.expansions += 1
-        self.rounds += 1
 
         new_terminals = [c for c, t in zip(children, terminal) if t]
         for child, (_, is_eos) in zip(children, ends):
@@ -299,8 +299,6 @@ class _LiveTree:
         """Rollout expansion (flywheel.search.rollout): hang each whole continuation below the
         chosen node as a path of steps, grade its terminal and back every one up."""
         cfg, tree, node = self.config, self.tree, self.next_node
-        self.expansions += 1
-        self.rounds += 1
         self._new_live = []
         for completion in completions:
             pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node])
