@@ -9,7 +9,8 @@ import random
 import pytest
 
 import flywheel.search.backup as backup_mod
-import flywheel.search.driver as driver_mod
+import flywheel.search.expansion as expansion_mod
+import flywheel.search.rollout as rollout_mod
 import flywheel.search.selection as selection_mod
 import flywheel.search.terminal as terminal_mod
 import flywheel.search.values as values_mod
@@ -37,7 +38,7 @@ def step(tokens=(9,), logprob=-1.0, finish="length", entropies=None) -> Completi
     return Completion(tuple(tokens), (logprob,) * len(tokens), finish, entropies)
 
 
-@pytest.mark.parametrize("module", [backup_mod, selection_mod, terminal_mod, values_mod, driver_mod])
+@pytest.mark.parametrize("module", [backup_mod, selection_mod, terminal_mod, values_mod, expansion_mod, rollout_mod])
 def test_docstring_examples(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

@@ -9,7 +9,9 @@ the Generator seam. No torch, no Lightning, no I/O.
 
 Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selection
 (local UCT, frontier score, vanilla UCT, pUCT), terminal (Eq. 2, 4), values (soft clip,
-overlong), driver (the batched multi-tree driver), flat (baseline rollouts), outputs
+overlong), expansion (what every expansion rule shares: seeds, sampling, grading), live (one
+tree between rounds), rollout (rollout expansion and forking), driver (the batched
+multi-tree driver), flat (baseline rollouts), outputs
 (records and the JSON dump), scripted (fake generators for tests and benchmarks).
 """
 

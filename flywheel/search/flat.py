@@ -15,9 +15,9 @@ from typing import Callable, Iterable, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator
 from flywheel.search.config import SearchConfig
-from flywheel.search.driver import (
+from flywheel.search.driver import DriverStats
+from flywheel.search.expansion import (
     Decode,
-    DriverStats,
     SearchProblem,
     check_outputs,
     derive_seed,

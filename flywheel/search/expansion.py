@@ -1,0 +1,143 @@
+"""What every expansion rule shares: the problem record, seeds, sampling parameters, EOS and
+grading of terminals, and the Generator contract check. Used by the tree search
+(flywheel.search.live, .driver) and the flat rollouts (flywheel.search.flat).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
+from flywheel.rewards import Verdict
+from flywheel.search.config import SearchConfig
+from flywheel.search.terminal import is_terminal_step, terminal_kind, terminal_reward
+from flywheel.search.tree import SearchTree
+from flywheel.tasks.base import StepSpec
+
+Decode = Callable[[Sequence[int]], str]
+
+
+@dataclass(frozen=True)
+class SearchProblem:
+    """One problem to search: the prompt as token ids and its grader.
+
+    `score` grades the full response text (every step from the root to a terminal, decoded;
+    never the prompt), e.g. `functools.partial(task.score, problem)`.
+    """
+
+    prompt_ids: tuple[int, ...]
+    score: Callable[[str], Verdict]
+    id: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))  # a list is accepted
+        if not self.prompt_ids:
+            raise ValueError(f"problem {self.id!r}: prompt_ids must not be empty")
+
+
+
+def derive_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (same on every machine and Python run).
+
+    >>> derive_seed(0, 1, 2) == derive_seed(0, 1, 2) != derive_seed(0, 2, 1)
+    True
+    """
+    h = hashlib.blake2b(digest_size=8)
+    for part in parts:
+        h.update(int(part).to_bytes(8, "little", signed=True))
+    return int.from_bytes(h.digest(), "little") >> 33
+
+
+def step_sampling_params(step: StepSpec, config: SearchConfig) -> SamplingParams:
+    """One step's request (§1): a fixed chunk of max_tokens, or text up to the delimiter capped at max_tokens."""
+    return SamplingParams(
+        max_new_tokens=step.max_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        stop_strings=(step.delimiter,) if step.delimiter is not None else (),
+        top_logprobs=config.entropy_top_k if config.terminal_choice == "entropy" else 0,
+    )
+
+
+def rollout_sampling_params(step: StepSpec, config: SearchConfig, depth: int) -> SamplingParams:
+    """A rollout expansion's request: a whole continuation (no stop string), room for every step
+    left above max depth."""
+    return SamplingParams(
+        max_new_tokens=step.max_tokens * (config.max_depth - depth),
+        temperature=config.temperature,
+        top_p=config.top_p,
+        top_logprobs=config.entropy_top_k if config.terminal_choice == "entropy" else 0,
+    )
+
+
+def emitted_eos(completion: Completion, eos_token_ids: frozenset[int]) -> bool:
+    """EOS as the generator reports it, or as the last token when the caller names EOS ids."""
+    if completion.finish_reason == "eos":
+        return True
+    return bool(eos_token_ids) and bool(completion.token_ids) and completion.token_ids[-1] in eos_token_ids
+
+
+def grade_terminal(
+    tree: SearchTree,
+    node: int,
+    problem: SearchProblem,
+    decode: Decode,
+    eos: bool,
+    config: SearchConfig,
+    graded: dict[tuple[int, ...], tuple[str, Verdict]] | None = None,
+) -> None:
+    """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2).
+
+    `graded` memoises (text, verdict) by response token ids within one tree: siblings often
+    repeat a response exactly, and decoding and grading are pure."""
+    ids = tuple(tree.response_ids(node))
+    if graded is not None and ids in graded:
+        text, verdict = graded[ids]
+    else:
+        text = decode(ids)
+        try:
+            verdict = problem.score(text)
+        except Exception as err:  # a verifier must never raise; say which problem broke it
+            raise RuntimeError(f"the verifier of problem {problem.id!r} raised on a completion: {err!r}") from err
+        if graded is not None:
+            graded[ids] = (text, verdict)
+    kind = terminal_kind(verdict, emitted_eos=eos)
+    tree.texts[node] = text
+    tree.verdicts[node] = verdict
+    tree.kind[node] = kind
+    tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)
+
+
+def distinct_steps(completions: Sequence[Completion]) -> list[Completion]:
+    """The first completion of each distinct token sequence, in sampling order."""
+    seen: set[tuple[int, ...]] = set()
+    out = []
+    for completion in completions:
+        key = tuple(completion.token_ids)
+        if key not in seen:
+            seen.add(key)
+            out.append(completion)
+    return out
+
+
+def step_end(completion: Completion, depth: int, max_depth: int, eos_token_ids: frozenset[int]) -> tuple[bool, bool]:
+    """(terminal, emitted EOS) of a new child at `depth` (§1)."""
+    eos = emitted_eos(completion, eos_token_ids)
+    return is_terminal_step("eos" if eos else completion.finish_reason, depth, max_depth), eos
+
+
+def check_outputs(
+    generator: Generator, requests: Sequence[GenerationRequest], outputs: Sequence[Sequence[Completion]]
+) -> None:
+    """The Generator contract: one list per request, `n` completions each."""
+    name = type(generator).__name__
+    if len(outputs) != len(requests):
+        raise RuntimeError(f"{name}.sample returned {len(outputs)} results for {len(requests)} requests")
+    for i, (request, comps) in enumerate(zip(requests, outputs)):
+        if len(comps) != request.n:
+            raise RuntimeError(
+                f"{name}.sample returned {len(comps)} completions for request {i} with n={request.n}"
+            )
+
