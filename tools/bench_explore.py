@@ -284,10 +284,17 @@ def main() -> None:
         print(f"note: the tree spent more than {FLAT_SAMPLES} flat samples' tokens; flat is read at n = {FLAT_SAMPLES} "
               "(an underestimate)", file=sys.stderr)
     ratio = tree["solved"] / at_equal if at_equal else math.inf
-    verdict = "tree explores better" if ratio >= 1.0 and tree["mean_branching"] >= 2 else "flat explores better"
+    if tree["mean_branching"] < 2:
+        verdict = "not a tree (mean branching < 2): it does not count"
+    elif ratio < 1.0:
+        verdict = "flat sampling explores better per token"
+    elif config.stop_when_solved and tree["solved"] < adaptive_equal:
+        verdict = "the tree beats fixed-n flat sampling, but flat sampling with the tree's stop rule beats the tree"
+    else:
+        verdict = "the tree explores better per token"
     print(f"at {tree['tokens_per_problem']:.0f} tokens per problem: tree solves {tree['solved']:.3f}, flat "
-          f"{at_equal:.3f} ({verdict}); distinct correct answers per problem {tree['distinct_correct_per_problem']:.2f} "
-          f"vs {distinct_equal:.2f}", file=sys.stderr)
+          f"{at_equal:.3f}: {verdict}; distinct correct answers per problem {tree['distinct_correct_per_problem']:.2f} "
+          f"vs {distinct_equal:.2f}")
     print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
           f"flat_solved_at_equal_tokens={at_equal:.4f} solve_ratio={ratio:.3f} mean_branching={tree['mean_branching']:.3f} "
           f"tree_distinct={tree['distinct_correct_per_problem']:.3f} flat_distinct_at_equal_tokens={distinct_equal:.3f}"
