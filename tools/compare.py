@@ -43,6 +43,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "deepsearch_paper": ([], ["--data.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "rollout": ([], ROLLOUT),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
+    "rollout_outcome": ([], ROLLOUT + ["--data.advantage=outcome"]),  # the same trees, DAPO's credit
     "dapo": (["conf/dapo.yaml"], []),
     "cispo": (["conf/cispo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
