@@ -1,0 +1,153 @@
+"""Stage 1: the final answer text of a completion.
+
+Fallback order (the first that finds something wins):
+
+1. the last `\\boxed{}` / `\\fbox{}`; boxes that end the completion side by side, or joined
+   by "and" / commas / spacing, are one list ("\\boxed{2} and \\boxed{3}" -> "2, 3");
+2. a "final answer" phrase: "The final answer is X", "Final Answer: X", "the answer is X",
+   "Answer: X" (X: the math in that sentence, else what follows its last "is");
+3. a GSM8K-style `#### X` line;
+4. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`;
+5. the whole completion when it is a short formula (no prose words);
+6. the last number (signs, separators, decimals, a/b fractions, a trailing %).
+
+A completion with a box that never closes (or closes past MAX_ANSWER_CHARS) has no answer:
+the fallbacks are for completions that never tried to box one.
+With `require_box=True` only step 1 counts: the strict format some training recipes reward.
+Every scan is bounded (boxes tried, characters looked at), so this is linear in the input.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["MAX_ANSWER_CHARS", "extract_answer", "braced"]
+
+MAX_ANSWER_CHARS = 2_000
+MAX_BOX_CANDIDATES = 64
+"""Boxes tried from the end of a completion: the last complete one wins."""
+TAIL_CHARS = 20_000
+"""The fallbacks after the boxes look at the completion's last characters only."""
+
+_BOX = re.compile(r"\\(?:boxed|fbox)\s*")
+_SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
+_BETWEEN_BOXES = re.compile(
+    r"(?:[\s,;.$]|\\[\[\]()]|\\quad|\\qquad|\\[,;: !]|\\text\{[^{}]{0,24}\}|\band\b|&)*")
+_FINAL = re.compile(r"(?:final answer is|final answer:|answer is|answer:)[ \t]*", re.IGNORECASE)
+_HASHES = re.compile(r"####[ \t]*([^\n]*)")
+_MATH = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<![\\$])\$((?:[^$\\]|\\.)+?)\$|\*\*([^*\n]{1,200})\*\*", re.S)
+_NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?%?|-?\.\d+%?")
+_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}")
+
+
+def braced(text: str, start: int, limit: int = MAX_ANSWER_CHARS + 2) -> tuple[str, int] | None:
+    """The content of the {...} group opening at text[start] and the index after it; None
+    when it does not close within `limit` characters."""
+    if start >= len(text) or text[start] != "{":
+        return None
+    depth = 0
+    for i in range(start, min(len(text), start + limit)):
+        c = text[i]
+        if i > 0 and text[i - 1] == "\\":
+            continue  # an escaped brace \\{ or \\} is content
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1 : i], i + 1
+    return None
+
+
+def _last_boxes(text: str) -> list[tuple[int, int, str]]:
+    """The last complete box and the complete boxes right before it, in text order."""
+    starts = list(_BOX.finditer(text))[-MAX_BOX_CANDIDATES:]
+    found: list[tuple[int, int, str]] = []
+    for m in reversed(starts):
+        group = braced(text, m.end())
+        if group is None:
+            tail = re.match(r"([^\s${}]+)", text[m.end() : m.end() + MAX_ANSWER_CHARS])
+            if not (tail and m.group(0).endswith(" ")):
+                if found:
+                    break
+                continue
+            box = (m.start(), m.end() + tail.end(), tail.group(1))  # "\\boxed 5"
+        else:
+            box = (m.start(), group[1], group[0])
+        if found and not _BETWEEN_BOXES.fullmatch(text[box[1] : found[0][0]]):
+            break
+        found.insert(0, box)
+    return found
+
+
+def _phrase_answer(sentence: str) -> str | None:
+    """The answer inside a "final answer" sentence: its math, else what follows its last
+    " is " ("The volume of $V$ is 120"), else the sentence when it is a formula, else its
+    last number."""
+    sentence = sentence.strip()
+    after_is = re.split(r"\s(?:is|are|be|was|equals)\s", sentence)
+    if len(after_is) > 1:
+        sentence = after_is[-1].strip()
+    maths = [m for m in _MATH.finditer(sentence)]
+    if maths:
+        return next(g for g in maths[-1].groups() if g is not None).strip() or None
+    if not _PROSE.search(_strip_commands(sentence)):
+        return sentence.strip(" .") or None
+    return _last_number(sentence)
+
+
+def _strip_commands(text: str) -> str:
+    return re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?", " ", text)
+
+
+def _last_number(text: str) -> str | None:
+    numbers = list(_NUMBER.finditer(text))
+    return numbers[-1].group(0) if numbers else None
+
+
+def _final_sentence(tail: str) -> str:
+    """Text after a "final answer" phrase up to the end of its sentence (a period that is
+    not a decimal point, or a line break), math spans kept whole."""
+    out, i = [], 0
+    while i < len(tail):
+        m = _MATH.match(tail, i)
+        if m:
+            out.append(m.group(0))
+            i = m.end()
+            continue
+        c = tail[i]
+        if c == "\n" or (c == "." and (i + 1 == len(tail) or not tail[i + 1].isdigit())):
+            break
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
+    """The final answer text of a completion, or None (see the module docstring)."""
+    special = _SPECIAL_TOKEN.search(completion)
+    if special:  # "... 2/3. <|im_start|>user ..." : the model's turn ended there
+        completion = completion[: special.start()]
+    boxes = _last_boxes(completion)
+    if boxes:
+        return ", ".join(b[2].strip() for b in boxes)
+    if require_box or _BOX.search(completion):
+        return None  # a box that never closes (or is over MAX_ANSWER_CHARS) is a malformed answer
+    end = completion[-TAIL_CHARS:]
+    phrases = list(_FINAL.finditer(end))
+    if phrases:
+        answer = _phrase_answer(_final_sentence(end[phrases[-1].end() :]))
+        if answer:
+            return answer
+    hashes = list(_HASHES.finditer(end))
+    if hashes and hashes[-1].group(1).strip():
+        return hashes[-1].group(1).strip()
+    maths = list(_MATH.finditer(end))
+    if maths:
+        content = next(g for g in maths[-1].groups() if g is not None).strip()
+        if content:
+            return content
+    stripped = end.strip()
+    if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
+        return stripped
+    return _last_number(end)
