@@ -54,7 +54,7 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
     if isinstance(gold, Seq) and isinstance(pred, Seq):
         return (gold.open, gold.close) == (pred.open, pred.close) and _pairwise(gold.items, pred.items, budget)
     if isinstance(gold, (Unordered, Union_)) and isinstance(pred, (Unordered, Union_)):
-        return _same_multiset(_members(gold), _members(pred), budget)
+        return _same_set(_members(gold), _members(pred), budget)
     if isinstance(gold, Matrix) and isinstance(pred, Matrix):
         return len(gold.rows) == len(pred.rows) and all(
             _pairwise(r, s, budget) for r, s in zip(gold.rows, pred.rows))
@@ -87,18 +87,10 @@ def _pairwise(xs: tuple, ys: tuple, budget: Budget) -> bool:
     return len(xs) == len(ys) and all(answers_equal(x, y, budget) for x, y in zip(xs, ys))
 
 
-def _same_multiset(xs: tuple, ys: tuple, budget: Budget) -> bool:
-    if len(xs) != len(ys):
-        return False
-    left = list(ys)
-    for x in xs:
-        for j, y in enumerate(left):
-            if answers_equal(x, y, budget):
-                del left[j]
-                break
-        else:
-            return False
-    return True
+def _same_set(xs: tuple, ys: tuple, budget: Budget) -> bool:
+    """Every member of each side equals a member of the other (a repeated member counts once)."""
+    return all(any(answers_equal(x, y, budget) for y in ys) for x in xs) and all(
+        any(answers_equal(x, y, budget) for x in xs) for y in ys)
 
 
 def _as_node(v: Num | Expr) -> tuple:

@@ -118,7 +118,10 @@ class _Parser:
     def term(self) -> tuple:
         left = self.unary()
         while (tok := self.peek()) is not None:
-            if tok[1] in ("*", "\\cdot", "\\times"):
+            if tok[1] in ("\\%", "%"):  # a percent applies to the whole term: 33\frac{1}{3}\%
+                self.take()
+                left = self.node("pct", left)
+            elif tok[1] in ("*", "\\cdot", "\\times"):
                 self.take()
                 left = self.node("*", left, self.unary())
             elif tok[1] in ("/", "\\div", ":"):
@@ -178,14 +181,12 @@ class _Parser:
         return self.postfixes(self.atom())
 
     def postfixes(self, a: tuple) -> tuple:
-        while (tok := self.peek()) and tok[1] in ("!", "\\%", "%", "'"):
+        while (tok := self.peek()) and tok[1] in ("!", "'"):
             self.take()
             if tok[1] == "!":
                 a = self.node("fact", a)
-            elif tok[1] == "'":
-                a = self.node("s", f"{a[1]}'") if a[0] == "s" else a
             else:
-                a = self.node("pct", a)
+                a = self.node("s", f"{a[1]}'") if a[0] == "s" else a
         return a
 
     def group_or_atom(self) -> tuple:

@@ -4,11 +4,13 @@ Fallback order (the first that finds something wins):
 
 1. the last `\\boxed{}` / `\\fbox{}`; boxes that end the completion side by side, or joined
    by "and" / commas / spacing, are one list ("\\boxed{2} and \\boxed{3}" -> "2, 3");
+   A "final answer" phrase after the last box wins over the box.
 2. a "final answer" phrase: "The final answer is X", "Final Answer: X", "the answer is X",
    "Answer: X" (X: the math in that sentence, else what follows its last "is");
 3. a GSM8K-style `#### X` line;
-4. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`;
-5. the whole completion when it is a short formula (no prose words);
+4. the whole completion when it is a short formula (no prose words);
+5. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`,
+   unless prose with a number follows it (then that number);
 6. the last number (signs, separators, decimals, a/b fractions, a trailing %).
 
 A completion with a box that never closes (or closes past MAX_ANSWER_CHARS) has no answer:
@@ -129,25 +131,29 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     if special:  # "... 2/3. <|im_start|>user ..." : the model's turn ended there
         completion = completion[: special.start()]
     boxes = _last_boxes(completion)
+    end = completion[-TAIL_CHARS:]
+    offset = len(completion) - len(end)
+    phrases = [] if require_box else list(_FINAL.finditer(end))
+    if phrases and (not boxes or phrases[-1].start() + offset > boxes[-1][1]):
+        answer = _phrase_answer(_final_sentence(end[phrases[-1].end() :]))  # a phrase after the last box wins
+        if answer:
+            return answer
     if boxes:
         return ", ".join(b[2].strip() for b in boxes)
     if require_box or _BOX.search(completion):
         return None  # a box that never closes (or is over MAX_ANSWER_CHARS) is a malformed answer
-    end = completion[-TAIL_CHARS:]
-    phrases = list(_FINAL.finditer(end))
-    if phrases:
-        answer = _phrase_answer(_final_sentence(end[phrases[-1].end() :]))
-        if answer:
-            return answer
     hashes = list(_HASHES.finditer(end))
     if hashes and hashes[-1].group(1).strip():
         return hashes[-1].group(1).strip()
-    maths = list(_MATH.finditer(end))
-    if maths:
-        content = next(g for g in maths[-1].groups() if g is not None).strip()
-        if content:
-            return content
     stripped = end.strip()
     if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
         return stripped
+    maths = list(_MATH.finditer(end))
+    if maths:
+        content = next(g for g in maths[-1].groups() if g is not None).strip()
+        number = list(_NUMBER.finditer(end, maths[-1].end()))
+        if number and _PROSE.search(end, maths[-1].end(), number[-1].start()):
+            return number[-1].group(0)  # "... $d = 90/n$ ... so there are 12 sequences"
+        if content:
+            return content
     return _last_number(end)

@@ -141,6 +141,8 @@ def parse_value(s: str) -> Value:
         return Matrix(tuple(tuple(parse_value(c) for c in r.split("&")) for r in rows))
     if s.startswith("\\{") and s.endswith("\\}") and split_top(s[2:-2], "") == [s[2:-2].strip()]:
         return Unordered(_flat(parse_value(p) for p in split_top(s[2:-2], ",;") if p))
+    if s[0] == "{" and s[-1] == "}" and _wrapped(s) and len(split_top(s[1:-1], ",;")) >= 2:
+        return parse_value(s[1:-1])  # "{2, 3, 5}": LaTeX braces written for a set
     if len(s) >= 2 and s[0] in "([" and s[-1] in ")]" and _wrapped(s):
         parts = split_top(s[1:-1], ",;")
         if len(parts) >= 2:
@@ -207,6 +209,8 @@ def _chain(s: str) -> Value:
     values = [parse_value(p) for p in pieces[::2]]
     ops = pieces[1::2]
     if len(values) == 2 and ops == ["="]:
+        if isinstance(values[0], Num) and isinstance(values[1], Num):
+            return values[1]  # a computation, "1/2 + 11/18 = 10/9": its result
         return Equation(values[0], values[1])
     start = 1 if is_label(values[0]) else 0
     exact_parts = [v for v, op in zip(values[1:], ops) if op == "="]
