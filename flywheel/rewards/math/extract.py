@@ -8,9 +8,9 @@ Fallback order (the first that finds something wins):
 2. a "final answer" phrase: "The final answer is X", "Final Answer: X", "the answer is X",
    "Answer: X" (X: the math in that sentence, else what follows its last "is");
 3. a GSM8K-style `#### X` line;
-4. the whole completion when it is a short formula (no prose words);
-5. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`,
+4. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`,
    unless prose with a number follows it (then that number);
+5. the whole completion when it is a short formula (no prose words);
 6. the last number (signs, separators, decimals, a/b fractions, a trailing %).
 
 A completion with a box that never closes (or closes past MAX_ANSWER_CHARS) has no answer:
@@ -92,7 +92,12 @@ def _phrase_answer(sentence: str) -> str | None:
         sentence = after_is[-1].strip()
     maths = [m for m in _MATH.finditer(sentence)]
     if maths:
-        return next(g for g in maths[-1].groups() if g is not None).strip() or None
+        joined = [maths[-1]]
+        for m in reversed(maths[:-1]):
+            if not re.fullmatch(r"[\s,;]*(?:and|or)?[\s,;]*", sentence[m.end() : joined[0].start()]):
+                break
+            joined.insert(0, m)
+        return ", ".join(next(g for g in m.groups() if g is not None).strip() for m in joined) or None
     if not _PROSE.search(_strip_commands(sentence)):
         return sentence.strip(" .") or None
     return _last_number(sentence)
@@ -145,9 +150,6 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     hashes = list(_HASHES.finditer(end))
     if hashes and hashes[-1].group(1).strip():
         return hashes[-1].group(1).strip()
-    stripped = end.strip()
-    if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
-        return stripped
     maths = list(_MATH.finditer(end))
     if maths:
         content = next(g for g in maths[-1].groups() if g is not None).strip()
@@ -156,4 +158,7 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
             return number[-1].group(0)  # "... $d = 90/n$ ... so there are 12 sequences"
         if content:
             return content
+    stripped = end.strip()
+    if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
+        return stripped
     return _last_number(end)

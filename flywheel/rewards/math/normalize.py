@@ -57,7 +57,7 @@ def _strip_text_groups(s: str) -> str:
         content = group[0].strip()
         words = re.sub(r"\^\{?\d\}?", "", content).replace("/", " ").replace(".", " ").lower().split()
         # After a quantity, lower-case words are a unit or a remark ("5\text{ cm}", "17\text{ any text}").
-        is_unit = (bool(before) and bool(words) and not before.endswith(("(", ",", "{", "="))
+        is_unit = (bool(words) and re.search(r"[\w})]$", before) is not None
                    and (all(w in UNITS for w in words) or (content.islower() and not {"and", "or"} & set(words))))
         out.append(" " if is_unit else " " + content + " ")
         i = group[1]
