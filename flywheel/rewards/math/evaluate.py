@@ -1,8 +1,8 @@
 """Stage 3b: values of expression trees, exactly (fractions.Fraction) or numerically (a
 private mpmath context), under a work budget.
 
-The budget (`Budget`) counts evaluation steps and checks a monotonic-clock deadline every
-few steps; every node evaluated costs one step. It is a plain object passed down the
+The budget (`Budget`) counts evaluation steps and checks a deadline in the thread's CPU time
+every 256 steps; every node evaluated costs one step. It is a plain object passed down the
 calls, so it holds in threads and dataloader worker processes (signals do not). Single
 operations are bounded before they run: exact powers by the bits of their result,
 floating powers by the size of their exponent, factorials by their argument, integrals by
@@ -36,15 +36,17 @@ CONSTANTS = {"pi", "e", "i"}
 
 
 class Budget:
-    """Steps left and a deadline (time.monotonic()); `tick` raises Reject("budget") past either."""
+    """Steps left and a deadline in this thread's CPU time (time.thread_time(): other threads'
+    work does not count, so a verdict does not depend on how busy the process is); `tick`
+    raises Reject("budget") past either, checking the clock every 256 steps."""
 
     def __init__(self, steps: int = 200_000, seconds: float = 0.5) -> None:
         self.steps = steps
-        self.deadline = time.monotonic() + seconds
+        self.deadline = time.thread_time() + seconds
 
     def tick(self, cost: int = 1) -> None:
         self.steps -= cost
-        if self.steps < 0 or (self.steps & 255) < cost and time.monotonic() > self.deadline:
+        if self.steps < 0 or (self.steps & 255) < cost and time.thread_time() > self.deadline:
             raise Reject("budget")
 
 

@@ -28,7 +28,7 @@ __all__ = ["MAX_ANSWER_CHARS", "extract_answer", "braced"]
 MAX_ANSWER_CHARS = 2_000
 MAX_BOX_CANDIDATES = 64
 """Boxes tried from the end of a completion: the last complete one wins."""
-TAIL_CHARS = 20_000
+TAIL_CHARS = 100_000
 """The fallbacks after the boxes look at the completion's last characters only."""
 
 _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
@@ -37,8 +37,11 @@ _BETWEEN_BOXES = re.compile(
     r"(?:[\s,;.$]|\\[\[\]()]|\\quad|\\qquad|\\[,;: !]|\\text\{[^{}]{0,24}\}|\band\b|&)*")
 _FINAL = re.compile(r"(?:final answer is|final answer:|answer is|answer:)[ \t]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
-_MATH = re.compile(r"\$\$(.+?)\$\$|\\\[(.+?)\\\]|\\\((.+?)\\\)|(?<![\\$])\$((?:[^$\\]|\\.)+?)\$|\*\*([^*\n]{1,200})\*\*", re.S)
+_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|(?<!\\)\$|\*\*")
+_OPENER = {"$$": "$$", "\\]": "\\[", "\\)": "\\(", "$": "$", "**": "**"}
+MAX_MATH_SPANS = 64
 _NUMBER = re.compile(r"-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?%?|-?\.\d+%?")
+_OPERATORS = ("+", "-", "*", "/", "^", "_", "{", "\\times", "\\cdot")
 _PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}")
 
 
@@ -90,17 +93,39 @@ def _phrase_answer(sentence: str) -> str | None:
     after_is = re.split(r"\s(?:is|are|be|was|equals)\s", sentence)
     if len(after_is) > 1:
         sentence = after_is[-1].strip()
-    maths = [m for m in _MATH.finditer(sentence)]
+    maths = _math_spans(sentence)
     if maths:
         joined = [maths[-1]]
         for m in reversed(maths[:-1]):
-            if not re.fullmatch(r"[\s,;]*(?:and|or)?[\s,;]*", sentence[m.end() : joined[0].start()]):
+            if not re.fullmatch(r"[\s,;]*(?:and|or)?[\s,;]*", sentence[m[1] : joined[0][0]]):
                 break
             joined.insert(0, m)
-        return ", ".join(next(g for g in m.groups() if g is not None).strip() for m in joined) or None
+        return ", ".join(m[2] for m in joined) or None
     if not _PROSE.search(_strip_commands(sentence)):
         return sentence.strip(" .") or None
     return _last_number(sentence)
+
+
+def _math_spans(text: str) -> list[tuple[int, int, str]]:
+    """The math spans (`$$..$$`, `\\[..\\]`, `\\(..\\)`, `$..$`, `**..**`) of text, in order,
+    paired from the end over one linear scan of delimiters (a regex with a lazy span would
+    rescan the rest of the text from every unclosed opener: quadratic on adversarial input).
+    At most MAX_MATH_SPANS spans, each at most MAX_ANSWER_CHARS long."""
+    delimiters = [(m.start(), m.end(), m.group(0)) for m in _DELIMITER.finditer(text)]
+    spans: list[tuple[int, int, str]] = []
+    j = len(delimiters) - 1
+    while j > 0 and len(spans) < MAX_MATH_SPANS:
+        start, end, kind = delimiters[j]
+        opener = _OPENER.get(kind)
+        k = j - 1
+        if opener is not None and delimiters[k][2] == opener and start - delimiters[k][1] <= MAX_ANSWER_CHARS:
+            content = text[delimiters[k][1] : start]
+            if content.strip() and not (kind == "$" and "\n\n" in content):
+                spans.append((delimiters[k][0], end, content.strip()))
+                j = k - 1
+                continue
+        j -= 1
+    return spans[::-1]
 
 
 def _strip_commands(text: str) -> str:
@@ -108,26 +133,32 @@ def _strip_commands(text: str) -> str:
 
 
 def _last_number(text: str) -> str | None:
-    numbers = list(_NUMBER.finditer(text))
-    return numbers[-1].group(0) if numbers else None
+    """The last number that stands alone: an operand of an operator ("1+1", "2^3") is part
+    of an expression, not an answer."""
+    numbers = list(_NUMBER.finditer(text))[-MAX_MATH_SPANS:]
+    for m in reversed(numbers):
+        before = text[max(0, m.start() - 8) : m.start()].rstrip()
+        after = text[m.end() : m.end() + 8].lstrip()
+        if not (before.endswith(_OPERATORS) or after.startswith(_OPERATORS)):
+            return m.group(0)
+    return None
 
 
 def _final_sentence(tail: str) -> str:
     """Text after a "final answer" phrase up to the end of its sentence (a period that is
     not a decimal point, or a line break), math spans kept whole."""
-    out, i = [], 0
+    tail = tail[:MAX_ANSWER_CHARS]
+    spans = {start: end for start, end, _ in _math_spans(tail)}
+    i = 0
     while i < len(tail):
-        m = _MATH.match(tail, i)
-        if m:
-            out.append(m.group(0))
-            i = m.end()
+        if i in spans:
+            i = spans[i]
             continue
         c = tail[i]
         if c == "\n" or (c == "." and (i + 1 == len(tail) or not tail[i + 1].isdigit())):
             break
-        out.append(c)
         i += 1
-    return "".join(out)
+    return tail[:i]
 
 
 def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
@@ -150,14 +181,13 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     hashes = list(_HASHES.finditer(end))
     if hashes and hashes[-1].group(1).strip():
         return hashes[-1].group(1).strip()
-    maths = list(_MATH.finditer(end))
+    maths = _math_spans(end)
     if maths:
-        content = next(g for g in maths[-1].groups() if g is not None).strip()
-        number = list(_NUMBER.finditer(end, maths[-1].end()))
-        if number and _PROSE.search(end, maths[-1].end(), number[-1].start()):
+        _, span_end, content = maths[-1]
+        number = list(_NUMBER.finditer(end, span_end))
+        if number and _PROSE.search(end, span_end, number[-1].start()):
             return number[-1].group(0)  # "... $d = 90/n$ ... so there are 12 sequences"
-        if content:
-            return content
+        return content
     stripped = end.strip()
     if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
         return stripped
