@@ -163,10 +163,15 @@ def _points(symbols: frozenset) -> list[dict[str, object]]:
 
 def _equation_equal(a: Equation, b: Equation, budget: Budget) -> bool:
     """Same equation: lhs - rhs of one is a non-zero constant multiple of the other's."""
+    lone = [v.node[1] for v in (a.lhs, b.lhs) if isinstance(v, Expr) and v.node[0] == "s"]
+    if is_label(a.lhs) and is_label(b.lhs) and not (len(lone) == 2 and lone[0] != lone[1]):
+        # "f(x) = 2x + 3" vs "y = 2x + 3": the labels name the same answer. Two different
+        # lone variables are compared as equations below ("a = 2" is not "b = 2"; "a = b" is "b = a").
+        if isinstance(a.lhs, Seq) or isinstance(b.lhs, Seq):
+            return answers_equal(a.lhs, b.lhs, budget) and answers_equal(a.rhs, b.rhs, budget)
+        return answers_equal(a.rhs, b.rhs, budget)
     sides = (a.lhs, a.rhs, b.lhs, b.rhs)
     if not all(isinstance(v, (Num, Expr)) for v in sides):
-        if is_label(a.lhs) and is_label(b.lhs):
-            return answers_equal(a.lhs, b.lhs, budget) and answers_equal(a.rhs, b.rhs, budget)
         return False
     try:
         fa = ("+", _as_node(a.lhs), ("neg", _as_node(a.rhs)))

@@ -179,6 +179,10 @@ def numeric(node: tuple, env: dict[str, object], budget: Budget):
     if op == "^":
         if abs(a) not in (0, 1) and abs(b) * abs(HP.log(abs(a), 2)) > MAX_FLOAT_EXPONENT_BITS:
             raise Reject("too_big")  # a power tower: never materialise 2^(10^10)-bit numbers
+        if HP.im(a) == 0 and a < 0:  # (-8)^{1/3} = -2 and (x^2-2)^{5/3} real, as with \\sqrt[3]
+            q = exact(node[2])
+            if q is not None and q.denominator % 2 == 1:
+                return (-1) ** (q.numerator % 2) * HP.power(-a, b)
         return HP.power(a, b)
     if op == "root":
         if b != int(HP.re(b)) or not 1 <= b <= 1_000:

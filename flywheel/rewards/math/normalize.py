@@ -19,7 +19,7 @@ __all__ = ["normalize", "UNITS"]
 
 _SPACING = re.compile(r"(?<!\\)\\[,;: >]|\\quad|\\qquad|~|\\displaystyle|\\limits|\\nolimits|\\!")
 _SIZING = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg|middle)(?![a-zA-Z])\.?")
-_TEXT = re.compile(r"\\(?:textbf|textit|textrm|textnormal|textsf|texttt|text|mathrm|mathbf|mathit|mathsf|mbox|"
+_TEXT = re.compile(r"\\(?:textbf|textit|textrm|textnormal|textsf|texttt|text|mathrm|mathbf|mathit|mathsf|mathcal|mathscr|mbox|"
                    r"operatorname|boldsymbol|bm|emph|hbox)(?![a-zA-Z])\s*")
 _DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|\s+degrees?\b", re.IGNORECASE)
 _PERCENT = re.compile(r"\\%|%|\s*\b(?:percent(?:age)?|pct)\b", re.IGNORECASE)
@@ -65,7 +65,7 @@ def _strip_text_groups(s: str) -> str:
 
 def _thousands(s: str) -> str:
     """Digit groups of three after a separator are one number: "1,000,000", "1 000", "1,\\!000"."""
-    s = re.sub(r",\\!\s*", ",", s)
+    s = re.sub(r"(?<=\d),\\!\s*(?=\d)", "", s)  # ",\!" is only ever a digit-group separator
     s = re.sub(r"\{,\}", ",", s)
     s = re.sub(r"(?<![\d.])(\d{1,3})((?:(?:\\,|\\ |\s)\d{3})+)(?![\d,])",
                lambda m: m.group(1) + re.sub(r"\\,|\\ |\s", "", m.group(2)), s)
@@ -92,6 +92,8 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\\(?:neq?)(?![a-zA-Z])|!=", r"\\ne ", s)
     s = s.replace("<=", "\\le ").replace(">=", "\\ge ")
     s = _thousands(s)
+    s = re.sub(r"(?<![\d.])(\d+)\s+(\d+)/(\d+)(?![\d.])", r"\1\\frac{\2}{\3}", s)  # "3 1/2": a mixed number
+    s = re.sub(r"_\{(\w)\}", r"_\1", s)  # a_{3} -> a_3
     s = re.sub(r"(?<!\\),(?=\\q?quad)", " ", s)
     s = re.sub(r"(\S)\s*\\q?quad\s*(?=\S)", r"\1, ", s)  # "2 \quad 3": a list
     s = _SPACING.sub(" ", s)

@@ -237,9 +237,22 @@ def _to_value(node: tuple) -> Value:
     if not symbols:
         value = exact(node)
         if value is not None:
-            decimals = node[2] if node[0] == "n" else node[1][2] if node[0] == "neg" and node[1][0] == "n" else None
-            return Num(value, HP.mpf(value.numerator) / value.denominator, decimals)
+            return Num(value, HP.mpf(value.numerator) / value.denominator, _decimal_places(node))
     return Expr(node, frozenset(symbols))
+
+
+def _decimal_places(node: tuple) -> int | None:
+    """The places a decimal is written to: "-2.50" -> 2; "2.3148 \\times 10^{-3}" -> 4 + 3 = 7."""
+    if node[0] == "neg":
+        return _decimal_places(node[1])
+    if node[0] == "n":
+        return node[2]
+    if node[0] == "*" and node[1][0] == "n" and node[1][2] is not None and node[2][0] == "^" \
+            and node[2][1][:2] == ("n", 10):
+        power = exact(node[2][2])
+        if power is not None and power.denominator == 1:
+            return node[1][2] - int(power)
+    return None
 
 
 def _count(node: tuple, op: str) -> int:
