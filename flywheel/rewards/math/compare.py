@@ -1,7 +1,7 @@
 """Stage 4: equality of two parsed answers (gold first, prediction second).
 
 - numbers: exact rational equality; a decimal side states its precision -- the other side
-  must agree within a relative 1e-6 AND within half a unit of the decimal's last place,
+  must agree within a relative 1e-6 AND less than one unit of the decimal's last place apart,
   so a one-cent-off prediction of a 2-decimal gold fails and so does a fraction against a
   2-decimal rounding of it (gold 0.33, prediction 1/3);
 - expressions: exact rational-function identity with sympy when small (symbolic.py), else
@@ -51,6 +51,11 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
         return answers_equal(gold, pred.rhs, budget)  # prediction "x = 3", gold "3"
     if isinstance(gold, Choice) or isinstance(pred, Choice):
         return isinstance(gold, Choice) and isinstance(pred, Choice) and gold.letter == pred.letter
+    for one, other in ((gold, pred), (pred, gold)):
+        if isinstance(one, Seq) and isinstance(other, Unordered) and all(
+                isinstance(x, Equation) and is_label(x.lhs) for x in other.items):
+            other = Seq(one.open, one.close, tuple(x.rhs for x in other.items))  # "x = 1, y = 2" vs (1, 2)
+            return answers_equal(*((one, other) if one is gold else (other, one)), budget)
     if isinstance(gold, Seq) and isinstance(pred, Seq):
         return (gold.open, gold.close) == (pred.open, pred.close) and _pairwise(gold.items, pred.items, budget)
     if isinstance(gold, (Unordered, Union_)) and isinstance(pred, (Unordered, Union_)):
@@ -138,12 +143,13 @@ def _value(v: Num | Expr, budget: Budget):
 
 
 def _decimal_close(x, y, places: int) -> bool:
-    """Within REL_TOL of each other and within half a unit of the least precise decimal's
-    last place (gold 0.33 vs 1/3: no; gold 2/3 vs 0.666666667: yes)."""
+    """Within REL_TOL of each other and less than one unit of the least precise decimal's
+    last place apart (gold 0.33 vs 1/3: no; 16386.17 vs 16386.16: no; gold 2/3 vs
+    0.666666667: yes; \\sqrt{2} vs the float 1.4142135623730951: yes)."""
     if HP.isinf(x) or HP.isinf(y) or HP.isnan(x) or HP.isnan(y):
         return False
     diff = abs(x - y)
-    return diff <= REL_TOL * max(abs(x), abs(y)) and diff < HP.mpf(10) ** (-places) / 2
+    return diff <= REL_TOL * max(abs(x), abs(y)) and diff < HP.mpf(10) ** (-places)
 
 
 def _close(a, b, rel) -> bool:

@@ -84,6 +84,7 @@ def normalize(answer: str) -> str:
     s = s.replace("**", " ")
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
+    s = re.sub(r"\{\s*([^{}]+?)\s*\\choose\s*([^{}]+?)\s*\}", r"\\binom{\1}{\2}", s)
     s = _SIZING.sub("", s)
     s = s.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}").replace("\\lvert", "|").replace("\\rvert", "|")
     s = s.replace("\\vert", "|").replace("\\mid", "|").replace("\\lt", "<").replace("\\gt", ">")
@@ -116,5 +117,9 @@ def normalize(answer: str) -> str:
         return m.group(1)
     if s in ("\\emptyset", "\\varnothing", "\\O", "\\{ \\}", "\\{\\}"):
         return "\\{\\}"
+    s = re.sub(r"^all real numbers$|^all reals$", r"\\mathbb{R}", s, flags=re.IGNORECASE)
+    m = re.fullmatch(r"\\\{\s*[a-zA-Z]\s*(?:\||:)\s*(.+)\\\}", s)
+    if m:  # set-builder notation: \{x \mid x > 2\} -> x > 2
+        s = m.group(1).strip()
     s = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?|\\R(?![a-zA-Z])|\\mathbf\s*\{?\s*R\s*\}?", r"(-\\infty,\\infty)", s)
     return s.strip()
