@@ -26,7 +26,9 @@ _PERCENT = re.compile(r"\\%|%|\s*\b(?:percent(?:age)?|pct)\b", re.IGNORECASE)
 _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdot ", "\u2264": "\\le ",
             "\u2265": "\\ge ", "\u2260": "\\ne ", "\u03c0": "\\pi ", "\u221e": "\\infty ", "\u221a": "\\sqrt ",
             "\u00b2": "^2", "\u00b3": "^3", "\u2208": "\\in ", "\u222a": "\\cup ", "\u00b1": "\\pm ", "\u20ac": " ",
-            "\u00a3": " ", "\u00a0": " "}
+            "\u00a3": " ", "\u00a0": " ", "\u00bd": "\\frac{1}{2}", "\u2153": "\\frac{1}{3}",
+            "\u2154": "\\frac{2}{3}", "\u00bc": "\\frac{1}{4}", "\u00be": "\\frac{3}{4}", "\u2155": "\\frac{1}{5}",
+            "\u215b": "\\frac{1}{8}", "\u2248": "\\approx "}
 UNITS = {
     "cm", "mm", "m", "km", "in", "inch", "inches", "ft", "foot", "feet", "yd", "yard", "yards", "mi", "mile", "miles",
     "meter", "meters", "metre", "metres", "centimeter", "centimeters", "kilometer", "kilometers", "g", "kg", "gram",
@@ -122,4 +124,6 @@ def normalize(answer: str) -> str:
     if m:  # set-builder notation: \{x \mid x > 2\} -> x > 2
         s = m.group(1).strip()
     s = re.sub(r"\\mathbb\s*\{?\s*R\s*\}?|\\R(?![a-zA-Z])|\\mathbf\s*\{?\s*R\s*\}?", r"(-\\infty,\\infty)", s)
+    s = re.sub(r"^\(-\\infty,\\infty\)\s*-\s*(?=\\\{)", r"(-\\infty,\\infty) \\setminus ", s)  # R - \{1\}
+    s = re.sub(r"^\\approx\s*", "", s)  # "\approx 3.14": the value
     return s.strip()
