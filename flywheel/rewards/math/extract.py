@@ -171,9 +171,15 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     offset = len(completion) - len(end)
     phrases = [] if require_box else list(_FINAL.finditer(end))
     if phrases and (not boxes or phrases[-1].start() + offset > boxes[-1][1]):
-        answer = _phrase_answer(_final_sentence(end[phrases[-1].end() :]))  # a phrase after the last box wins
-        if answer:
-            return answer
+        sentence = _final_sentence(end[phrases[-1].end() :])
+        later = end[phrases[-1].end() + len(sentence) :]
+        # A phrase after the last box wins; one followed by more math or a #### line
+        # ("whether the answer is positive ... so $x = 7$") was not the final answer.
+        later = later[: MAX_ANSWER_CHARS * 4]
+        if not (any(later[st : st + 2] != "**" for st, _, _ in _math_spans(later)) or "####" in later):
+            answer = _phrase_answer(sentence)
+            if answer:
+                return answer
     if boxes:
         return ", ".join(b[2].strip() for b in boxes)
     if require_box or _BOX.search(completion):
