@@ -11,7 +11,8 @@ Fallback order (the first that finds something wins):
 4. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`,
    unless prose with a number follows it (then that number);
 5. the whole completion when it is a short formula (no prose words);
-6. the last number (signs, separators, decimals, a/b fractions, a trailing %).
+6. the last number (signs, separators, decimals, a/b fractions, a trailing %), or a
+   multiple-choice letter ("(D)", "option B") written after it.
 
 A completion with a box that never closes (or closes past MAX_ANSWER_CHARS) has no answer:
 the fallbacks are for completions that never tried to box one.
@@ -41,6 +42,7 @@ _DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|(?<!\\)\$|\*\*")
 _OPENER = {"$$": "$$", "\\]": "\\[", "\\)": "\\(", "$": "$", "**": "**"}
 MAX_MATH_SPANS = 64
 _NUMBER = re.compile(r"(?:-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+)(?: ?(?:\\?%|percent\b))?")
+_CHOICE = re.compile(r"\(([A-E])\)|\b(?:option|choice)\s+(?:is\s+)?\(?([A-E])\b")
 _OPERATORS = ("+", "-", "*", "/", "^", "_", "{", "\\times", "\\cdot")
 _PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}")
 
@@ -102,7 +104,7 @@ def _phrase_answer(sentence: str) -> str | None:
             joined.insert(0, m)
         return ", ".join(m[2] for m in joined) or None
     if not _PROSE.search(_strip_commands(sentence)):
-        return sentence.strip(" .") or None
+        return sentence.strip().rstrip(".").strip() or None
     return _last_number(sentence)
 
 
@@ -129,7 +131,9 @@ def _math_spans(text: str) -> list[tuple[int, int, str]]:
 
 
 def _strip_commands(text: str) -> str:
-    return re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?", " ", text)
+    """Text without LaTeX commands and plain function names, to tell a formula from prose."""
+    text = re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?", " ", text)
+    return re.sub(r"\b(?:sqrt|sin|cos|tan|log|exp|pi|infinity)\b", " ", text)
 
 
 def _last_number(text: str) -> str | None:
@@ -163,6 +167,7 @@ def _final_sentence(tail: str) -> str:
 
 def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     """The final answer text of a completion, or None (see the module docstring)."""
+    completion = completion.replace("\u2212", "-")  # the Unicode minus sign
     special = _SPECIAL_TOKEN.search(completion)
     if special:  # "... 2/3. <|im_start|>user ..." : the model's turn ended there
         completion = completion[: special.start()]
@@ -197,4 +202,8 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     stripped = end.strip()
     if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
         return stripped
-    return _last_number(end)
+    number = _last_number(end)
+    choices = list(_CHOICE.finditer(end[-TAIL_CHARS:]))
+    if choices and (number is None or choices[-1].end() > end.rfind(number)):
+        return next(g for g in choices[-1].groups() if g)  # "The correct option is B.", "Therefore (D)."
+    return number
