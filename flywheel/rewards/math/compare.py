@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
 from flywheel.rewards.math.evaluate import HP, Budget, numeric
 from flywheel.rewards.math.expr import Reject
@@ -28,7 +29,7 @@ __all__ = ["answers_equal", "REL_TOL"]
 
 REL_TOL = 1e-6
 """Relative tolerance when a side is written as a decimal."""
-EXPR_TOL = HP.mpf(10) ** -15
+EXPR_TOL = 1e-15
 SAMPLE_POINTS = 3
 _ERRORS = (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError, ArithmeticError)
 
@@ -118,6 +119,10 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
     if decimals:
         if symbols:
             return False
+        if isinstance(gold, Num) and isinstance(pred, Num) and gold.exact is not None and pred.exact is not None:
+            diff = abs(gold.exact - pred.exact)  # exact: 16386.17 - 16386.16 is one unit, not 0.00999...
+            unit = Fraction(10) ** -min(decimals)
+            return diff <= Fraction(REL_TOL) * max(abs(gold.exact), abs(pred.exact)) and diff < unit
         return _decimal_close(_value(gold, budget), _value(pred, budget), min(decimals))
     try:
         a, b = _as_node(gold), _as_node(pred)

@@ -8,13 +8,15 @@ operations are bounded before they run: exact powers by the bits of their result
 floating powers by the size of their exponent, factorials by their argument, integrals by
 the number of points at which the integrand is evaluated.
 
-The numeric context is private and never modified (mpmath's global `mp.dps` is shared by
-every thread; `workdps` would race), so a verdict never depends on another thread.
+The numeric context is private to each thread (mpmath's global `mp.dps` is shared by every
+library; a shared private one would still race on mpmath's own temporary precision
+changes), so a verdict never depends on another thread.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from fractions import Fraction
 
@@ -25,8 +27,25 @@ from flywheel.rewards.math.expr import Reject
 __all__ = ["HP", "Budget", "CONSTANTS", "free_symbols", "exact", "numeric"]
 
 NUMERIC_DPS = 40
-HP = mpmath.MPContext()
-HP.dps = NUMERIC_DPS
+
+
+class _ThreadContext:
+    """The numeric context of the calling thread, fixed at NUMERIC_DPS digits. mpmath
+    functions raise and restore their context's precision while they run (quad, gamma,
+    binomial use workprec), so one context shared by threads would let a thread compute
+    at another's temporary precision; mpmath's global `mp` is shared with every library."""
+
+    _local = threading.local()
+
+    def __getattr__(self, name: str):
+        ctx = getattr(self._local, "ctx", None)
+        if ctx is None:
+            ctx = self._local.ctx = mpmath.MPContext()
+            ctx.dps = NUMERIC_DPS
+        return getattr(ctx, name)
+
+
+HP = _ThreadContext()
 MAX_EXACT_BITS = 4_096
 """Largest numerator/denominator kept exact; beyond it a value is carried in floating point."""
 MAX_FLOAT_EXPONENT_BITS = 10**6
@@ -126,9 +145,10 @@ def _int_root(x: int, n: int) -> int | None:
     return None
 
 
-_FUNCTIONS = {"sin": HP.sin, "cos": HP.cos, "tan": HP.tan, "sec": HP.sec, "csc": HP.csc, "cot": HP.cot,
-              "arcsin": HP.asin, "arccos": HP.acos, "arctan": HP.atan, "sinh": HP.sinh, "cosh": HP.cosh,
-              "tanh": HP.tanh, "ln": HP.log, "log": HP.log, "exp": HP.exp, "lg": HP.log10, "sgn": HP.sign}
+_FUNCTIONS = {"sin": "sin", "cos": "cos", "tan": "tan", "sec": "sec", "csc": "csc", "cot": "cot", "arcsin": "asin",
+              "arccos": "acos", "arctan": "atan", "sinh": "sinh", "cosh": "cosh", "tanh": "tanh", "ln": "log",
+              "log": "log", "exp": "exp", "lg": "log10", "sgn": "sign"}
+"""Parser function name -> the mpmath function, looked up in the calling thread's context."""
 
 
 def numeric(node: tuple, env: dict[str, object], budget: Budget):
@@ -151,7 +171,7 @@ def numeric(node: tuple, env: dict[str, object], budget: Budget):
     if op == "log":
         return HP.log(numeric(node[2], env, budget)) / HP.log(numeric(node[1], env, budget))
     if op == "f":
-        return _FUNCTIONS[node[1]](numeric(node[2], env, budget))
+        return getattr(HP, _FUNCTIONS[node[1]])(numeric(node[2], env, budget))
     if op == "pm":
         raise Reject("pm")  # expanded into two values before evaluation
     a = numeric(node[1], env, budget)
