@@ -11,7 +11,7 @@
   answer ("x = 5", "(p, q) = (3, 2)", "AB = 4") equals its bare value;
 - tuples are ordered and intervals keep their brackets; sets, lists and unions of
   intervals are unordered (a list of intervals equals their union); a one-column or
-  one-row matrix equals the tuple of its entries; a one-element set equals its element.
+  one-row matrix equals the tuple (or [list]) of its entries; a one-element set equals its element.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
     if isinstance(gold, Matrix) or isinstance(pred, Matrix):
         matrix, other = (gold, pred) if isinstance(gold, Matrix) else (pred, gold)
         entries = _vector(matrix)
-        if entries is None or not isinstance(other, Seq) or other.open != "(" or other.close != ")":
+        if entries is None or not isinstance(other, Seq) or (other.open + other.close) not in ("()", "[]"):
             return False
         return _pairwise(entries, other.items, budget) if matrix is gold else _pairwise(other.items, entries, budget)
     for one, other, flip in ((gold, pred, False), (pred, gold, True)):

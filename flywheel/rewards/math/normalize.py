@@ -60,7 +60,7 @@ def _strip_text_groups(s: str) -> str:
         words = re.sub(r"\^\{?\d\}?", "", content).replace("/", " ").replace(".", " ").lower().split()
         # After a quantity, lower-case words are a unit or a remark ("5\text{ cm}", "17\text{ any text}").
         is_unit = (bool(words) and re.search(r"[\w})]$", before) is not None
-                   and (all(w in UNITS for w in words) or (content.islower() and not {"and", "or"} & set(words))))
+                   and (all(w in UNITS for w in words) or (content.islower() and len(content) > 1 and not {"and", "or"} & set(words))))
         out.append(" " if is_unit else " " + content + " ")
         i = group[1]
 
@@ -91,6 +91,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\{\s*([^{}]+?)\s*\\choose\s*([^{}]+?)\s*\}", r"\\binom{\1}{\2}", s)
     s = _SIZING.sub("", s)
     s = s.replace("\\lbrace", "\\{").replace("\\rbrace", "\\}").replace("\\lvert", "|").replace("\\rvert", "|")
+    s = s.replace("\\langle", "(").replace("\\rangle", ")")  # a vector <1, 2>
     s = s.replace("\\vert", "|").replace("\\mid", "|").replace("\\lt", "<").replace("\\gt", ">")
     s = re.sub(r"\\(?:leq?|leqslant)(?![a-zA-Z])", r"\\le ", s)
     s = re.sub(r"\\(?:geq?|geqslant)(?![a-zA-Z])", r"\\ge ", s)
