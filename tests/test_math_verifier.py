@@ -104,7 +104,8 @@ CASES = [
     ("(1,2),(3,4)", "\\boxed{(3,4)} and \\boxed{(1,2)}", True),
     ("2, 3", "\\boxed{2 \\text{ and } 3}", True),
     ("\\begin{pmatrix} 3 \\\\ -1 \\end{pmatrix}", "\\boxed{(3, -1)}", True),
-    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", "\\boxed{\\left[\\begin{array}{c} 1 \\\\ 2 \\end{array}\\right]}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+     "\\boxed{\\left[\\begin{array}{c} 1 \\\\ 2 \\end{array}\\right]}", True),
     ("\\sqrt{2}", "\\boxed{\\sqrt{2} \\approx 1.414}", True),
     # Expressions to evaluate.
     ("\\frac{1}{2}", "\\boxed{\\sin 30^\\circ}", True),
@@ -246,7 +247,8 @@ def test_heldout_corpus():
     false_positive, false_negative, n = _misjudged(HELDOUT)
     assert n == 224
     assert len(false_positive) <= HELDOUT_FP, [r["id"] for r in false_positive]
-    assert len(false_positive) + len(false_negative) <= HELDOUT_WRONG, [r["id"] for r in false_positive + false_negative]
+    wrong = false_positive + false_negative
+    assert len(wrong) <= HELDOUT_WRONG, [r["id"] for r in wrong]
 
 
 HELDOUT_FP, HELDOUT_WRONG = 1, 10

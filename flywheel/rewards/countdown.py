@@ -11,9 +11,10 @@ The completion is untrusted model output, so the rule is narrow and every bound 
   through fractions (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
 - the literals must be the given numbers as a multiset: each exactly once, or with
   `each_number="at_most_once"` each at most once;
-- bounds: the completion length, the answer length, the nesting depth (explicit counter bounded by
-  what the answer length allows, so no RecursionError) and the bit length of every intermediate value (so a product of huge
-  literals cannot blow up). Every call returns in well under a millisecond or two.
+- bounds: the completion length, the answer length, the nesting depth (explicit counter
+  bounded by what the answer length allows, so no RecursionError) and the bit length of
+  every intermediate value (so a product of huge literals cannot blow up). Every call
+  returns in well under a millisecond or two.
 """
 
 from __future__ import annotations

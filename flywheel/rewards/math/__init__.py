@@ -61,7 +61,8 @@ def _compact(text: str) -> str:
 def _imaginary_j(gold: str, pred: str) -> str:
     """Engineers' j for the imaginary unit, when the reference uses i and the answer no i."""
     lone = r"(?<![a-zA-Z\\]){}(?![a-zA-Z])"
-    if re.search(lone.format("i"), gold) and re.search(lone.format("j"), pred) and not re.search(lone.format("i"), pred):
+    has = lambda text, letter: re.search(lone.format(letter), text) is not None  # noqa: E731
+    if has(gold, "i") and has(pred, "j") and not has(pred, "i"):
         return re.sub(lone.format("j"), "i", pred)
     return pred
 

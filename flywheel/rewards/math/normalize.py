@@ -19,8 +19,8 @@ __all__ = ["normalize", "UNITS"]
 
 _SPACING = re.compile(r"(?<!\\)\\[,;: >]|\\quad|\\qquad|~|\\displaystyle|\\limits|\\nolimits|\\!")
 _SIZING = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|big|Big|bigg|Bigg|middle)(?![a-zA-Z])\.?")
-_TEXT = re.compile(r"\\(?:textbf|textit|textrm|textnormal|textsf|texttt|text|mathrm|mathbf|mathit|mathsf|mathcal|mathscr|mbox|"
-                   r"operatorname|boldsymbol|bm|emph|hbox)(?![a-zA-Z])\s*")
+_TEXT = re.compile(r"\\(?:textbf|textit|textrm|textnormal|textsf|texttt|text|mathrm|mathbf|mathit|mathsf|mathcal|"
+                   r"mathscr|mbox|operatorname|boldsymbol|bm|emph|hbox)(?![a-zA-Z])\s*")
 _DEGREE = re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|°|\\degree|\s+degrees?\b", re.IGNORECASE)
 _PERCENT = re.compile(r"\\%|%|\s*\b(?:percent(?:age)?|pct)\b", re.IGNORECASE)
 _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdot ", "\u2264": "\\le ",
@@ -59,8 +59,9 @@ def _strip_text_groups(s: str) -> str:
         content = group[0].strip()
         words = re.sub(r"\^\{?\d\}?", "", content).replace("/", " ").replace(".", " ").lower().split()
         # After a quantity, lower-case words are a unit or a remark ("5\text{ cm}", "17\text{ any text}").
-        is_unit = (bool(words) and re.search(r"[\w})]$", before) is not None
-                   and (all(w in UNITS for w in words) or (content.islower() and len(content) > 1 and not {"and", "or"} & set(words))))
+        remark = content.islower() and len(content) > 1 and not {"and", "or"} & set(words)
+        after_quantity = re.search(r"[\w})]$", before) is not None
+        is_unit = bool(words) and after_quantity and (all(w in UNITS for w in words) or remark)
         out.append(" " if is_unit else " " + content + " ")
         i = group[1]
 
