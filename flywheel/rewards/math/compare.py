@@ -57,6 +57,8 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
                 isinstance(x, Equation) and is_label(x.lhs) for x in other.items):
             other = Seq(one.open, one.close, tuple(x.rhs for x in other.items))  # "x = 1, y = 2" vs (1, 2)
             return answers_equal(*((one, other) if one is gold else (other, one)), budget)
+        if isinstance(one, Seq) and (one.open, one.close) == ("(", ")") and isinstance(other, Unordered):
+            return _pairwise(one.items, other.items, budget)  # a pair written without its parentheses, in order
     if isinstance(gold, Seq) and isinstance(pred, Seq):
         return (gold.open, gold.close) == (pred.open, pred.close) and _pairwise(gold.items, pred.items, budget)
     if isinstance(gold, (Unordered, Union_)) and isinstance(pred, (Unordered, Union_)):

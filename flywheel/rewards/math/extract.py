@@ -81,6 +81,9 @@ def _last_boxes(text: str) -> list[tuple[int, int, str]]:
             box = (m.start(), m.end() + tail.end(), tail.group(1))  # "\\boxed 5"
         else:
             box = (m.start(), group[1], group[0])
+        if found and box[1] > found[0][0]:  # \boxed{\boxed{5}}: the outer box holds the inner one
+            found[0] = box
+            continue
         if found and not _BETWEEN_BOXES.fullmatch(text[box[1] : found[0][0]]):
             break
         found.insert(0, box)

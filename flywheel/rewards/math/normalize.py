@@ -87,6 +87,7 @@ def normalize(answer: str) -> str:
     s = re.sub(r"\*\*(.+?)\*\*", r" \1 ", s)  # markdown bold
     s = s.replace("**", "^")  # a Python power: x**2
     s = re.sub(r"(?<![\\a-zA-Z])(pi|sqrt)(?![a-zA-Z])", r"\\\1 ", s)  # plain-text "pi", "sqrt(2)"
+    s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)  # a box inside the answer (or the reference)
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
     s = re.sub(r"\{\s*([^{}]+?)\s*\\choose\s*([^{}]+?)\s*\}", r"\\binom{\1}{\2}", s)
