@@ -36,7 +36,7 @@ _BOX = re.compile(r"\\(?:boxed|fbox)\s*")
 _SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
 _BETWEEN_BOXES = re.compile(
     r"(?:[\s,;.$]|\\[\[\]()]|\\quad|\\qquad|\\[,;: !]|\\text\{[^{}]{0,24}\}|\band\b|&)*")
-_FINAL = re.compile(r"(?:final answer is|final answer:|answer is|answer:)[ \t]*", re.IGNORECASE)
+_FINAL = re.compile(r"(?:final answer\**\s*(?:is|:)|answer\**\s*(?:is|:))\**[ \t]*", re.IGNORECASE)
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|(?<!\\)\$|\*\*")
 _OPENER = {"$$": "$$", "\\]": "\\[", "\\)": "\\(", "$": "$", "**": "**"}
