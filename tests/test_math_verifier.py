@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.rewards.math import extract_answer, verify
+from flywheel.rewards.math import answers_equal, extract_answer, parse, verify
 from flywheel.rewards.math.evaluate import Budget
 from flywheel.rewards.math.expr import Reject
 
@@ -197,6 +197,15 @@ def test_work_budget_counts_steps_and_holds_a_deadline():
     with pytest.raises(Reject, match="budget"):
         for _ in range(257):
             late.tick()
+
+
+def test_comparisons_stop_at_the_work_budget():
+    """A 200-element list against itself takes about 40k comparisons: inside the default
+    budget, over a budget of 1000 steps (which raises instead of running on)."""
+    values = parse(", ".join(str(k) for k in range(200)))
+    assert answers_equal(values, values, Budget())
+    with pytest.raises(Reject, match="budget"):
+        answers_equal(values, values, Budget(steps=1000, seconds=60))
 
 
 def _verdicts(completions):
