@@ -55,7 +55,8 @@ def parse(answer: str) -> Value:
 
 
 def _compact(text: str) -> str:
-    return re.sub(r"\s+", "", text).lower()
+    """Text without spacing, except between two digits ("1 00" is not "100")."""
+    return re.sub(r"\s+", "", re.sub(r"(?<=\d)\s+(?=\d)", "_", text)).lower()
 
 
 def _imaginary_j(gold: str, pred: str) -> str:
