@@ -67,6 +67,7 @@ class _Parser:
         self.depth = 0
         self.nodes = 0
         self.last_was_frac = False
+        self.depth_in_abs = 0
 
     def peek(self, k: int = 0) -> tuple[str, str] | None:
         return self.t[self.i + k] if self.i + k < self.end else None
@@ -146,9 +147,7 @@ class _Parser:
             return True
         if kind == "cmd":
             return value[1:] in _FACTOR_COMMANDS or value[1:] in FUNCS or value[1:] in _GREEK
-        return value in ("(", "|") and not (value == "|" and self.depth_in_abs)
-
-    depth_in_abs = 0
+        return value in ("(", "|") and not (value == "|" and self.depth_in_abs)  # inside |..| a "|" closes
 
     def unary(self) -> tuple:
         tok = self.peek()
