@@ -5,9 +5,11 @@
 
 The dev split (tests/data/math_verifier_cases.jsonl) is what the verifier is tuned on; the
 held-out split (tests/data/math_verifier_heldout.jsonl) was set aside before tuning and is
-only measured: its number is the one to quote. The held-out cases are the public-source
-cases added for issue 16 whose sha256(gold + "\x1f" + prediction) starts with a hex digit
-0-7 (tests/test_math_verifier.py checks the rule still holds).
+only measured: its number is the one to quote. The held-out cases are those of the first
+batch of public-source cases added for issue 16 (ids mv-, nemo-, fw-) whose
+sha256(gold + "\\x1f" + prediction) starts with a hex digit 0-7; dev cases added after that
+(mario-, qwen-, nemo2-, evp-, ccps-, tunix-) are dev only (tests/test_math_verifier.py
+checks the rule still holds).
 
 Per verifier: accuracy, false positives (a wrong answer accepted: the costly error in RL,
 it rewards the policy for being wrong), false negatives, the slowest case, and errors per
