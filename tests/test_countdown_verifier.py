@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import flywheel.rewards.countdown as countdown
-from flywheel.rewards.countdown import MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, verify
+from flywheel.rewards.countdown import MAX_ANSWER_CHARS, MAX_COMPLETION_CHARS, MAX_DEPTH, verify
 
 REASONS = {
     "correct", "wrong_value", "no_answer", "too_long", "parse_error", "too_deep", "bad_numbers", "too_big",
@@ -159,9 +159,25 @@ def test_adversarial_inputs_return_quickly(completion):
 def test_bounds_give_their_reasons():
     assert verify([1], 1, answer("(" * 10_000 + "1" + ")" * 10_000)).reason == "too_long"
     assert len(verify([1], 1, answer("1" * 1000)).answer) == MAX_ANSWER_CHARS
-    assert verify([1], 1, answer("(" * 100 + "1" + ")" * 100)).reason == "too_deep"
-    assert verify([1], -1, answer("-" * 33 + "1")).reason == "too_deep"
-    assert verify([1], -1, answer("-" * 31 + "1")).reason == "correct"  # odd count: -1
+    assert verify([1], -1, answer("-" * 201 + "1")).reason == "correct"  # odd count: -1
+    assert verify([1], 1, answer("-" * 200 + "1")).reason == "correct"
+
+
+def test_nesting_is_bounded_by_the_answer_length_not_a_small_constant():
+    """Issue 16: 50 parentheses around a valid expression are valid; the deepest nesting an
+    answer of MAX_ANSWER_CHARS holds parses without a RecursionError, even when the caller is
+    already 300 frames deep; one level more is too long before it is too deep."""
+
+    assert verify([1, 2, 3, 4], 10, answer("(" * 50 + "1+2+3+4" + ")" * 50)).correct
+    deepest = MAX_DEPTH - 1  # "1" inside: 2 * deepest + 1 <= MAX_ANSWER_CHARS
+    assert 2 * deepest + 1 <= MAX_ANSWER_CHARS
+    assert verify([1], 1, answer("(" * deepest + "1" + ")" * deepest)).correct
+    assert verify([1], 1, answer("(" * (MAX_DEPTH + 1) + "1" + ")" * (MAX_DEPTH + 1))).reason == "too_long"
+
+    def nested_call(frames: int):
+        return nested_call(frames - 1) if frames else verify([1], 1, answer("(" * deepest + "1" + ")" * deepest))
+
+    assert nested_call(300).correct  # a Lightning step or dataloader worker is far shallower
     assert verify([1], 1, "x" * MAX_COMPLETION_CHARS + answer("1")).reason == "too_long"
 
 

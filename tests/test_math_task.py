@@ -25,6 +25,10 @@ def test_prompt_steps_and_grading():
     assert task.score(problem, "... so \\boxed{0.75}").correct
     assert not task.score(problem, "... so \\boxed{3/5}").correct
     assert not task.score(problem, "\\boxed{3/4 or 1/2}").correct  # hedged answers are wrong
+    assert task.score(problem, "... so the answer is $0.75$.").correct  # default: unboxed answers count
+    strict = MathTask(require_box=True)
+    assert not strict.score(problem, "... so the answer is $0.75$.").correct
+    assert strict.score(problem, "... so \\boxed{0.75}").correct
 
 
 def test_builtin_arithmetic_is_seeded_and_its_answers_are_right():

@@ -1,16 +1,22 @@
 """The math verifier: extraction, normalisation and comparison rules by hand, its budgets on
-adversarial input (also in threads), and accuracy on the shipped regression corpus."""
+adversarial input (also in threads and worker processes), and its accuracy on the dev and
+the frozen held-out corpus (the numbers the README states)."""
 
+import hashlib
 import json
+import multiprocessing
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from flywheel.rewards.math import extract_answer, verify
+from flywheel.rewards.math import answers_equal, extract_answer, parse, verify
+from flywheel.rewards.math.evaluate import Budget
+from flywheel.rewards.math.expr import Reject
 
 CORPUS = Path(__file__).parent / "data" / "math_verifier_cases.jsonl"
+HELDOUT = Path(__file__).parent / "data" / "math_verifier_heldout.jsonl"
 
 CASES = [
     # (gold, completion, equal)
@@ -39,13 +45,17 @@ CASES = [
     ("y = 2x + 1", "\\boxed{y = 2x - 1}", False),
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}}", True),
     ("\\begin{pmatrix} 1 & 2 \\\\ 3 & 4 \\end{pmatrix}", "\\boxed{\\begin{pmatrix}1&2\\\\4&3\\end{pmatrix}}", False),
-    ("0.333", "\\boxed{\\frac{1}{3}}", True),
+    # Issue 16: a gold written to 3 decimals is not a license to round the prediction.
+    ("0.333", "\\boxed{\\frac{1}{3}}", False),
+    ("0.125", "\\boxed{\\frac{1}{8}}", True),
+    ("16386.17", "\\boxed{16386.16}", False),  # one cent off: relative 6e-7, but a whole unit of the last place
+    ("\\frac{2}{3}", "\\boxed{0.666666667}", True),  # within 1e-6 and half a unit of the 9th place
     ("\\frac{1}{3}", "\\boxed{0.33}", False),
     ("0.5", "\\boxed{0.50001}", False),
     ("A", "\\boxed{\\text{(A)}}", True),
     ("2", "The final answer is 2.", True),
     ("2", "Answer: 2", True),
-    ("2", "I think it is 2", False),
+    ("2", "I think it is 2", True),  # the last number (extraction fallback 6)
     ("2", "\\boxed{2 \\text{ or } 3}", False),
     ("(x+1)^2", "\\boxed{x^2+2x+1}", True),
     ("x^2", "\\boxed{x^3}", False),
@@ -59,6 +69,64 @@ CASES = [
     ("10", "\\boxed{100}", False),
     ("-5", "\\boxed{5}", False),
     ("\\text{Evelyn}", "\\boxed{\\text{Evelyn}}", True),
+    # Unboxed answers, in the documented fallback order.
+    ("41", "so the total is $41$.", True),
+    ("12", "Hence\n\\[ 12 \\]", True),
+    ("58", "She needs **58** tiles.", True),
+    ("1200", "The total is 1,200 dollars.\n#### $1,200.00", True),
+    ("9", "Final Answer: The final answer is 9. I hope it is correct.", True),
+    ("10455", "... = \\boxed{255} ... Final Answer: The final answer is $10,455$.", True),  # the phrase after the box
+    ("12", "where $d = \\frac{90}{n}$, so there are 12 sequences.", True),  # prose number after the math
+    # Notation.
+    ("\\frac{1}{6}", "\\boxed{0.1\\overline{6}}", True),  # 0.1666... = 1/10 + 6/90
+    ("-3", "\\boxed{\u22123}", True),
+    ("1000000", "\\boxed{1,\\!000,\\!000}", True),
+    ("32349", "\\boxed{32, 349}", False),  # a space after the comma: a list, not a separator
+    ("3+4i", "\\boxed{3+4j}", True),
+    ("\\frac{7}{2}", "\\boxed{3\\tfrac12}", True),
+    # Equivalent forms.
+    ("25\\%", "\\boxed{0.25}", True),
+    ("25\\%", "\\boxed{2.5}", False),
+    ("\\frac{\\pi}{3}", "\\boxed{60^\\circ}", True),
+    ("[2,5)", "\\boxed{2 \\le x < 5}", True),
+    ("y \\le 7", "\\boxed{7 \\ge y}", True),
+    ("x > -2", "\\boxed{-x < 2}", True),
+    ("y \\le 7", "\\boxed{7 \\le y}", False),
+    ("(-\\infty,-1]\\cup[1,\\infty)", "\\boxed{|x| \\geq 1}", True),
+    ("(-\\infty,3)\\cup(3,\\infty)", "\\boxed{\\mathbb{R} \\setminus \\{3\\}}", True),
+    ("(-\\infty,3)\\cup(3,\\infty)", "\\boxed{x \\neq 3}", True),
+    ("1 \\pm \\sqrt{2}", "\\boxed{1-\\sqrt{2}, 1+\\sqrt{2}}", True),
+    ("1 \\pm \\sqrt{2}", "\\boxed{1+\\sqrt{2}}", False),
+    ("(3, 4)", "\\boxed{(x, y) = (3, 4)}", True),
+    ("AB=4,CD=5", "\\boxed{4, 5}", True),
+    ("a + 3z = 0", "\\boxed{0}", False),  # a sum is not a label
+    ("p=5,q=2;p=7,q=2", "\\boxed{(5,2),(7,2)}", True),
+    ("(1,2),(3,4)", "\\boxed{(3,4)} and \\boxed{(1,2)}", True),
+    ("2, 3", "\\boxed{2 \\text{ and } 3}", True),
+    ("\\begin{pmatrix} 3 \\\\ -1 \\end{pmatrix}", "\\boxed{(3, -1)}", True),
+    ("\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}",
+     "\\boxed{\\left[\\begin{array}{c} 1 \\\\ 2 \\end{array}\\right]}", True),
+    ("\\sqrt{2}", "\\boxed{\\sqrt{2} \\approx 1.414}", True),
+    # Expressions to evaluate.
+    ("\\frac{1}{2}", "\\boxed{\\sin 30^\\circ}", True),
+    ("3", "\\boxed{\\log_2 8}", True),
+    ("10", "\\boxed{\\binom{5}{2}}", True),
+    ("-1", "\\boxed{e^{i\\pi}}", True),
+    ("\\frac{1}{3}", "\\boxed{\\int_0^1 x^2\\,dx}", True),
+    ("3", "\\boxed{\\lfloor \\pi \\rfloor}", True),
+    ("\\sin 2x", "\\boxed{2\\sin x\\cos x}", True),
+    ("2i", "\\boxed{\\sqrt{-4}}", True),
+    ("\\frac{n(n+1)}{2}", "\\boxed{\\binom{n+1}{2}}", True),
+    ("2", "\\boxed{\\log 100}", True),  # \\log without a base: ln or log10
+    # More notation and extraction.
+    ("D", "Therefore (D).", True),
+    ("\\pi", "pi", True),
+    ("\\frac{5}{2}", "\\boxed{2\u00bd}", True),
+    ("(2,\\infty)", "\\boxed{\\{x \\mid x > 2\\}}", True),
+    ("(1, 2)", "\\boxed{x = 1, y = 2}", True),
+    ("\\sqrt{2}", "\\boxed{1.4142135623730951}", True),  # a float's repr, one unit of its last place
+    ("f(x) = 2x + 3", "\\boxed{y = 2x + 3}", True),
+    ("a = 2, b = 3", "\\boxed{a = 3, b = 2}", False),
 ]
 
 
@@ -76,12 +144,29 @@ def test_extraction():
     assert extract_answer("\\boxed{unclosed") is None
     assert extract_answer("nothing here") is None
     assert verify("2", "nothing").reason == "no_answer"
+    assert extract_answer("Final Answer: The largest $n$ is 34.") == "34"
+    assert extract_answer("The answer is 7. <|im_start|>user 8") == "7"
+    assert extract_answer("so $x = 3$", require_box=True) is None
+    assert not verify("3", "so $x = 3$", require_box=True).correct
+    assert verify("3", "so $x = 3$").correct
     assert verify("2", "\\boxed{2 or 3}", hedged="first").correct
     assert not verify("2", "\\boxed{2 or 3}", hedged="last").correct
 
 
 ADVERSARIAL = [
     "\\boxed{10^{10^{10^{10}}}}",
+    "so the answer is $10^{10^{10^{10}}}$",
+    "\\boxed{2^{2^{2^{2^{2^{2^{2}}}}}}}",
+    "\\boxed{(10^{100})! - (10^{100})!}",
+    "\\boxed{\\binom{10^{9}}{10^{5}}}",
+    "\\boxed{\\int_0^{10^{9}} \\sin(x^{50}) dx}",
+    "\\boxed{" + "+".join(["x"] * 600) + "}",
+    "\\boxed{" + ", ".join(str(k) for k in range(400)) + "}",
+    "\\boxed{" + "\\pm 1" * 40 + "}",
+    "\\boxed{(x+y+z)^{16} - (x+y+z)^{16}}",
+    "\\boxed{" + "\\frac{1}{" * 200 + "2" + "}" * 200 + "}",
+    "1" * 100_000,
+    "$" + "1+" * 50_000 + "1$",
     "\\boxed{" + "(" * 5000 + "}",
     "\\boxed{" + "{" * 3000 + "1" + "}" * 3000 + "}",
     "\\boxed{" + "x+" * 3000 + "1}",
@@ -93,12 +178,45 @@ ADVERSARIAL = [
 ]
 
 
-@pytest.mark.parametrize("completion", ADVERSARIAL)
+@pytest.mark.parametrize("completion", ADVERSARIAL, ids=range(len(ADVERSARIAL)))
 def test_budgets_on_adversarial_input(completion):
+    """Every input is bounded by sizes and a work budget; the clock here is only a hang guard."""
     start = time.perf_counter()
     verdict = verify("1", completion)
-    assert time.perf_counter() - start < 2.0
+    assert time.perf_counter() - start < 5.0
     assert verdict.correct is (completion.endswith("\\boxed{1}"))
+
+
+def test_work_budget_counts_steps_and_holds_a_deadline():
+    budget = Budget(steps=10, seconds=60)
+    for _ in range(10):
+        budget.tick()
+    with pytest.raises(Reject, match="budget"):
+        budget.tick()
+    late = Budget(steps=10**9, seconds=-1)  # past its deadline: the first clock check stops it
+    with pytest.raises(Reject, match="budget"):
+        for _ in range(257):
+            late.tick()
+
+
+def test_comparisons_stop_at_the_work_budget():
+    """A 200-element list against itself takes about 40k comparisons: inside the default
+    budget, over a budget of 1000 steps (which raises instead of running on)."""
+    values = parse(", ".join(str(k) for k in range(200)))
+    assert answers_equal(values, values, Budget())
+    with pytest.raises(Reject, match="budget"):
+        answers_equal(values, values, Budget(steps=1000, seconds=60))
+
+
+def _verdicts(completions):
+    return [verify("1", c).correct for c in completions]
+
+
+def test_budgets_hold_in_a_worker_process():
+    """No signals: the same bounds hold in a dataloader-style worker process."""
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        got = pool.apply_async(_verdicts, (ADVERSARIAL,)).get(timeout=60)
+    assert got == [c.endswith("\\boxed{1}") for c in ADVERSARIAL]
 
 
 def test_runs_in_threads():
@@ -118,15 +236,43 @@ def test_runs_in_threads():
     assert threaded == expected
 
 
-@pytest.mark.skipif(not CORPUS.is_file(), reason="regression corpus not present")
-def test_regression_corpus():
-    rows = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
-    assert len(rows) >= 300
+def _misjudged(path: Path) -> tuple[list[dict], list[dict], int]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     wrong = [r for r in rows if verify(r["gold"], r["prediction"]).correct != r["equal"]]
-    false_positive = [r for r in wrong if not r["equal"]]
-    # Accept means equal: a false positive rewards a wrong answer, the costlier error in RL.
-    assert len(false_positive) <= 0.01 * len(rows), [r["id"] for r in false_positive]
-    assert len(wrong) <= 0.05 * len(rows), [r["id"] for r in wrong]
+    return [r for r in wrong if not r["equal"]], [r for r in wrong if r["equal"]], len(rows)
+
+
+def test_dev_corpus():
+    """The README's dev numbers (tools/bench_verifier.py): 830 cases, all judged right."""
+    false_positive, false_negative, n = _misjudged(CORPUS)
+    assert n == 830
+    assert [r["id"] for r in false_positive] == []
+    assert [r["id"] for r in false_negative] == []
+
+
+def test_heldout_corpus():
+    """The README's held-out numbers: the split chosen before tuning, never tuned on.
+    Accept means equal: a false positive rewards a wrong answer, the costlier error in RL."""
+    false_positive, false_negative, n = _misjudged(HELDOUT)
+    assert n == 224
+    # Exactly the README's numbers (0.955: 1 false positive, 9 false negatives): a change
+    # either way means the README is out of date.
+    assert len(false_positive) == 1, [r["id"] for r in false_positive]
+    assert len(false_negative) == 9, [r["id"] for r in false_negative]
+
+
+def test_heldout_split_is_the_hash_rule():
+    """The held-out cases are exactly the first batch of issue-16 cases (mv-, nemo-, fw-) whose
+    sha256 starts with 0-7; dev cases added after the split (mario-, qwen-, ...) are dev only."""
+    def held(r):
+        return hashlib.sha256((r["gold"] + "\x1f" + r["prediction"]).encode()).hexdigest()[0] in "01234567"
+
+    dev = [json.loads(line) for line in CORPUS.read_text().splitlines() if line.strip()]
+    heldout = [json.loads(line) for line in HELDOUT.read_text().splitlines() if line.strip()]
+    added = [r for r in dev if r["id"].startswith(("mv-", "nemo-", "fw-"))]
+    assert len(heldout) >= 200 and all(held(r) for r in heldout)
+    assert not any(held(r) for r in added if r["id"] != "mv-230")  # its gold was fixed after the split
+    assert not {(r["gold"], r["prediction"]) for r in dev} & {(r["gold"], r["prediction"]) for r in heldout}
 
 
 def test_verdicts_do_not_depend_on_the_global_mpmath_precision():

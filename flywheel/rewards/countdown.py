@@ -11,9 +11,10 @@ The completion is untrusted model output, so the rule is narrow and every bound 
   through fractions (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
 - the literals must be the given numbers as a multiset: each exactly once, or with
   `each_number="at_most_once"` each at most once;
-- bounds: the completion length, the answer length, the nesting depth (explicit counter, so
-  no RecursionError) and the bit length of every intermediate value (so a product of huge
-  literals cannot blow up). Every call returns in well under a millisecond or two.
+- bounds: the completion length, the answer length, the nesting depth (explicit counter
+  bounded by what the answer length allows, so no RecursionError) and the bit length of
+  every intermediate value (so a product of huge literals cannot blow up). Every call
+  returns in well under a millisecond or two.
 """
 
 from __future__ import annotations
@@ -40,8 +41,12 @@ MAX_COMPLETION_CHARS = 1_000_000
 """Longer completions are rejected outright ("too_long"): a bound on the tag search itself."""
 MAX_ANSWER_CHARS = 256
 """Longest answer expression parsed (stripped); a 4-number answer needs about 20."""
-MAX_DEPTH = 32
-"""Deepest nesting of parentheses plus unary minus ("too_deep")."""
+MAX_DEPTH = MAX_ANSWER_CHARS // 2
+"""Deepest nesting of parentheses ("too_deep"): as deep as an answer of MAX_ANSWER_CHARS can
+nest, since every level takes two characters. Each level costs the parser four Python
+frames (expression, term, unary, primary): the deepest answer takes about 520 frames, under
+the interpreter's limit of 1000 with room for a caller 300 frames deep (tested); a run of
+unary minuses is counted in a loop, not recursed."""
 MAX_VALUE_BITS = 1024
 """Largest numerator or denominator bit length of any literal or intermediate ("too_big")."""
 INVALID_EXPRESSION_REWARD = -0.9
@@ -236,13 +241,12 @@ class _Parser:
         return value
 
     def unary(self) -> Fraction:
-        if self.peek() != "-":
-            return self.primary()
-        self.pos += 1
-        self.descend()
-        value = -self.unary()
-        self.depth -= 1
-        return value
+        negations = 0
+        while self.peek() == "-":  # a loop, not recursion: "----1" costs no depth
+            self.pos += 1
+            negations += 1
+        value = self.primary()
+        return -value if negations % 2 else value
 
     def primary(self) -> Fraction:
         token = self.peek()

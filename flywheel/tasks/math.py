@@ -34,6 +34,11 @@ class MathTask(Task):
         chat_template: when the tokenizer has a chat template, the prompt is its user turn
             (with the generation prompt); tokenizers without one get the plain text.
         hedged: an answer like "2 or 3": "wrong" (default), or take the "first" / "last".
+        require_box: grade only a \\boxed{} answer (a strict format reward). Default False:
+            the verifier also reads an unboxed final answer ("Final Answer: 12", "#### 12",
+            the last math), because it is the more accurate grader (issue 16: a correct
+            answer graded wrong is a false negative that RL punishes); the prompt still asks
+            for \\boxed{}. Set True when a recipe wants the box itself rewarded.
     """
 
     def __init__(
@@ -44,6 +49,7 @@ class MathTask(Task):
         prompt_suffix: str = DEEPSEARCH_PROMPT_SUFFIX,
         chat_template: bool = True,
         hedged: Literal["wrong", "first", "last"] = "wrong",
+        require_box: bool = False,
     ) -> None:
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
@@ -54,12 +60,13 @@ class MathTask(Task):
         self.prompt_suffix = prompt_suffix
         self.chat_template = chat_template
         self.hedged = hedged
+        self.require_box = require_box
 
     def prompt(self, problem: Problem) -> str:
         return problem.question + self.prompt_suffix
 
     def score(self, problem: Problem, completion: str) -> Verdict:
-        return verify(problem.answer, completion, hedged=self.hedged)
+        return verify(problem.answer, completion, hedged=self.hedged, require_box=self.require_box)
 
     def problems(self, split: str) -> list[Problem]:
         if split not in BUILTIN_SPLITS:
