@@ -201,6 +201,8 @@ def test_every_route_refuses_a_request_without_the_secret_and_the_trainer_s_own_
 
     backend, generator, model, tok = sidecar
     assert len(backend.token) >= 32
+    rpc = Path(backend.servers[0].env["VLLM_RPC_BASE_PATH"])  # vLLM's internal sockets: private too
+    assert rpc.stat().st_mode & 0o777 == 0o700 and any(p.is_socket() for p in rpc.iterdir())
     for server in backend.servers:
         for method, path, payload in sidecar_routes(backend.staging):
             for token in (None, "", "w" * 43, backend.token[:-1]):
