@@ -73,7 +73,7 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
         try:
             import pyarrow.parquet as pq
         except ImportError as err:
-            raise ImportError(f"reading {path} needs pyarrow: pip install pyarrow") from err
+            raise ImportError(f"reading {path} needs pyarrow: pip install 'flywheel[parquet]' (or pip install pyarrow)") from err
         for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
             yield f"{path}:row {i}", row
         return

@@ -73,6 +73,12 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
         assert 0 <= r["cached"] <= r["hard_set_size"] <= 48
     sizes = [r["hard_set_size"] for r in summary["rounds"]]
     assert sizes == sorted(sizes, reverse=True)  # a refresh never adds problems
+    dm = cli.datamodule
+    # The comparisons below mean something only if the flywheel turned: the screened hard set
+    # (history[0], out of the 48 problems) shrank at a refresh. (The replay buffer stays empty
+    # in 2 short epochs; tests/test_resume.py runs one that fills it.)
+    assert dm.hard.history[0] <= 48 and sizes[-1] < dm.hard.history[0], dm.hard.history
+    assert summary["rounds"][-1]["cached"] == len(dm.buffer)
 
     # The hard set and the replay buffer are in the run directory and in the checkpoint.
     state = Path(log_dir) / "flywheel_state"
@@ -91,13 +97,45 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     png = (Path(log_dir) / "report.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
+    # --data.save_trees (default 2): each epoch's first 2 trees, as the viewer reads them.
+    trees = Path(log_dir) / "trees"
+    assert sorted(p.name for p in trees.iterdir()) == ["epoch_0000.jsonl", "epoch_0001.jsonl"]
+    for path in trees.iterdir():
+        saved = [json.loads(line) for line in path.read_text().splitlines()]
+        assert len(saved) == 2
+        for tree in saved:
+            assert tree["format"] == "flywheel.search.tree/v1" and tree["problem_id"] in dm.train_pool()
+            assert tree["mode"] == "search" and tree["trajectories"] and "text" in tree["nodes"][1]
+
 
 @pytest.mark.slow
-@pytest.mark.parametrize("overlay", ["dapo.yaml", "best_of_n.yaml"])
-def test_flat_baselines_fit(tmp_path, overlay):
-    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.flat_samples=4", overlay=overlay)
-    assert cli.trainer.current_epoch == 1
+@pytest.mark.parametrize("overlay, rollout", [("dapo.yaml", "flat"), ("best_of_n.yaml", "best_of_n")])
+def test_flat_baselines_fit(tmp_path, overlay, rollout):
+    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.flat_samples=4", "--data.save_trees=0",
+                  "--data.hard_set.enabled=false", overlay=overlay)
+    dm = cli.datamodule
+    assert dm.rollout == rollout and cli.trainer.current_epoch == 1
+    # 8 problems in mini-batches of 4: 2 optimizer steps, and the weights moved.
+    assert cli.trainer.global_step == 2
+    base, _ = load_policy("tiny-countdown")
+    trained = cli.model.policy.state_dict()
+    assert any(not torch.equal(v, trained[k]) for k, v in base.state_dict().items())
     assert (Path(cli.trainer.log_dir) / "summary.json").is_file()
+    assert not (Path(cli.trainer.log_dir) / "trees").exists()  # --data.save_trees=0
+    # The rollouts are flat groups of 4 samples, not trees.
+    problems = list(dm.train_pool().values())[:16]
+    rows, results, _ = dm.rollouts(cli.model, problems, epoch=5, rank=0)
+    assert all(r.mode == "flat" and len(r.trajectories) == 4 for r in results)
+    correct = [sum(t.verdict.correct for t in r.trajectories) for r in results]
+    assert 0 < sum(correct) < 4 * len(results), "want both right and wrong samples to check the rule"
+    for problem_rows, result, n_correct in zip(rows, results, correct):
+        if rollout == "best_of_n":  # rejection sampling: the correct samples only, advantage +1
+            assert len(problem_rows) == n_correct
+            assert all(r.reward == 1.0 and set(r.advantages) == {1.0} for r in problem_rows)
+        else:  # DAPO: every sample (none is degenerate here), reward minus the group mean
+            finals = [t.final_score for t in result.trajectories]
+            mean = sum(finals) / len(finals)
+            assert [r.advantages[0] for r in problem_rows] == pytest.approx([f - mean for f in finals])
 
 
 @pytest.mark.slow

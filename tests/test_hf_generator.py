@@ -419,11 +419,27 @@ def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thre
     assert cached.stats.extra["prefix_cache_hit_tokens"] > 0
     assert 0 < cached.prefix_cache.bytes <= 16 * 2**20
 
-    # A weight update empties the cache: stale KV would give wrong log-probs.
+    # A weight update empties the cache: stale KV would give wrong log-probs. Change the
+    # weights for real, then expand a node whose prefix the cache holds: the log-probs must be
+    # the new weights' (teacher-forced), and measurably not the old ones'.
+    import copy
+
+    old_policy = copy.deepcopy(policy)
+    first = a[0].trajectories[0]
+    node_prefix = searches[0].prompt_ids + first.steps[0].token_ids  # a searched node: cached
     with torch.no_grad():
-        policy.lm_head.weight.mul_(1.0)
-    request = [GenerationRequest(searches[0].prompt_ids, n=2, params=SamplingParams(max_new_tokens=4), seed=1)]
-    cached.sample(request)
+        for name, weight in policy.named_parameters():
+            if "layers.0." in name and weight.dim() == 2:  # the first layer: every cached K/V changes
+                weight.mul_(1.5)
+    request = [GenerationRequest(node_prefix, n=2, params=SamplingParams(max_new_tokens=6), seed=1)]
+    fresh = cached.sample(request)[0]
+    gaps = []
+    for completion in fresh:
+        now, _ = teacher_forced(policy, node_prefix, completion)
+        before, _ = teacher_forced(old_policy, node_prefix, completion)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), now, atol=1e-4, rtol=1e-4)
+        gaps.append((now - before).abs().max().item())
+    assert max(gaps) > 1e-2  # the change is visible in the log-probs, so the check above can fail
     assert cached.prefix_cache.weights == tuple(p._version for p in policy.parameters())
     assert len(cached.prefix_cache.entries) <= 2  # only this call's two samples; the rest was dropped
 

@@ -1,6 +1,9 @@
-"""TreeGRPOModule: gradients reach only response tokens, and a step moves log-probs the way
-the advantages say."""
+"""TreeGRPOModule: gradients reach only response tokens, a step moves log-probs the way
+the advantages say; pi_old from the generator ("behaviour") or recomputed with truncated
+importance weights ("recompute_tis"), the KL penalty to a frozen reference, and the warmup,
+each worked out by hand."""
 
+import pytest
 import torch
 
 from data_modules.examples import TrainingRow, collate
@@ -85,3 +88,92 @@ def test_packing_gives_the_same_loss_and_gradients(tmp_path):
     assert any(g.abs().sum() > 0 for g in grads[0])
     for a, b in zip(*grads):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+# ---- where pi_old comes from, the KL penalty, the warmup -----------------------------------
+
+def module_with(tmp_path, **kwargs) -> TreeGRPOModule:
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_llama(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    kwargs.setdefault("optimizer", OptimizerConfig(lr=1e-2, weight_decay=0.0, warmup_steps=0))
+    return TreeGRPOModule(policy=str(tmp_path), **kwargs)
+
+
+def on_policy_batch(module, advantage: float, behaviour_shift: float):
+    """One response of 6 tokens; pi_old = the current policy; the generator's log-probs are the
+    current ones minus `behaviour_shift` (so pi / pi_generator = exp(behaviour_shift))."""
+    tok = module.tokenizer
+    batch = collate([row(tok, "1 2|3\n", "1+2=3\n", advantage)], tok.pad_token_id)
+    current = module.score_batch(batch)
+    batch["old_logprobs"] = current
+    batch["behaviour_logprobs"] = current - behaviour_shift
+    return batch
+
+
+def test_behaviour_old_logprobs_take_the_generators_as_pi_old(tmp_path):
+    import math
+
+    recompute = module_with(tmp_path / "a", old_logprobs="recompute")
+    behaviour = module_with(tmp_path / "b", old_logprobs="behaviour")
+    # ratio pi / pi_generator = 1.1 on every token, A = +1: loss -min(1.1, clip(1.1)) = -1.1
+    # per token, token-mean -1.1; recomputed pi_old = pi gives ratio 1 and loss -1.
+    batch = on_policy_batch(behaviour, 1.0, math.log(1.1))
+    assert behaviour.training_step(dict(batch), 0).item() == pytest.approx(-1.1, abs=1e-5)
+    assert recompute.training_step(dict(batch), 0).item() == pytest.approx(-1.0, abs=1e-5)
+    # ratio 2 is clipped at 1 + clip_high = 1.28 for A > 0.
+    batch = on_policy_batch(behaviour, 1.0, math.log(2.0))
+    assert behaviour.training_step(dict(batch), 0).item() == pytest.approx(-1.28, abs=1e-5)
+
+
+def test_recompute_tis_weights_each_token_by_the_truncated_importance_weight(tmp_path):
+    import math
+
+    module = module_with(tmp_path, old_logprobs="recompute_tis")  # tis_cap 2.0
+    # pi_old = pi (ratio 1), pi_old / pi_generator = 1.5: every token's loss -1 * 1.5.
+    batch = on_policy_batch(module, 1.0, math.log(1.5))
+    assert module.training_step(dict(batch), 0).item() == pytest.approx(-1.5, abs=1e-5)
+    # pi_old / pi_generator = 5 is truncated to the cap 2: loss -2.
+    batch = on_policy_batch(module, 1.0, math.log(5.0))
+    assert module.training_step(dict(batch), 0).item() == pytest.approx(-2.0, abs=1e-5)
+
+
+def test_kl_coef_adds_the_penalty_to_a_frozen_reference(tmp_path):
+    import math
+
+    from flywheel.objectives import ObjectiveConfig
+
+    assert module_with(tmp_path / "none").reference is None  # kl_coef 0: no reference model at all
+    module = module_with(tmp_path / "kl", objective=ObjectiveConfig(kl_coef=0.5, kl_estimator="k3"))
+    assert all(not p.requires_grad for p in module.reference.parameters())
+    batch = on_policy_batch(module, 0.0, 0.0)  # A = 0: the policy-gradient term is 0
+    # The reference starts as the policy: KL 0.
+    assert module.training_step(dict(batch), 0).item() == pytest.approx(0.0, abs=1e-6)
+    # Now a reference with a zero LM head, uniform over the V tokens (log pi_ref = -ln V), and a
+    # policy made peaky (head x 30). k3 = exp(d) - d - 1 with d = log pi_ref - log pi = -ln V - lp
+    # per response token; loss = 0.5 * token-mean(k3).
+    with torch.no_grad():
+        module.reference.lm_head.weight.zero_()
+        module.policy.lm_head.weight.mul_(30.0)
+    batch = on_policy_batch(module, 0.0, 0.0)
+    d = -math.log(module.policy.config.vocab_size) - module.score_batch(batch)[batch["loss_mask"]].double()
+    expected = 0.5 * (d.exp() - d - 1).mean().item()
+    assert expected > 0.05  # far from 0: the check below can tell a missing penalty
+    assert module.training_step(dict(batch), 0).item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_warmup_rises_linearly_to_the_peak_then_stays(tmp_path):
+    module = module_with(tmp_path, optimizer=OptimizerConfig(lr=1e-3, weight_decay=0.0, warmup_steps=4))
+    config = module.configure_optimizers()
+    optimizer, scheduler = config["optimizer"], config["lr_scheduler"]["scheduler"]
+    assert config["lr_scheduler"]["interval"] == "step"  # per optimizer step, not per epoch
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        scheduler.step()
+    # step k uses lr * (k + 1) / 4 until the 4th, then lr.
+    assert lrs == pytest.approx([0.25e-3, 0.5e-3, 0.75e-3, 1e-3, 1e-3, 1e-3])
+    flat = module_with(tmp_path / "flat", optimizer=OptimizerConfig(lr=1e-3, warmup_steps=0)).configure_optimizers()
+    assert flat["optimizer"].param_groups[0]["lr"] == pytest.approx(1e-3)

@@ -1,6 +1,6 @@
 """The self-rewarding value model in the loop: trained at each round's end from the round's
-trees, used to score the next round's search, checkpointed and resumed exactly; its AUC /
-calibration helpers by hand."""
+trees, used to score the next round's search (where it changes which nodes grow),
+checkpointed and resumed exactly; its AUC / calibration helpers by hand."""
 
 import math
 from pathlib import Path
@@ -51,6 +51,23 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
     assert len(means) == len(valued) - 1 and all(0 <= m <= 1 for m in means)
     samples = [p.value for p in ea.Scalars("round/prm_samples")]
     assert samples == sorted(samples) and samples[0] > 0  # accumulated over rounds
+
+    # The trained value model changes the search: the same problems, seeds and policy, searched
+    # with and without V(s) in the selection scores, grow different trees.
+    dm = whole.datamodule
+    problems = [p for p in dm.train_pool().values() if p.id not in dm.buffer][:8]  # searched, not mixed
+    assert dm.value_fn is not None and dm.search.prm_weight > 0
+    _, guided, _ = dm.rollouts(whole.model, problems, epoch=11, rank=0)
+    value_fn, dm.value_fn = dm.value_fn, None
+    _, plain, _ = dm.rollouts(whole.model, problems, epoch=11, rank=0)
+    dm.value_fn = value_fn
+    assert all(r.mode == "search" for r in guided + plain) and len(guided) == len(plain) == 8
+
+    def grown(result):  # the expanded nodes' prefixes, in the order they were created
+        return [tuple(result.tree.tokens[n]) for n in range(len(result.tree.tokens))]
+
+    assert any(grown(a) != grown(b) for a, b in zip(guided, plain)), "V(s) changed no tree"
+    assert any(v == v for r in guided for v in r.tree.prm_value) and all(v != v for r in plain for v in r.tree.prm_value)
 
     fit(tmp_path / "parts", 2)
     resumed = fit(tmp_path / "parts", 3, "--ckpt_path", "last")

@@ -1,5 +1,6 @@
 """The shipped default policy (flywheel/assets/policies/tiny-countdown), built by
-tools/make_tiny_policy.py. Nothing here retrains it: these check the committed folder."""
+tools/make_tiny_policy.py. Nothing here retrains it: these check the committed folder, that
+its card describes these weights, and measure the weights against the card's score."""
 
 from __future__ import annotations
 
@@ -79,20 +80,36 @@ def test_shipped_scores_are_in_the_intended_band(results):
     assert test["pass_at_k"]["8"] >= test["pass_at_1"] + 0.15
 
 
-def test_samples_solve_some_held_out_problems(policy):
-    """64 test problems x 4 samples at T = 1.0: some are correct (takes a few seconds)."""
+def test_the_card_describes_these_weights(results):
+    import hashlib
+
+    digest = hashlib.sha256((FOLDER / "model.safetensors").read_bytes()).hexdigest()
+    assert digest == results["summary"]["safetensors_sha256"]
+    model = AutoModelForCausalLM.from_pretrained(FOLDER)
+    assert sum(p.numel() for p in model.parameters()) == results["summary"]["parameters"]
+
+
+def test_shipped_weights_score_what_the_card_says_within_sampling_error(policy, results):
+    """Measure the shipped weights: 200 test problems x 2 samples at T = 1.0 (the card's
+    temperature and length cap). The mean of per-problem pass rates has a standard error of at
+    most sqrt(p (1 - p) / 200); the card's p = 0.184 gives 0.027, so 4 standard errors allow
+    0.110 either way: a broken or swapped model (pass@1 near 0) fails, sampling noise does not."""
     model, tokenizer = policy
+    card = results["eval"]["test"]["pass_at_1"]
     task = CountdownTask()
-    problems = task.problems("test")[:64]
-    params = SamplingParams(max_new_tokens=128, temperature=1.0)
-    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), 4, params, seed=i)
+    problems = task.problems("test")[:200]
+    params = SamplingParams(max_new_tokens=results["recipe"]["eval_max_new_tokens"],
+                            temperature=results["recipe"]["eval_temperature"])
+    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), 2, params, seed=i)
                 for i, p in enumerate(problems)]
     completions = HFGenerator(model, tokenizer).sample(requests)
     correct = [
         verify(p.numbers, p.target, tokenizer.decode(c.token_ids, skip_special_tokens=True)).correct
         for p, samples in zip(problems, completions) for c in samples
     ]
-    assert sum(correct) / len(correct) > 0
+    measured = sum(correct) / len(correct)
+    tolerance = 4 * (card * (1 - card) / len(problems)) ** 0.5
+    assert abs(measured - card) <= tolerance, f"measured pass@1 {measured:.3f}, card {card:.3f} +- {tolerance:.3f}"
     # A trained policy ends its answers with EOS rather than running to the length cap.
     ends = [c.finish_reason for samples in completions for c in samples]
     assert ends.count("eos") / len(ends) > 0.9

@@ -1,0 +1,52 @@
+"""Run `flywheel fit` and record, per rank, what each epoch searched and how many optimizer
+steps the rank took, as JSON in $FLYWHEEL_TEST_RECORD/rank_<R>.json (for the DDP test).
+
+    FLYWHEEL_TEST_RECORD=DIR python tests/scripts/record_fit.py fit-arguments...
+
+Recorded per epoch: the epoch's whole problem list (drawn identically on every rank) and
+the problems this rank searched; at teardown: the rank's global step and world size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from data_modules.search import SearchDataModule  # noqa: E402
+from flywheel.__main__ import main  # noqa: E402
+
+RECORD = Path(os.environ["FLYWHEEL_TEST_RECORD"])
+epochs: list[dict] = []
+next_problems, rollouts, teardown = SearchDataModule.next_problems, SearchDataModule.rollouts, SearchDataModule.teardown
+
+
+def _next_problems(self, count):
+    problems = next_problems(self, count)
+    epochs.append({"epoch": self.trainer.current_epoch, "all": [p.id for p in problems], "mine": []})
+    return problems
+
+
+def _rollouts(self, module, problems, epoch, rank):
+    if epochs and epochs[-1]["epoch"] == epoch and not epochs[-1]["mine"]:
+        epochs[-1]["mine"] = [p.id for p in problems]
+    return rollouts(self, module, problems, epoch, rank)
+
+
+def _teardown(self, stage):
+    trainer = self.trainer
+    if stage == "fit" and trainer is not None:
+        RECORD.mkdir(parents=True, exist_ok=True)
+        record = {"rank": trainer.global_rank, "world": trainer.world_size, "global_step": trainer.global_step,
+                  "epochs": epochs}
+        (RECORD / f"rank_{trainer.global_rank}.json").write_text(json.dumps(record))
+    return teardown(self, stage)
+
+
+SearchDataModule.next_problems, SearchDataModule.rollouts, SearchDataModule.teardown = _next_problems, _rollouts, _teardown
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

