@@ -51,10 +51,10 @@ def test_bench_verifier_scores_a_hand_checked_corpus(tmp_path):
     ]
     corpus = tmp_path / "cases.jsonl"
     corpus.write_text("".join(json.dumps(c) + "\n" for c in cases))
-    fields, _ = run_tool("tools/bench_verifier.py", "--corpus", str(corpus))
+    fields, _ = run_tool("tools/bench_verifier.py", "--corpus", str(corpus), "--heldout", "none")
     # 204 = 204, 52 != 25, 0.5 = 1/2: all three judged right.
-    assert fields["cases"] == "3"
-    assert (fields["flywheel_accuracy"], fields["flywheel_fp"], fields["flywheel_fn"]) == ("1.0000", "0", "0")
+    assert fields["dev_cases"] == "3" and "heldout_cases" not in fields
+    assert (fields["dev_flywheel_accuracy"], fields["dev_flywheel_fp"], fields["dev_flywheel_fn"]) == ("1.0000", "0", "0")
 
 
 @pytest.mark.slow
@@ -72,16 +72,18 @@ def test_compare_runs_each_method_to_its_token_budget(tmp_path):
     fields, text = run_tool(
         "tools/compare.py", "--tokens", "1", "--methods", "deepsearch", "bon", "--numbers", "3", "--eval-split", "test",
         "--epochs-per-round", "1", "--out", str(out), "--data.problems_per_epoch=4", "--data.max_eval_problems=4",
-        "--data.eval.samples=1", "--data.max_train_problems=8", "--data.hard_set.enabled=false",
+        "--data.eval.samples=8", "--data.max_train_problems=8", "--data.hard_set.enabled=false",
         "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2", "--data.flat_samples=2",
     )
-    assert fields["tokens"] == "1"
+    assert fields["tokens"] == "1" and fields["seeds"] == "1"
     for method in ("deepsearch", "bon"):
         # A budget of 1 token: each run stops after its first epoch, one round evaluated.
-        [summary] = [json.loads(p.read_text()) for p in (out / method).glob("version_*/summary.json")]
+        [summary] = [json.loads(p.read_text()) for p in (out / f"{method}_seed0").glob("version_*/summary.json")]
         assert [r["round"] for r in summary["rounds"]] == [1]
-        assert int(fields[f"{method}_tokens"]) == summary["rounds"][0]["generated_tokens"] > 0
-        assert not math.isnan(float(fields[f"{method}_pass1"]))
+        assert summary["rounds"][0]["generated_tokens"] > 0
+        assert float(fields[f"{method}_pass1"]) == pytest.approx(summary["rounds"][0]["eval_pass1"], abs=1e-4)
+        assert float(fields[f"{method}_pass1_sd"]) == 0.0  # one seed: no spread
+        assert 0.0 <= float(fields[f"{method}_pass8"]) <= 1.0
     assert "dapo_pass1" not in fields  # only the methods asked for ran
 
 
