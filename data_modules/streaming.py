@@ -1,0 +1,175 @@
+"""Training problems streamed with litdata, for problem files too large to hold or screen whole.
+
+`--data.streaming=true` turns `--data.train_files` into a litdata dataset once: every row is
+checked by the task exactly as `load_problems` checks it (bad rows name `file:line`, or are
+skipped and counted with `--data.skip_bad_rows`; duplicate ids are refused), then written as
+chunks under `<stream_cache>/<key>` where the key hashes the files' bytes, the task and the
+row rule, so a changed file is optimized again and an unchanged one never is. The folder is
+written beside its final name and renamed, so a killed optimization leaves nothing half-made.
+
+Each pass over the data is one `litdata.StreamingDataset` epoch: chunk order and items within
+a chunk shuffled by (seed, pass) over rows permuted once when optimized,
+and sharded across ranks so that no two ranks draw the same problem. The position (pass and
+problems drawn in it) is part of the data module's state, so a resumed run draws exactly the
+problems the uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from flywheel.tasks import Problem, Task
+
+from data_modules.problems import _rows
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+"""Layout of an optimized dataset; part of its key, so a change rebuilds old caches."""
+
+
+def _require_litdata():
+    try:
+        import litdata
+    except ImportError as err:
+        raise ImportError(
+            "--data.streaming=true needs litdata: pip install 'flywheel[stream]' (on a CPU machine then "
+            "`pip uninstall -y torchvision`: litdata pulls a CUDA torchvision that breaks `import lightning`)"
+        ) from err
+    return litdata
+
+
+def dataset_key(task: Task, files: Sequence[str], skip_bad_rows: bool) -> str:
+    """A name for the optimized dataset of these files: it changes when a file's bytes do."""
+    digest = hashlib.sha256(f"{FORMAT}:{type(task).__module__}.{type(task).__qualname__}:{skip_bad_rows}".encode())
+    for file in files:
+        digest.update(f"\0{Path(file).name}\0".encode())
+        with open(file, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def checked_rows(task: Task, files: Sequence[str], skip_bad_rows: bool) -> tuple[list[dict[str, Any]], int]:
+    """Every usable row as {"row": JSON text with its id, "where": file:line}, and the rows skipped."""
+    items: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    skipped = 0
+    for file in files:
+        for where, row in _rows(Path(file)):
+            try:
+                if isinstance(row, Exception):
+                    raise ValueError(f"{where}: {row}")
+                if not isinstance(row, dict):
+                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+                problem = task.problem_from_row(row, where)
+            except ValueError as err:
+                if not skip_bad_rows:
+                    raise ValueError(f"{err} (pass --data.skip_bad_rows=true to skip and count bad rows)") from None
+                skipped += 1
+                continue
+            if problem.id in seen:
+                raise ValueError(f"duplicate problem id {problem.id!r} at {where}; ids must be unique")
+            seen.add(problem.id)
+            items.append({"row": json.dumps({**row, "id": problem.id}), "where": where})
+    if not items:
+        raise ValueError(f"no usable problems in {', '.join(files)}")
+    return items, skipped
+
+
+def _encode(item: dict[str, Any]) -> dict[str, Any]:
+    return item
+
+
+def optimize_files(task: Task, files: Sequence[str], cache: Path, skip_bad_rows: bool = False) -> Path:
+    """The optimized dataset of `files` under `cache`, built once (atomically) if missing."""
+    target = cache / dataset_key(task, files, skip_bad_rows)
+    if (target / "index.json").is_file():
+        return target
+    litdata = _require_litdata()
+    items, skipped = checked_rows(task, files, skip_bad_rows)
+    # litdata shuffles chunk order and items within a small window of a chunk, so rows that
+    # sit together in the file (sorted by source or difficulty) would be drawn together:
+    # the rows are permuted once here, with a fixed seed, before they are chunked.
+    random.Random(f"{FORMAT}:stream").shuffle(items)
+    if skipped:
+        log.warning("skipped %d malformed problem rows in %s", skipped, ", ".join(files))
+    cache.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=cache))
+    try:
+        log.info("optimizing %d problems of %s into %s (once)", len(items), ", ".join(files), target)
+        litdata.optimize(fn=_encode, inputs=items, output_dir=str(staging), chunk_bytes="1MB", num_workers=1,
+                         start_method="fork", keep_data_ordered=True)
+        try:
+            os.rename(staging, target)
+        except OSError:  # another process finished the same dataset first: theirs is identical
+            if not (target / "index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+class StreamingProblems:
+    """An endless, resumable stream of training problems read from an optimized dataset.
+
+    `take(count)` returns the next `count` problems of this rank's shard; a pass that runs out
+    starts the next one, reshuffled. `state_dict()` is the position: (pass, drawn in it).
+    """
+
+    def __init__(self, task: Task, directory: Path, seed: int, rank: int = 0, world: int = 1) -> None:
+        self.task, self.directory, self.seed, self.rank, self.world = task, Path(directory), seed, rank, world
+        self.epoch = 0
+        self.drawn = 0
+        self._iter: Iterator[dict[str, Any]] | None = None
+        self._dataset = None
+
+    def __len__(self) -> int:
+        """Problems in this rank's shard of one pass."""
+        return len(self._open(self.epoch, 0))
+
+    def _open(self, epoch: int, drawn: int):
+        litdata = _require_litdata()
+        from litdata.utilities.env import _DistributedEnv
+
+        dataset = litdata.StreamingDataset(str(self.directory), shuffle=True, seed=self.seed, drop_last=True)
+        # The trainer's ranks, not whatever torch.distributed says in this process: the shard
+        # must match the rank that trains on it (and tests can ask for any rank).
+        dataset.distributed_env = _DistributedEnv(world_size=self.world, global_rank=self.rank, num_nodes=1)
+        dataset.set_epoch(epoch + 1)  # litdata's epochs count from 1
+        if drawn:
+            state = dataset.state_dict(num_samples_yielded=drawn, num_workers=0, batch_size=1)
+            dataset.load_state_dict(state)
+        self._dataset = dataset
+        return dataset
+
+    def take(self, count: int) -> list[Problem]:
+        out: list[Problem] = []
+        restarted = False
+        while len(out) < count:
+            if self._iter is None:
+                self._iter = iter(self._open(self.epoch, self.drawn))
+            try:
+                item = next(self._iter)
+            except StopIteration:
+                if self.drawn == 0 and restarted:
+                    raise ValueError(f"the streamed dataset {self.directory} has no problems for rank {self.rank}")
+                self.epoch, self.drawn, self._iter, restarted = self.epoch + 1, 0, None, True
+                continue
+            self.drawn += 1
+            out.append(self.task.problem_from_row(json.loads(item["row"]), item["where"]))
+        return out
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "drawn": self.drawn}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.drawn, self._iter = int(state["epoch"]), int(state["drawn"]), None
