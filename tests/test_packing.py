@@ -9,6 +9,7 @@ import torch
 from flywheel.objectives import policy_loss
 from flywheel.packing import ancestor_mask, pack_rows, packable, packed_logprobs, right_pad
 from flywheel.tiny import build_tiny_llama
+from flywheel.tree_attention import enable_tree_attention, tree_layout
 
 
 def test_trie_and_mask_by_hand():
@@ -45,14 +46,20 @@ def random_tree_batch(rng: random.Random, vocab: int, groups: int = 3, k: int = 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_packed_equals_flat_logprobs_loss_and_gradients(one_thread, tok, family, seed):
+@pytest.mark.parametrize("attention", ["dense", "tree"])
+def test_packed_equals_flat_logprobs_loss_and_gradients(one_thread, tok, family, seed, attention):
     torch.manual_seed(seed)
     rng = random.Random(seed)
     vocab = len(tok)
     model = build_tiny_llama(tok, family=family, seed=seed, initializer_range=0.2).float().train()
     assert packable(model)
+    if attention == "tree":
+        assert enable_tree_attention(model)
     ids, mask, groups = random_tree_batch(rng, vocab)
     packed = pack_rows(ids, mask, groups)
+    if attention == "tree":  # blocks of 4 queries: several blocks per group, several buckets
+        packed.layout = tree_layout(packed.position_ids, packed.origin, packed.index, block=4, pad_to=4)
+        assert len(packed.layout.buckets) > 1
     assert packed.tokens < int(mask.sum())  # shared prefixes are computed once
 
     loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= 3)

@@ -28,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
-from flywheel.packing import pack_rows, packed_logprobs, right_pad  # noqa: E402
+from flywheel.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
+from flywheel.tree_attention import enable_tree_attention  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -94,13 +95,14 @@ def main() -> None:
           f"{'speedup':>7} {'|dloss|':>9}")
     for name in args.models:
         model = build(name)
+        enable_tree_attention(model)  # packed passes block-sparse; flat rows stay plain sdpa
         vocab = model.config.vocab_size
         repeats = args.repeats if name == "tiny" else 1
         for depth in args.depths:
             trees = args.trees if name == "tiny" else 1
             ids, mask, groups, prompt = tree_rows(random.Random(depth), vocab, trees, args.k, depth,
                                                   args.step_tokens, args.prompt_tokens)
-            packed = pack_rows(ids, mask, groups)
+            packed = pack_for(model, ids, mask, groups)
             loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= prompt - 1)
             advantages = torch.randn(loss_mask.shape, generator=torch.Generator().manual_seed(depth))
             with torch.no_grad():
