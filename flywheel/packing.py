@@ -65,9 +65,11 @@ class Packed:
             self.layout = tree_layout(self.position_ids.cpu(), self.origin.cpu(), self.index.cpu())
         return self
 
-    def to(self, device: torch.device) -> Packed:
+    def to(self, device: torch.device | str, **kwargs) -> Packed:
+        """A copy on `device` (also what Lightning's batch transfer calls)."""
         fields = (self.input_ids, self.position_ids, self.parent, self.row_group, self.index, self.origin)
-        return Packed(*(t.to(device) for t in fields), layout=None if self.layout is None else self.layout.to(device))
+        layout = None if self.layout is None else self.layout.to(device)
+        return Packed(*(t.to(device, **kwargs) for t in fields), layout=layout)
 
 
 def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids: torch.Tensor, pad_id: int = 0) -> Packed:
@@ -169,6 +171,27 @@ def packed_logprobs(model: torch.nn.Module, packed: Packed, flat_shape: torch.Si
     group = packed.row_group[:, None].expand(-1, length - 1)
     out = per_token[group, targets.clamp(min=0)]
     return torch.where(targets >= 0, out, torch.zeros_like(out))
+
+
+MIN_TOKEN_RATIO = 1.2
+"""`packing="auto"` packs a mini-batch when a flat pass would compute at least this many times
+the packed tokens. tools/bench_train.py measured the packed step at about 0.9x the token
+ratio in time (tiny policy, block-sparse attention), so below ~1.1 the gathers and the
+layout cost more than the shared tokens save."""
+
+
+def packing_pays(packed: Packed, attention_mask: torch.Tensor, tree_attention: bool) -> bool:
+    """The `packing="auto"` rule for one mini-batch: flat tokens / packed tokens >=
+    MIN_TOKEN_RATIO and, with the dense mask (no tree attention), the packed attention pairs
+    G x P^2 no more than the flat form's B x L^2 (the dense mask grows with the square of
+    the packed length, the tree layout with the ancestor pairs only)."""
+    if attention_mask.sum() < MIN_TOKEN_RATIO * packed.tokens:
+        return False
+    if tree_attention:
+        return True
+    g, p = packed.input_ids.shape
+    b, length = attention_mask.shape
+    return g * p * p <= b * length * length
 
 
 def packable(model: torch.nn.Module) -> bool:

@@ -36,7 +36,7 @@ BLOCK = 64
 """Query positions per block; the key list of a block is the union of its tokens' ancestors."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class Bucket:
     """Query blocks whose key lists pad to the same length, computed in one SDPA call.
 
@@ -53,7 +53,7 @@ class Bucket:
         return Bucket(self.queries.to(device), self.keys.to(device), self.mask.to(device))
 
 
-@dataclass(frozen=True)
+@dataclass
 class TreeLayout:
     """The block-sparse attention of a packed batch of G groups of width P. gather: [G * P]
     where each packed position's output lies in the buckets' concatenated outputs (one past
