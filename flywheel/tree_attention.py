@@ -93,11 +93,11 @@ def ancestor_mask(parent: torch.Tensor) -> torch.Tensor:
 
 def _ladder(length: int, step: int) -> int:
     """The padded key-list length: the first of step, 2 step, 3 step, 5 step, 8 step, ... (x1.5,
-    rounded up to `step`) >= length. Few buckets (few SDPA calls and gathers per layer), each
+    rounded up to `step`, growing by at least `step`) >= length. Few buckets (few SDPA calls and gathers per layer), each
     key list padded by at most half its length."""
     padded = step
     while padded < length:
-        padded = -(-(padded * 3 // 2) // step) * step
+        padded = max(padded + step, -(-(padded * 3 // 2) // step) * step)
     return padded
 
 
