@@ -94,7 +94,7 @@ def test_auto_packing_packs_shared_trees_and_leaves_distinct_rows_flat(tmp_path)
     module = make_module(tmp_path)
     assert module.packing == "auto"
     tok = module.tokenizer
-    # Three trajectories of one tree share the prompt and "1+2=3\n": 46 flat tokens, 27 packed.
+    # Three trajectories of one tree share the prompt and "1+2=3\n<answer>": 79 flat tokens, 51 packed.
     shared = collate([row(tok, "1 2|3\n", "1+2=3\n<answer>1+2</answer>", 1.0),
                       row(tok, "1 2|3\n", "1+2=3\n<answer>2+1</answer>", 0.5),
                       row(tok, "1 2|3\n", "2-1=1\n", -1.0)], tok.pad_token_id)
