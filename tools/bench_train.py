@@ -4,14 +4,17 @@ Each tree: a prompt and K trajectories of `depth` steps of `step_tokens` tokens;
 trajectory is random, every later one branches off an earlier one at a random step
 boundary (as the frontier selection does) and continues with fresh steps; 8 children per
 expansion means up to 8 branches per node. The flat form trains one row per trajectory;
-the packed form computes every shared prefix once (flywheel.packing). Both run the same
+the packed form computes every shared prefix once (flywheel.packing: the mini-batch as one
+token trie, block-sparse tree attention over each token's ancestors). Both run the same
 forward + backward of the Tree-GRPO loss, alternating, and the loss difference is printed.
+The packed layout is built once per mini-batch (as in training) and not timed; its build
+time is printed.
 
     python tools/bench_train.py                 # tiny policy and a ~100M Llama, depth 4 and 16
     python tools/bench_train.py --models tiny   # the tiny policy only
 
 Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step time> ... for
-the depth-16 trees with the tiny policy.
+the depth-16 trees with the tiny policy, then <model>_d<depth>_speedup=... for the others.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def main() -> None:
 
     results = {}
     print(f"{'model':<6} {'depth':>5} {'flat tok':>9} {'packed tok':>10} {'ratio':>6} {'flat s':>8} {'packed s':>8} "
-          f"{'speedup':>7} {'|dloss|':>9}")
+          f"{'speedup':>7} {'|dloss|':>9} {'layout s':>8}")
     for name in args.models:
         model = build(name)
         enable_tree_attention(model)  # packed passes block-sparse; flat rows stay plain sdpa
@@ -102,7 +105,9 @@ def main() -> None:
             trees = args.trees if name == "tiny" else 1
             ids, mask, groups, prompt = tree_rows(random.Random(depth), vocab, trees, args.k, depth,
                                                   args.step_tokens, args.prompt_tokens)
+            start = time.perf_counter()
             packed = pack_for(model, ids, mask, groups)
+            layout_s = time.perf_counter() - start
             loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= prompt - 1)
             advantages = torch.randn(loss_mask.shape, generator=torch.Generator().manual_seed(depth))
             with torch.no_grad():
@@ -126,7 +131,7 @@ def main() -> None:
             f, t = statistics.median(flat_times), statistics.median(tree_times)
             results[(name, depth)] = (flat_tok / tree_tok, f / t)
             print(f"{name:<6} {depth:>5} {flat_tok:>9} {tree_tok:>10} {flat_tok / tree_tok:6.2f} {f:8.3f} {t:8.3f} "
-                  f"{f / t:7.2f} {diff:9.2e}", flush=True)
+                  f"{f / t:7.2f} {diff:9.2e} {layout_s:8.3f}", flush=True)
     key = ("tiny", 16) if ("tiny", 16) in results else next(iter(results))
     extra = " ".join(f"{n}_d{d}_speedup={s:.2f}" for (n, d), (_, s) in results.items() if (n, d) != key)
     ratio, speedup = results[key]
