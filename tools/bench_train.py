@@ -95,7 +95,12 @@ def main() -> None:
     parser.add_argument("--step-tokens", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 keeps the CPU-time ratio honest on a loaded "
+                             "machine, where idle OpenMP threads spin and bill CPU time")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     results = {}
     print(f"{'model':<6} {'depth':>5} {'flat tok':>9} {'packed tok':>10} {'ratio':>6} {'flat s':>8} {'packed s':>8} "
