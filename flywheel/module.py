@@ -17,7 +17,8 @@ import torch
 from flywheel.evaluation import evaluate
 from flywheel.metrics import PassAtK
 from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
-from flywheel.packing import PACKABLE_MODEL_TYPES, Packed, packable, packed_logprobs, pack_rows
+from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
+from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policy import LoraSettings, add_lora, load_policy
 
 log = logging.getLogger(__name__)
@@ -63,10 +64,14 @@ class TreeGRPOModule(L.LightningModule):
             generator/trainer mismatch. "behaviour": the generator's own log-probs are
             pi_old (no extra forward pass).
         dtype: parameter dtype of the policy ("float32" or "bfloat16").
-        packing: compute each tree's shared prefixes once (flywheel.packing): one packed
-            sequence per tree with an ancestor-only mask, log-probs laid back out per
-            trajectory, so the loss is the same. Llama and Qwen2 families; other models fall
-            back to one row per trajectory, saying so once.
+        packing: compute each tree's shared prefixes once (flywheel.packing): the mini-batch's
+            trajectories become one token trie, attention is block-sparse over each token's
+            ancestors (flywheel.tree_attention), log-probs are laid back out per trajectory,
+            so the loss is the same. "auto" (default): pack a mini-batch when a flat pass would
+            compute >= 1.2x its packed tokens (flywheel.packing.packing_pays); true: always;
+            false: never. Llama and Qwen2 families with sdpa attention; other attention
+            implementations get a dense ancestor mask, other models one row per trajectory
+            (said once).
         lora: train low-rank adapters instead of every weight (`--model.lora.rank=16`; needs
             `peft`). Checkpoints hold base + adapters; `tools/export_hf.py` and `flywheel eval`
             merge them. The vLLM sidecar then syncs only the adapter.
@@ -79,7 +84,7 @@ class TreeGRPOModule(L.LightningModule):
         optimizer: OptimizerConfig = OptimizerConfig(),
         old_logprobs: OldLogprobs = "recompute",
         dtype: str = "float32",
-        packing: bool = False,
+        packing: bool | Literal["auto"] = "auto",
         lora: LoraSettings = LoraSettings(),
     ) -> None:
         super().__init__()
@@ -94,8 +99,12 @@ class TreeGRPOModule(L.LightningModule):
         self.old_logprobs = old_logprobs
         self.policy, self.tokenizer = load_policy(policy, dtype)
         self.policy = add_lora(self.policy, lora)
-        self.packing = packing and packable(self.policy)
-        if packing and not self.packing:
+        if packing not in (True, False, "auto"):
+            raise ValueError(f"--model.packing must be true, false or auto, got {packing!r}")
+        self.packing = packing if packable(self.policy) else False
+        if self.packing:
+            enable_tree_attention(self.policy)
+        if packing is True and not self.packing:
             log.info("packing off: %s models are not known to take a 4D attention mask (packable: %s); "
                      "training one row per trajectory", getattr(self.policy.config, "model_type", "?"),
                      ", ".join(sorted(PACKABLE_MODEL_TYPES)))
@@ -105,6 +114,8 @@ class TreeGRPOModule(L.LightningModule):
         if objective.kl_coef > 0:
             self.reference, _ = load_policy(policy, dtype)
             self.reference.requires_grad_(False).eval()
+            if self.packing:
+                enable_tree_attention(self.reference)
 
     # ------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -113,17 +124,21 @@ class TreeGRPOModule(L.LightningModule):
         return token_logprobs(logits, input_ids[:, 1:])
 
     def batch_logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L-1] next-token log-probs of a collated batch: tree-packed when `packing` is on."""
+        """[B, L-1] next-token log-probs of a collated batch: tree-packed when `packing` is on
+        (or "auto" and `packing_pays`)."""
         if not self.packing:
             return self.sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
         packed = batch.get("packed")
-        if packed is None:  # built once per batch; the epoch's batches are reused by every pass
-            packed = pack_rows(batch["input_ids"].cpu(), batch["attention_mask"].cpu(), batch["group_ids"].cpu(),
-                               pad_id=self.tokenizer.pad_token_id or 0)
+        if packed is None:  # decided and built once per batch; the epoch's batches are reused by every pass
+            mask = batch["attention_mask"].cpu()
+            packed = pack_for(model, batch["input_ids"].cpu(), mask, batch["group_ids"].cpu(),
+                              pad_id=self.tokenizer.pad_token_id or 0)
+            if self.packing == "auto" and not packing_pays(packed, mask, uses_tree_attention(model)):
+                packed = False
             batch["packed"] = packed
-        device = batch["input_ids"].device
-        on_device = Packed(*(getattr(packed, f).to(device) for f in ("input_ids", "position_ids", "parent", "row_group", "index")))
-        return packed_logprobs(model, on_device, batch["input_ids"].shape)
+        if packed is False:
+            return self.sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
+        return packed_logprobs(model, packed.to(batch["input_ids"].device), batch["input_ids"].shape)
 
     @torch.no_grad()
     def score_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -139,9 +154,11 @@ class TreeGRPOModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
         logprobs = self.batch_logprobs(self.policy, batch)
-        if "packed" in batch and self._trainer is not None:  # tokens a flat pass would compute / computed
+        if batch.get("packed") and self._trainer is not None:  # tokens a flat pass would compute / computed
             self.log("compute/packed_token_ratio", float(batch["attention_mask"].sum()) / max(batch["packed"].tokens, 1),
                      batch_size=len(batch["input_ids"]))
+        if self.packing and self._trainer is not None:
+            self.log("compute/packed", float(bool(batch.get("packed"))), batch_size=len(batch["input_ids"]))
         weights = None
         if self.old_logprobs == "behaviour":
             old = batch["behaviour_logprobs"]

@@ -90,6 +90,24 @@ def test_packing_gives_the_same_loss_and_gradients(tmp_path):
         assert torch.allclose(a, b, atol=1e-6)
 
 
+def test_auto_packing_packs_shared_trees_and_leaves_distinct_rows_flat(tmp_path):
+    module = make_module(tmp_path)
+    assert module.packing == "auto"
+    tok = module.tokenizer
+    # Three trajectories of one tree share the prompt and "1+2=3\n<answer>": 79 flat tokens, 51 packed.
+    shared = collate([row(tok, "1 2|3\n", "1+2=3\n<answer>1+2</answer>", 1.0),
+                      row(tok, "1 2|3\n", "1+2=3\n<answer>2+1</answer>", 0.5),
+                      row(tok, "1 2|3\n", "2-1=1\n", -1.0)], tok.pad_token_id)
+    # Two unrelated one-row problems share only the first token: 26 flat, 25 packed (< 1.2x).
+    distinct = collate([row(tok, "1 2|3\n", "1+2=3\n", 1.0), row(tok, "7 9|2\n", "9-7=2\n", -1.0, group=1)],
+                       tok.pad_token_id)
+    for batch, packs in ((shared, True), (distinct, False)):
+        flat = module.sequence_logprobs(module.policy, batch["input_ids"], batch["attention_mask"])
+        auto = module.batch_logprobs(module.policy, batch)
+        assert bool(batch["packed"]) is packs
+        assert torch.allclose(auto, flat * batch["attention_mask"][:, 1:], atol=1e-5)
+
+
 # ---- where pi_old comes from, the KL penalty, the warmup -----------------------------------
 
 def module_with(tmp_path, **kwargs) -> TreeGRPOModule:

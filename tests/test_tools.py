@@ -1,7 +1,7 @@
 """The benchmark and comparison tools keep running: each is run through its command line on a
 tiny budget and must end with a well-formed RESULT line whose values make sense. Numbers are
 not compared with the README's (those are measured on full budgets); this guards against rot.
-tools/bench_generation.py needs a vLLM server and runs with the `vllm` group."""
+tools/bench_generation.py's sidecar arm needs a vLLM server and runs with the `vllm` group."""
 
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ def test_bench_search_runs_both_parts():
 
 def test_bench_train_measures_packed_against_flat_with_equal_losses():
     fields, out = run_tool("tools/bench_train.py", "--models", "tiny", "--depths", "3", "--trees", "1", "--k", "3",
-                           "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1")
+                           "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1", "--threads", "1")
     # K = 3 trajectories branch off each other: the flat form computes shared prefixes again.
-    assert float(fields["token_ratio"]) > 1.0 and float(fields["speedup"]) > 0
+    assert float(fields["token_ratio"]) > 1.0 and float(fields["speedup"]) > 0 and float(fields["cpu_speedup"]) > 0
     assert fields["model"] == "tiny" and fields["depth"] == "3"
 
 
@@ -87,6 +87,14 @@ def test_compare_runs_each_method_to_its_token_budget(tmp_path):
     assert "dapo_pass1" not in fields  # only the methods asked for ran
 
 
+def test_bench_generation_measures_the_in_process_batch_efficiency():
+    fields, out = run_tool("tools/bench_generation.py", "--quickstart", "--skip-sidecar", "--problems", "2",
+                           "--width", "2", "--k", "2", "--max-expansions", "4")
+    # Generated tokens/s of the search over the same generator's flat sampling: a real ratio.
+    assert 0.0 < float(fields["batch_efficiency"]) < 10.0 and float(fields["hf_seconds"]) > 0
+    assert "vllm_seconds" not in fields and "policy tiny-countdown; no vLLM server" in out
+
+
 @pytest.mark.vllm
 def test_bench_generation_runs_both_backends():
     python = os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable)
@@ -96,3 +104,4 @@ def test_bench_generation_runs_both_backends():
                          "--max-expansions", "4", "--python", python)
     assert float(fields["hf_seconds"]) > 0 and float(fields["vllm_seconds"]) > 0
     assert 0.0 <= float(fields["vllm_hit_rate"]) <= 1.0 and 0.0 <= float(fields["hf_hit_rate"]) <= 1.0
+    assert float(fields["batch_efficiency"]) > 0 and float(fields["vllm_batch_efficiency"]) > 0

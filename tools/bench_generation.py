@@ -8,7 +8,18 @@ shipped `tiny-countdown-h3` policy (head size 32: vLLM's CPU attention needs at 
 less repetitive samples). `--replicas 2` spreads the sidecar arm over two servers. Printed per arm: wall time of the search, generated
 tokens per second, prompt tokens submitted, prompt tokens computed, and the prefix-cache
 hit rate (the in-process generator's own accounting; the server's /metrics counters).
-Server start-up is reported apart and not counted. Last line: RESULT ...
+Server start-up is reported apart and not counted.
+
+Batch efficiency, per arm: the search's generated tokens per second of generator time, as a
+fraction of the same generator sampling at least as many tokens as flat batches (every
+problem's prompt, `--width` complete samples each, all problems in one call, repeated), run
+right after the search in the same process. 1.0 = the search keeps the generator batch as
+full as flat sampling does; trees finishing at different rounds, short steps and expansions
+of different sizes make it lower.
+
+    python tools/bench_generation.py --quickstart --skip-sidecar   # the quickstart's search, in-process
+
+Last line: RESULT ... batch_efficiency=<in-process arm> (and vllm_batch_efficiency=...).
 """
 
 from __future__ import annotations
@@ -24,12 +35,28 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.evaluation import encode_prompt  # noqa: E402
+from flywheel.generation.base import GenerationRequest, SamplingParams  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.generation.vllm import VLLMSidecar  # noqa: E402
 from flywheel.policy import load_policy  # noqa: E402
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+
+
+def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> float:
+    """Generated tokens / s of `generator` sampling `width` complete samples of every prompt in
+    one call, repeated until at least `tokens` tokens came out."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    done, seconds, call = 0, 0.0, 0
+    while done < tokens:
+        requests = [GenerationRequest(tuple(p), width, params, seed=call * len(prompts) + i) for i, p in enumerate(prompts)]
+        start = time.perf_counter()
+        results = generator.sample(requests)
+        seconds += time.perf_counter() - start
+        done += sum(len(c.token_ids) for r in results for c in r)
+        call += 1
+    return done / seconds
 
 
 def main() -> None:
@@ -43,7 +70,15 @@ def main() -> None:
     parser.add_argument("--policy", default="tiny-countdown-h3", help="a model folder, a built-in name, or 'random'")
     parser.add_argument("--replicas", type=int, default=1, help="vLLM servers of the sidecar arm")
     parser.add_argument("--block-size", type=int, default=None, help="the servers' KV block size (default: the sidecar's)")
+    parser.add_argument("--skip-sidecar", action="store_true", help="the in-process arm only (no vLLM needed)")
+    parser.add_argument("--quickstart", action="store_true",
+                        help="conf/quickstart.yaml's search: tiny-countdown, 64 expansions, merged duplicate steps, "
+                             "random terminal choice")
+    parser.add_argument("--flat-max-new-tokens", type=int, default=96,
+                        help="cap of a flat sample (a complete Countdown solution is shorter)")
     args = parser.parse_args()
+    if args.quickstart:
+        args.policy, args.max_expansions = "tiny-countdown", 64
 
     policy = args.policy
     if policy == "random":
@@ -58,8 +93,9 @@ def main() -> None:
     task = CountdownTask(numbers_count=3)
     problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
                 for p in task.problems("test")[: args.problems]]
+    quickstart = dict(merge_duplicate_steps=True, terminal_choice="random") if args.quickstart else {}
     config = SearchConfig(max_depth=8, expansion_width=args.width, trajectories_per_tree=args.k,
-                          max_expansions_per_tree=args.max_expansions)
+                          max_expansions_per_tree=args.max_expansions, **quickstart)
     decode = functools.partial(tok.decode, skip_special_tokens=True)
 
     def search(generator):
@@ -67,13 +103,22 @@ def main() -> None:
                               eos_token_ids=[tok.eos_token_id])
         start = time.perf_counter()
         driver.run(problems)
-        return time.perf_counter() - start, driver.stats.generated_tokens
+        return time.perf_counter() - start, driver.stats.generated_tokens, driver.stats.generator_seconds
+
+    def efficiency(generator, tokens: int, generator_seconds: float) -> float:
+        flat = flat_tokens_per_second(generator, [p.prompt_ids for p in problems], args.width, tokens,
+                                      args.flat_max_new_tokens)
+        return tokens / generator_seconds / flat
 
     rows = {}
     hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
-    seconds, tokens = search(hf)
+    seconds, tokens, in_generator = search(hf)
     s = hf.stats
-    rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1))
+    rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1),
+                  efficiency(hf, tokens, in_generator))
+    if args.skip_sidecar:
+        report(args, rows, startup=None)
+        return
 
     sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600, block_size=args.block_size)
     start = time.perf_counter()
@@ -83,23 +128,32 @@ def main() -> None:
         search(generator)  # warm-up: first requests pay one-off costs
         before = sidecar.prefix_cache_counters() or (0.0, 0.0)
         submitted_before = generator.stats.prompt_tokens
-        seconds, tokens = search(generator)
+        seconds, tokens, in_generator = search(generator)
         after = sidecar.prefix_cache_counters() or (0.0, 0.0)
         queries, hits = after[0] - before[0], after[1] - before[1]
         rows["vllm"] = (seconds, tokens, generator.stats.prompt_tokens - submitted_before, queries - hits,
-                        hits / queries if queries else 0.0)
+                        hits / queries if queries else 0.0, efficiency(generator, tokens, in_generator))
     finally:
         sidecar.close()
+    report(args, rows, startup)
 
+
+def report(args, rows: dict, startup: float | None) -> None:
+
+    servers = "no vLLM server" if startup is None else f"{args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)"
     print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
-          f"policy {args.policy}; {args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)")
-    print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9}")
-    for name, (sec, tok_count, prompt, computed, rate) in rows.items():
-        print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f}")
-    hf_row, v_row = rows["hf"], rows["vllm"]
-    print(f"RESULT hf_seconds={hf_row[0]:.2f} vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} "
-          f"hf_tok_per_s={hf_row[1] / hf_row[0]:.0f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "
-          f"hf_hit_rate={hf_row[4]:.3f} vllm_hit_rate={v_row[4]:.3f}")
+          f"policy {args.policy}; {servers}")
+    print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9} {'batch eff':>9}")
+    for name, (sec, tok_count, prompt, computed, rate, eff) in rows.items():
+        print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f} {eff:9.3f}")
+    hf_row = rows["hf"]
+    line = (f"RESULT hf_seconds={hf_row[0]:.2f} hf_tok_per_s={hf_row[1] / hf_row[0]:.0f} hf_hit_rate={hf_row[4]:.3f} "
+            f"batch_efficiency={hf_row[5]:.3f}")
+    if "vllm" in rows:
+        v_row = rows["vllm"]
+        line += (f" vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "
+                 f"vllm_hit_rate={v_row[4]:.3f} vllm_batch_efficiency={v_row[5]:.3f}")
+    print(line)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,19 @@ Each tree: a prompt and K trajectories of `depth` steps of `step_tokens` tokens;
 trajectory is random, every later one branches off an earlier one at a random step
 boundary (as the frontier selection does) and continues with fresh steps; 8 children per
 expansion means up to 8 branches per node. The flat form trains one row per trajectory;
-the packed form computes every shared prefix once (flywheel.packing). Both run the same
+the packed form computes every shared prefix once (flywheel.packing: the mini-batch as one
+token trie, block-sparse tree attention over each token's ancestors). Both run the same
 forward + backward of the Tree-GRPO loss, alternating, and the loss difference is printed.
+The packed layout is built once per mini-batch (as in training) and not timed; its build
+time is printed.
 
     python tools/bench_train.py                 # tiny policy and a ~100M Llama, depth 4 and 16
     python tools/bench_train.py --models tiny   # the tiny policy only
 
-Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step time> ... for
-the depth-16 trees with the tiny policy.
+Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step wall time>
+cpu_speedup=<flat/packed step CPU time> ... for the depth-16 trees with the tiny policy, then
+<model>_d<depth>_speedup=... and _cpu_speedup=... for the others. Wall and CPU time are medians
+of alternating steps; on a loaded machine the CPU-time ratio is the steadier one.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
-from flywheel.packing import pack_rows, packed_logprobs, right_pad  # noqa: E402
+from flywheel.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
+from flywheel.tree_attention import enable_tree_attention  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -67,14 +73,16 @@ def build(name: str):
     return LlamaForCausalLM(config).float().train()
 
 
-def step_time(model, fn, repeats: int) -> list[float]:
+def step_time(model, fn, repeats: int) -> list[tuple[float, float]]:
+    """(wall, CPU) seconds of `repeats` forward + backward steps. The CPU time of this process
+    (all its threads) is the work done; on a shared machine it is far less noisy than the wall."""
     times = []
     for _ in range(repeats):
         model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         loss = fn()
         loss.backward()
-        times.append(time.perf_counter() - start)
+        times.append((time.perf_counter() - start, time.process_time() - cpu))
     return times
 
 
@@ -87,20 +95,28 @@ def main() -> None:
     parser.add_argument("--step-tokens", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch threads (0: torch's default); 1 keeps the CPU-time ratio honest on a loaded "
+                             "machine, where idle OpenMP threads spin and bill CPU time")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     results = {}
     print(f"{'model':<6} {'depth':>5} {'flat tok':>9} {'packed tok':>10} {'ratio':>6} {'flat s':>8} {'packed s':>8} "
-          f"{'speedup':>7} {'|dloss|':>9}")
+          f"{'speedup':>7} {'cpu spd':>7} {'|dloss|':>9} {'layout s':>8}")
     for name in args.models:
         model = build(name)
+        enable_tree_attention(model)  # packed passes block-sparse; flat rows stay plain sdpa
         vocab = model.config.vocab_size
         repeats = args.repeats if name == "tiny" else 1
         for depth in args.depths:
             trees = args.trees if name == "tiny" else 1
             ids, mask, groups, prompt = tree_rows(random.Random(depth), vocab, trees, args.k, depth,
                                                   args.step_tokens, args.prompt_tokens)
-            packed = pack_rows(ids, mask, groups)
+            start = time.perf_counter()
+            packed = pack_for(model, ids, mask, groups)
+            layout_s = time.perf_counter() - start
             loss_mask = mask[:, 1:].bool() & (torch.arange(ids.shape[1] - 1) >= prompt - 1)
             advantages = torch.randn(loss_mask.shape, generator=torch.Generator().manual_seed(depth))
             with torch.no_grad():
@@ -121,14 +137,16 @@ def main() -> None:
                 flat_times += step_time(model, flat, 1)
                 tree_times += step_time(model, tree, 1)
             flat_tok, tree_tok = int(mask.sum()), packed.tokens
-            f, t = statistics.median(flat_times), statistics.median(tree_times)
-            results[(name, depth)] = (flat_tok / tree_tok, f / t)
+            f, t = (statistics.median(w for w, _ in x) for x in (flat_times, tree_times))
+            fc, tc = (statistics.median(c for _, c in x) for x in (flat_times, tree_times))
+            results[(name, depth)] = (flat_tok / tree_tok, f / t, fc / tc)
             print(f"{name:<6} {depth:>5} {flat_tok:>9} {tree_tok:>10} {flat_tok / tree_tok:6.2f} {f:8.3f} {t:8.3f} "
-                  f"{f / t:7.2f} {diff:9.2e}", flush=True)
+                  f"{f / t:7.2f} {fc / tc:7.2f} {diff:9.2e} {layout_s:8.3f}", flush=True)
     key = ("tiny", 16) if ("tiny", 16) in results else next(iter(results))
-    extra = " ".join(f"{n}_d{d}_speedup={s:.2f}" for (n, d), (_, s) in results.items() if (n, d) != key)
-    ratio, speedup = results[key]
-    print(f"RESULT token_ratio={ratio:.2f} speedup={speedup:.2f} model={key[0]} depth={key[1]} {extra}")
+    extra = " ".join(f"{n}_d{d}_speedup={s:.2f} {n}_d{d}_cpu_speedup={c:.2f}"
+                     for (n, d), (_, s, c) in results.items() if (n, d) != key)
+    ratio, speedup, cpu = results[key]
+    print(f"RESULT token_ratio={ratio:.2f} speedup={speedup:.2f} cpu_speedup={cpu:.2f} model={key[0]} depth={key[1]} {extra}")
 
 
 if __name__ == "__main__":

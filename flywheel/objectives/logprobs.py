@@ -56,6 +56,12 @@ def token_logprobs(
     return torch.cat(out).reshape(target_ids.shape)
 
 
+def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
+    """[N, V] logits (any float dtype) -> [N] fp32 logsumexp, one chunk of rows at a time."""
+    out = [torch.logsumexp(logits[start : start + CHUNK_ROWS].float(), dim=-1) for start in range(0, logits.shape[0], CHUNK_ROWS)]
+    return torch.cat(out) if out else logits.new_zeros((0,), dtype=torch.float32)
+
+
 def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Shannon entropy of softmax(logits / temperature) at each position, in fp32:
     H = logsumexp(z) - sum softmax(z) * z, with z = logits / temperature (-inf logits allowed).
