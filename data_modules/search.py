@@ -29,9 +29,10 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.problems import load_problems
 from data_modules.rollout import Advantage, Credit, Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_state, write_trees
-from flywheel.adaptive import DegenerateFilter, HardSetConfig, ReplayConfig, pass1_rates
+from data_modules.screening import screen as screen_pass1
+from flywheel.adaptive import DegenerateFilter, HardSetConfig, ReplayConfig
 from flywheel.distributed import all_gather, all_sum
-from flywheel.evaluation import EvalConfig, evaluate
+from flywheel.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.generation.base import Generator
 from flywheel.search.config import SearchConfig
@@ -284,12 +285,16 @@ class SearchDataModule(L.LightningDataModule):
         try:
             return rollout(
                 problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
-                search=replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank)),
+                search=self.effective_search_config(epoch, rank),
                 flat_samples=self.flat_samples, max_concurrent_trees=self.max_concurrent_trees, credit=self.credit,
                 cached=self.curriculum.cached, value_fn=self.value_fn, progress=lambda done, tokens: _advance(bar, done, tokens),
             )
         finally:
             bar.close()
+
+    def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
+        """The search config of one (epoch, rank): a fresh seed, all else as configured."""
+        return replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
 
     def observe(self, problems: Sequence[Problem], out: Rollouts) -> None:
         """Offer every rank's finished searches to the replay buffer (collective)."""
@@ -297,18 +302,16 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ hard set
     def screen(self, tokenizer: Any, ids: Sequence[str], label: str) -> dict[str, float]:
-        """Pass1@K of `ids` under the current policy (K samples at the screening temperature),
-        computed on every rank's shard and gathered, so every rank gets the same rates."""
-        cfg, trainer = self.curriculum.hard_set_config, self.trainer
-        pool = self.train_pool()
+        """Pass1@K of `ids` under the current policy, the same on every rank (collective)."""
+        trainer, pool = self.trainer, self.train_pool()
         shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
-        config = EvalConfig(samples=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=self.curriculum.screening_seed())
         bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate(self.generator, tokenizer, self.task, shard, config, progress=lambda d: bar.update(d - bar.n))
+        rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
+                               config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
+                               progress=lambda d: bar.update(d - bar.n))
         bar.close()
-        self.screening_tokens += result.generated_tokens
-        gathered = all_gather((result.problem_ids, result.samples, result.correct))
-        return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3)))
+        self.screening_tokens += tokens
+        return rates
 
     def ensure_hard_set(self, tokenizer: Any) -> None:
         """D_hard(0): screen the training pool with the policy as it starts (Eq. 8)."""

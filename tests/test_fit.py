@@ -126,6 +126,7 @@ def test_flat_baselines_fit(tmp_path, overlay, rollout):
     assert not (Path(cli.trainer.log_dir) / "trees").exists()  # --data.save_trees=0
     # The rollouts are flat groups of 4 samples, not trees.
     problems = list(dm.train_pool().values())[:16]
+    dm.start_generator(cli.model.policy, cli.model.tokenizer)  # fit's end released it
     out = dm.rollouts(problems, cli.model.tokenizer, epoch=5, rank=0)
     rows, results = out.rows, out.results
     assert all(r.mode == "flat" and len(r.trajectories) == 4 for r in results)
@@ -146,6 +147,7 @@ def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
     cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.drop_uniform_groups=true", "--data.hard_set.enabled=false")
     dm = cli.datamodule
     problems = list(dm.train_pool().values())[:24]
+    dm.start_generator(cli.model.policy, cli.model.tokenizer)  # fit's end released it
     out = dm.rollouts(problems, cli.model.tokenizer, epoch=7, rank=0)
     rows, results = out.rows, out.results
     uniform = [len({t.final_score for t in r.trajectories}) == 1 for r in results]

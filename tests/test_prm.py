@@ -58,6 +58,7 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
     problems = [p for p in dm.train_pool().values() if p.id not in dm.curriculum.buffer][:8]  # searched, not mixed
     assert dm.value_fn is not None and dm.search.prm_weight > 0
     tokenizer = whole.model.tokenizer
+    dm.start_generator(whole.model.policy, tokenizer)  # fit's end released it
     guided = dm.rollouts(problems, tokenizer, epoch=11, rank=0).results
     value_fn = dm.value_fn
     dm.use_value_model(None)

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol
 
-from flywheel.generation.base import Generator
+from flywheel.generation.base import PREFIX_CACHE_MB, Generator
 
 
 class Collective(Protocol):
@@ -76,7 +76,12 @@ class HFBackend(GeneratorBackend):
     """
 
     def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0,
-                 prefix_cache_mb: float = 256.0) -> None:
+                 prefix_cache_mb: float = PREFIX_CACHE_MB) -> None:
+        # Checked here, at construction, so a bad value fails before any model loads.
+        for name, value, low in (("max_batch_size", max_batch_size, 1), ("compact_fraction", compact_fraction, 0),
+                                 ("prefix_cache_mb", prefix_cache_mb, 0)):
+            if value < low:
+                raise ValueError(f"--data.generator.init_args.{name} must be >= {low}, got {value}; set it to {low} or more")
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
         self.seed = seed

@@ -45,6 +45,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 from flywheel.generation.base import (
+    PREFIX_CACHE_MB,
     Completion,
     FinishReason,
     GenerationRequest,
@@ -153,6 +154,7 @@ class _Row:
     uniforms: torch.Tensor  # [params.max_new_tokens], CPU
 
 
+
 class HFGenerator:
     """Batched sampling from a live transformers causal LM (see the module docstring).
 
@@ -172,7 +174,8 @@ class HFGenerator:
         prefix_cache_mb: memory for KV caches kept across calls (least recently used
             first out): the KV of each completion that stopped without EOS, keyed by its
             tokens, reused by any later prompt that extends it. Dropped whenever the
-            model's weights change (an optimizer step). 0 = off.
+            model's weights change (an optimizer step). 0 = off. Default `PREFIX_CACHE_MB`,
+            which is also `--data.generator.init_args.prefix_cache_mb`'s.
     """
 
     def __init__(
@@ -183,7 +186,7 @@ class HFGenerator:
         eos_token_id: int | Sequence[int] | None = None,
         seed: int = 0,
         compact_fraction: float = 0.25,
-        prefix_cache_mb: float = 0.0,
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
