@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from tqdm.auto import tqdm
 
-from flywheel.evaluation import evaluate
+from flywheel.evaluation import evaluate_sharded, shard
 from flywheel.io import atomic_write_json
-from flywheel.metrics import PassAtK
 from flywheel.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
@@ -93,17 +91,13 @@ class HeldOutEval(Callback):
     def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:
         dm = trainer.datamodule
         problems = dm.eval_problems()
-        shard = problems[trainer.global_rank :: trainer.world_size]  # uneven shards, no padding
-        bar = tqdm(total=len(shard), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate(
-            dm.generator, pl_module.tokenizer, dm.task, shard, dm.eval, progress=lambda done: bar.update(done - bar.n)
-        )
+        mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
+        bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
+        result = evaluate_sharded(dm.generator, pl_module.tokenizer, dm.task, problems, dm.eval,
+                                  progress=lambda done: bar.update(done - bar.n))
         bar.close()
-        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems))}
-        for name, k in (("pass1", 1), ("passk", dm.eval.pass_k)):
-            metric = PassAtK(k=k)
-            metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
-            out[name] = float(metric.compute())  # syncs across ranks when distributed
+        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems)),
+               "pass1": result.pass_at(1), "passk": result.pass_at(dm.eval.pass_k)}
         log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], dm.eval.pass_k, out["passk"], len(problems))
         return out
 

@@ -26,7 +26,6 @@ from tqdm.auto import tqdm
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
 from data_modules.examples import empty_batch, mini_batches
-from data_modules.problems import load_problems
 from data_modules.rollout import Advantage, Credit, Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_state, write_trees
 from data_modules.screening import screen as screen_pass1
@@ -39,6 +38,7 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
+from flywheel.tasks.sources import load_problems
 
 log = logging.getLogger(__name__)
 
