@@ -32,7 +32,7 @@ from data_modules.screening import screen as screen_pass1
 from flywheel.adaptive import DegenerateFilter, HardSetConfig, ReplayConfig
 from flywheel.distributed import all_gather, all_sum
 from flywheel.evaluation import EvalConfig
-from flywheel.generation.backends import GeneratorBackend, HFBackend
+from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
@@ -161,9 +161,7 @@ class SearchDataModule(L.LightningDataModule):
         """Hard set, replay buffer, round and cursor (saved in every checkpoint)."""
         self._train_pool: dict[str, Problem] | None = None
         self._eval_pool: tuple[Problem, ...] | None = None
-        self._generator: Generator | None = None
-        self.weight_version = 0
-        """The optimizer step whose weights the generator samples from."""
+        self.live = LiveGenerator(self.backend)
         self.value_fn: ValueFn | None = None
         """The value model scoring new search nodes (handed over by the round protocol)."""
         self.skipped_rows = 0
@@ -201,32 +199,20 @@ class SearchDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ generation
     @property
     def generator(self) -> Generator:
-        """The backend's generator; `start_generator` builds it, `push_weights` keeps it in step."""
-        if self._generator is None:
-            raise RuntimeError("the generator is not started: the data module starts it before the first search "
-                               "(train_dataloader) or evaluation (val_dataloader / test_dataloader)")
-        return self._generator
+        """The backend's generator (no side effects): started by `start_generator`, kept in
+        step with the policy by `push_weights` (callbacks.WeightSync)."""
+        return self.live.generator
 
     def start_generator(self, policy: Any, tokenizer: Any) -> None:
-        """Build the backend's generator for `policy` once (collective: a sidecar launches on
-        every rank together)."""
-        if self._generator is not None:
-            return
+        """Build the generator for `policy` once (collective: a sidecar launches on every rank together)."""
         trainer = self.trainer
         log_dir = trainer.log_dir if trainer is not None else None  # a collective under DDP
-        if log_dir:
-            self.backend.run_dir = Path(log_dir)
-        self._generator = self.backend.build(policy, tokenizer, trainer.strategy if trainer is not None else None)
-        self.weight_version = trainer.global_step if trainer is not None else 0
+        self.live.start(policy, tokenizer, trainer.strategy if trainer is not None else None,
+                        Path(log_dir) if log_dir else None, trainer.global_step if trainer is not None else 0)
 
     def push_weights(self, policy: Any, version: int) -> bool:
-        """Make the generator sample from `policy` as of optimizer step `version`; False when
-        it already does (or is not started). Collective. Called by callbacks.WeightSync."""
-        if self._generator is None or version == self.weight_version:
-            return False
-        self.backend.sync_weights(policy, version=version)
-        self.weight_version = version
-        return True
+        """Make the generator sample from `policy` as of optimizer step `version` (collective)."""
+        return self.live.push(policy, version)
 
     def use_value_model(self, value_fn: ValueFn | None) -> None:
         """Score the next searches' new nodes with `value_fn` (None = no value model)."""
@@ -234,9 +220,7 @@ class SearchDataModule(L.LightningDataModule):
 
     def teardown(self, stage: str) -> None:
         """Release the generator backend (stops a launched vLLM server)."""
-        if self._generator is not None:
-            self.backend.close()
-            self._generator = None
+        self.live.close()
 
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
@@ -264,7 +248,7 @@ class SearchDataModule(L.LightningDataModule):
                                score=module.score_batch)
         self.generated_tokens += all_sum(out.stats.generated_tokens)
         curriculum = self.curriculum
-        self.epoch_metrics = epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self._generator)
+        self.epoch_metrics = epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator)
         self.epoch_metrics.update({"data/hard_set_size": float(len(curriculum.hard)), "data/cached": float(len(curriculum.buffer)),
                                    "data/uniform_groups_dropped": float(out.uniform_groups),
                                    "compute/screening_tokens": float(self.screening_tokens)})

@@ -94,3 +94,22 @@ def test_generator_settings_fail_at_construction_with_the_flag_named():
         HFBackend(prefix_cache_mb=-1)
     with pytest.raises(ValueError, match=r"--data\.generator\.init_args\.max_batch_size must be >= 1"):
         HFBackend(max_batch_size=0)
+
+
+def test_the_live_generator_is_built_once_and_pushes_only_new_weight_versions():
+    from flywheel.generation.backends import LiveGenerator
+    from flywheel.policy import load_policy
+
+    policy, tok = load_policy("tiny-countdown")
+    live = LiveGenerator(HFBackend())
+    with pytest.raises(RuntimeError, match="not started"):
+        live.generator  # noqa: B018 (the getter builds nothing)
+    assert not live.push(policy, 3)  # nothing to push to yet
+    live.start(policy, tok, None, None, version=2)
+    first = live.generator
+    live.start(policy, tok, None, None, version=5)
+    assert live.generator is first and live.version == 2  # built once
+    assert not live.push(policy, 2)  # already at step 2
+    assert live.push(policy, 4) and live.version == 4 and not live.push(policy, 4)
+    live.close()
+    assert not live.started
