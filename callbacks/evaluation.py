@@ -10,13 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.callbacks import Callback
 from tqdm.auto import tqdm
 
-from flywheel.evaluation import evaluate
+from flywheel.evaluation import evaluate_sharded, shard
 from flywheel.io import atomic_write_json
-from flywheel.metrics import PassAtK
 from flywheel.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
@@ -26,7 +24,8 @@ log = logging.getLogger(__name__)
 
 class HeldOutEval(Callback):
     """Evaluates the policy on the data module's held-out problems (settings: `--data.eval.*`)
-    before the first update and at the end of every flywheel round.
+    before the first update and at the end of every flywheel round (called by the round
+    protocol, callbacks.rounds).
 
     Args:
         at_start: evaluate the policy before the first update (the run's baseline).
@@ -53,13 +52,11 @@ class HeldOutEval(Callback):
             self._log_round(trainer, 0, self.base)
             self.write_summary(trainer)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        dm = trainer.datamodule
-        epochs_per_round = dm.epochs_per_round
-        epoch = trainer.current_epoch
-        if (epoch + 1) % epochs_per_round:
-            return
-        round_index = (epoch + 1) // epochs_per_round
+    def end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int,
+                  curriculum: dict[str, Any]) -> dict[str, float]:
+        """Evaluate at the end of round `round_index` (called by the round protocol,
+        callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
+        round's summary row."""
         result = self.run_eval(trainer, pl_module, f"round {round_index}")
         self._log(pl_module, result)
         self._log_round(trainer, round_index, result)
@@ -67,17 +64,18 @@ class HeldOutEval(Callback):
         self.rounds.append(
             {
                 "round": round_index,
-                "epoch": epoch,
+                "epoch": trainer.current_epoch,
                 "eval_pass1": result["pass1"],
                 "eval_passk": result["passk"],
                 "k": int(result["k"]),
-                "hard_set_size": dm.hard_set_size,
-                "cached": dm.cached_count,
-                "generated_tokens": dm.generated_tokens,
+                "hard_set_size": curriculum["hard_set_size"],
+                "cached": curriculum["cached"],
+                "generated_tokens": curriculum["generated_tokens"],
                 "wall_seconds": round(self.wall_seconds(), 1),
             }
         )
         self.write_summary(trainer)
+        return result
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write_summary(trainer)
@@ -93,17 +91,13 @@ class HeldOutEval(Callback):
     def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:
         dm = trainer.datamodule
         problems = dm.eval_problems()
-        shard = problems[trainer.global_rank :: trainer.world_size]  # uneven shards, no padding
-        bar = tqdm(total=len(shard), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate(
-            dm.generator(pl_module), pl_module.tokenizer, dm.task, shard, dm.eval, progress=lambda done: bar.update(done - bar.n)
-        )
+        mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
+        bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
+        result = evaluate_sharded(dm.generator, pl_module.tokenizer, dm.task, problems, dm.eval,
+                                  progress=lambda done: bar.update(done - bar.n))
         bar.close()
-        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems))}
-        for name, k in (("pass1", 1), ("passk", dm.eval.pass_k)):
-            metric = PassAtK(k=k)
-            metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
-            out[name] = float(metric.compute())  # syncs across ranks when distributed
+        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems)),
+               "pass1": result.pass_at(1), "passk": result.pass_at(dm.eval.pass_k)}
         log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], dm.eval.pass_k, out["passk"], len(problems))
         return out
 

@@ -10,17 +10,17 @@ from callbacks.round_scalars import log_round_scalars
 
 
 class HardSetRefresh(Callback):
-    """Ends each round (every `--data.epochs_per_round` epochs) with the hard-set refresh.
+    """Ends each round (every `--data.epochs_per_round` epochs; called by the round protocol,
+    callbacks.rounds) with the hard-set refresh.
 
     Logs round/hard_set_size and round/cached (x axis = round) and data/* per step. The hard
-    set and the replay buffer themselves are data-module state: they are saved in every
+    set and the replay buffer themselves are the data module's curriculum: saved in every
     checkpoint and written to <run>/flywheel_state/ atomically.
     """
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def end_round(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:
         dm = trainer.datamodule
-        if (trainer.current_epoch + 1) % dm.epochs_per_round:
-            return
-        metrics = dm.end_round(pl_module)
+        metrics = dm.end_round(pl_module.tokenizer)
         pl_module.log_dict({k.replace("round/", "data/"): v for k, v in metrics.items()})
-        log_round_scalars(trainer, metrics, dm.round)
+        log_round_scalars(trainer, metrics, dm.curriculum.round)
+        return metrics

@@ -2,9 +2,9 @@
 
 Every epoch the finished search trees become value samples (flywheel.prm.targets); at every
 round's end a value model (by default a fresh copy of the current policy with a scalar
-head) is fitted to everything accumulated and handed to the data module, so the NEXT
-round's search is scored by this round's model (`--data.search.prm_weight` sets how much
-its V(s) counts in selection). A tenth of the trees (by problem id) is held out to measure
+head) is fitted to everything accumulated and the round protocol (callbacks.rounds) hands
+it to the data module, so the NEXT round's search is scored by this round's model
+(`--data.search.prm_weight` sets how much its V(s) counts in selection). A tenth of the trees (by problem id) is held out to measure
 how well V predicts whether a node can still reach a correct answer: round/prm_auc and
 round/prm_calibration_error in TensorBoard. Samples, value-model weights and optimizer
 state are part of every checkpoint.
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any
+from typing import Any, Callable
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
-from data_modules.search import all_gather
+from flywheel.distributed import all_gather
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
 from flywheel.prm.targets import tree_samples
 
@@ -66,28 +66,20 @@ class PRMUpdate(Callback):
         self.optimizer: torch.optim.Optimizer | None = None
         self._restored: dict[str, Any] | None = None
 
-    # ------------------------------------------------------------------ hooks
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.enabled and self._restored is not None and self._restored.get("model") is not None:
-            self.model = ValueModel.from_policy(pl_module.policy)
-            self.model.load_state_dict(self._restored["model"])
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.train_config.lr,
-                                               weight_decay=self.train_config.weight_decay)
-            if self._restored.get("optimizer") is not None:
-                self.optimizer.load_state_dict(self._restored["optimizer"])
-            self._install(trainer, pl_module)
-        self._restored = None
+    # ------------------------------------------------------------------ round steps
+    def collect(self, results) -> None:
+        """Every epoch: the finished search trees of every rank become value samples (collective)."""
+        if self.enabled:
+            self._collect(results)
 
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int) -> bool:
+        """A round's end: fit the value model to everything collected; True when a new model
+        is ready for the next round's search (`value_fn`)."""
         if not self.enabled:
-            return
-        dm = trainer.datamodule
-        self._collect(trainer, dm.last_results)
-        if (trainer.current_epoch + 1) % dm.epochs_per_round:
-            return
+            return False
         if not self.samples:
             log.info("PRM: no tree with a correct answer yet; the value model waits")
-            return
+            return False
         if self.model is None or self.init == "policy":
             self.model = ValueModel.from_policy(pl_module.policy)
             self.optimizer = None
@@ -97,20 +89,38 @@ class PRMUpdate(Callback):
         )
         metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
         metrics.update(self.quality(pl_module))
-        log_round_scalars(trainer, metrics, dm.round)
+        log_round_scalars(trainer, metrics, round_index)
         pl_module.log_dict({k.replace("round/prm_", "prm/"): v for k, v in metrics.items()})
-        log.info("PRM round %d: %s", dm.round, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
-        self._install(trainer, pl_module)
+        log.info("PRM round %d: %s", round_index, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
+        return True
+
+    def value_fn(self, pl_module: L.LightningModule) -> Callable[[list[tuple[int, ...]]], list[float]] | None:
+        """V(s) of the current value model for the search (None while there is none); a model
+        restored from a checkpoint is rebuilt on the policy's architecture first."""
+        if not self.enabled:
+            return None
+        restored, self._restored = self._restored, None
+        if restored is not None and restored.get("model") is not None:
+            self.model = ValueModel.from_policy(pl_module.policy)
+            self.model.load_state_dict(restored["model"])
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.train_config.lr,
+                                               weight_decay=self.train_config.weight_decay)
+            if restored.get("optimizer") is not None:
+                self.optimizer.load_state_dict(restored["optimizer"])
+        if self.model is None:
+            return None
+        pad, model = pl_module.tokenizer.pad_token_id or 0, self.model
+        return lambda prefixes: model.score(prefixes, pad_id=pad)
 
     # ------------------------------------------------------------------ work
-    def _collect(self, trainer: L.Trainer, results) -> None:
+    def _collect(self, results) -> None:
         local = []
         for result in results or ():
             if result.mode != "search":
                 continue
             held = zlib.crc32(result.problem_id.encode()) % self.heldout_every == 0
             local += [(held, sample) for sample in tree_samples(result.tree)]
-        for part in all_gather(trainer, local):  # every rank fits the same model
+        for part in all_gather(local):  # every rank fits the same model
             for held, sample in part:
                 (self.heldout if held else self.samples).append(sample)
         del self.samples[: max(0, len(self.samples) - self.max_samples)]
@@ -127,11 +137,6 @@ class PRMUpdate(Callback):
         mse = sum((s - t) ** 2 for s, t in zip(scores, targets)) / len(scores)
         return {"round/prm_auc": auc(scores, labels), "round/prm_calibration_error": calibration_error(scores, labels),
                 "round/prm_heldout_mse": mse}
-
-    def _install(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        pad = pl_module.tokenizer.pad_token_id or 0
-        model = self.model
-        trainer.datamodule.value_fn = lambda prefixes: model.score(prefixes, pad_id=pad)
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

@@ -8,7 +8,8 @@ on every step, which makes the same formula DAPO (deepsearch.md §6).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
 import torch
@@ -197,3 +198,35 @@ def fill_behaviour(batch: dict[str, torch.Tensor], old_logprobs: torch.Tensor) -
     batch["old_logprobs"] = old_logprobs
     behaviour = batch["behaviour_logprobs"]
     batch["behaviour_logprobs"] = torch.where(torch.isnan(behaviour), old_logprobs, behaviour)
+
+
+def mini_batches(
+    per_problem: Sequence[Sequence[TrainingRow]],
+    *,
+    problems_per_rank: int,
+    problems_per_batch: int,
+    world: int,
+    pad_id: int,
+    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
+) -> list[dict[str, torch.Tensor]]:
+    """An epoch's collated mini-batches, `problems_per_batch` problems each (a problem's rows
+    stay together: the group baseline needs them), pi_old filled in by `score` ([B, L-1]
+    log-probs of the policy before the epoch's updates).
+
+    Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce would
+    hang: with `world` > 1 a slot with nothing to train on becomes an all-masked batch."""
+    slots = math.ceil(problems_per_rank / problems_per_batch)
+    batches = []
+    for slot in range(slots):
+        first = slot * problems_per_batch
+        rows = [replace(row, group=group) for group, problem_rows in enumerate(per_problem[first : first + problems_per_batch])
+                for row in problem_rows]
+        if rows:
+            batch = collate(rows, pad_id=pad_id)
+            fill_behaviour(batch, score(batch))
+        elif world > 1:
+            batch = empty_batch(pad_id=pad_id)
+        else:
+            continue
+        batches.append(batch)
+    return batches

@@ -1,56 +1,47 @@
 """SearchDataModule: every epoch, the current policy searches this epoch's problems and the
 finished trees become the epoch's training data (DESIGN.md, "Data flow of one epoch").
 
-Adaptive training (deepsearch.md §7) lives here as data-module state, so it is saved in
-every checkpoint and restored by `--ckpt_path`: the Pass1@K hard set (screened with the
-base policy, re-measured and shrunk at every round's end by the HardSetRefresh callback)
-and the replay buffer of cached correct solutions (buffered problems get mixed rollouts
-instead of a tree search).
+Thin glue over plain parts: the `Curriculum` (hard set, replay buffer, round, cursor:
+data_modules.curriculum), the epoch's `rollout` (data_modules.rollout), the mini-batches
+(data_modules.examples), the run files (data_modules.run_files) and the epoch's scalars
+(data_modules.epoch_metrics). The curriculum is data-module state, saved in every checkpoint
+and restored by `--ckpt_path`. Callbacks drive the epoch's end (callbacks.rounds): weight
+sync, then at a round's end the hard-set refresh, the held-out evaluation and the value model.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
 import random
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from data_modules.examples import TrainingRow, collate, empty_batch, fill_behaviour, mixed_rows, rows_from_result
-from data_modules.problems import load_problems
-from flywheel.adaptive import (
-    CachedSolution,
-    DegenerateFilter,
-    HardSet,
-    HardSetConfig,
-    ReplayBuffer,
-    ReplayConfig,
-    direct_samples_needed,
-    pass1_rates,
-)
-from flywheel.evaluation import EvalConfig, encode_prompt, evaluate
-from flywheel.generation.backends import GeneratorBackend, HFBackend
+from data_modules.curriculum import Curriculum
+from data_modules.epoch_metrics import epoch_metrics
+from data_modules.examples import empty_batch, mini_batches
+from data_modules.rollout import Advantage, Credit, Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
+from data_modules.run_files import write_state, write_trees
+from data_modules.screening import screen as screen_pass1
+from flywheel.adaptive import DegenerateFilter, HardSetConfig, ReplayConfig
+from flywheel.distributed import all_gather, all_sum
+from flywheel.evaluation import EvalConfig
+from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
-from flywheel.io import atomic_write_bytes, atomic_write_json
 from flywheel.search.config import SearchConfig
-from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
-from flywheel.search.flat import flat_rollouts
-from flywheel.search.outputs import Trajectory, TreeResult
+from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
+from flywheel.tasks.sources import load_problems
 
 log = logging.getLogger(__name__)
 
-Rollout = Literal["search", "flat", "best_of_n"]
 STATE_FORMAT = "flywheel.search_data_module/v1"
 
 
@@ -130,7 +121,7 @@ class SearchDataModule(L.LightningDataModule):
         mini_batch_problems: int = 8,
         max_concurrent_trees: int = 64,
         epochs_per_round: int = 1,
-        advantage: Literal["node", "outcome", "subtree"] = "node",
+        advantage: Advantage = "node",
         normalize_std: bool = False,
         drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
@@ -138,68 +129,49 @@ class SearchDataModule(L.LightningDataModule):
         seed: int = 0,
     ) -> None:
         super().__init__()
-        if rollout not in ("search", "flat", "best_of_n"):
-            raise ValueError(f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
-        if problems_per_epoch < 1 or mini_batch_problems < 1:
-            raise ValueError("--data.problems_per_epoch and --data.mini_batch_problems must be >= 1")
-        if epochs_per_round < 1:
-            raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}")
-        if advantage not in ("node", "outcome", "subtree"):
-            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome' or 'subtree'")
-        if flat_samples < 1:
-            raise ValueError(f"--data.flat_samples must be >= 1, got {flat_samples}")
-        if max_train_problems is not None and max_train_problems < 1:
-            raise ValueError(f"--data.max_train_problems must be >= 1 or null, got {max_train_problems}")
+        _check(rollout in ("search", "flat", "best_of_n"), f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
+        _check(advantage in ("node", "outcome", "subtree"),
+               f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome' or 'subtree'")
+        for name, value in (("problems_per_epoch", problems_per_epoch), ("mini_batch_problems", mini_batch_problems),
+                            ("flat_samples", flat_samples), ("max_concurrent_trees", max_concurrent_trees)):
+            _check(value >= 1, f"--data.{name} must be >= 1, got {value}; set it to 1 or more")
+        _check(max_train_problems is None or max_train_problems >= 1,
+               f"--data.max_train_problems must be >= 1 or null (all), got {max_train_problems}")
+        _check(save_trees >= 0, f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
+        if rollout != "search" and advantage != "node":
+            log.warning("--data.advantage=%s is not used with --data.rollout=%s: flat groups are credited DAPO-style "
+                        "(reward minus the group mean); remove --data.advantage or use --data.rollout=search",
+                        advantage, rollout)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         self.rollout = rollout
         self.search = search
         self.flat_samples = flat_samples
-        self.hard_set_config = hard_set
-        self.replay_config = replay
-        self.degenerate_filter = degenerate_filter
-        self.train_files = train_files
-        self.train_split = train_split
-        self.max_train_problems = max_train_problems
-        self.eval_files = eval_files
-        self.eval_split = eval_split
-        self.max_eval_problems = max_eval_problems
+        self.credit = Credit(advantage, normalize_std, drop_uniform_groups, degenerate_filter)
+        self.train_files, self.train_split, self.max_train_problems = train_files, train_split, max_train_problems
+        self.eval_files, self.eval_split, self.max_eval_problems = eval_files, eval_split, max_eval_problems
         self.eval = eval
         self.problems_per_epoch = problems_per_epoch
         self.mini_batch_problems = mini_batch_problems
         self.max_concurrent_trees = max_concurrent_trees
-        self.epochs_per_round = epochs_per_round
-        self.advantage = advantage
-        self.normalize_std = normalize_std
-        self.drop_uniform_groups = drop_uniform_groups
         self.skip_bad_rows = skip_bad_rows
-        if save_trees < 0:
-            raise ValueError(f"--data.save_trees must be >= 0, got {save_trees}")
         self.save_trees = save_trees
         self.seed = seed
+        self.curriculum = Curriculum(hard_set, replay, epochs_per_round, seed)
+        """Hard set, replay buffer, round and cursor (saved in every checkpoint)."""
         self._train_pool: dict[str, Problem] | None = None
         self._eval_pool: tuple[Problem, ...] | None = None
-        self._generator: Generator | None = None
-        self._synced_step = 0
+        self.live = LiveGenerator(self.backend)
+        self.value_fn: ValueFn | None = None
+        """The value model scoring new search nodes (handed over by the round protocol)."""
         self.skipped_rows = 0
-        # State restored on resume (state_dict / load_state_dict):
-        self.hard: HardSet | None = None
-        """The current hard set; None until the first epoch screens it."""
-        self.buffer = ReplayBuffer(replay)
-        self.round = 0
-        """Flywheel rounds completed."""
-        self.cursor = 0
-        """Problems of this round's shuffled hard-set stream consumed so far."""
         self.generated_tokens = 0
-        """Tokens generated for training over the run (evaluation and screening excluded)."""
+        """Tokens generated for training over the run, all ranks (evaluation and screening excluded)."""
         self.screening_tokens = 0
         self.epoch_metrics: dict[str, float] = {}
-        self.uniform_groups = 0
-        """Groups left out of this epoch's training by `drop_uniform_groups`."""
-        self.last_results: list[TreeResult] = []
-        """This epoch's finished trees on this rank (read by the PRMUpdate callback)."""
-        self.value_fn = None
-        """A value model scoring new search nodes (set by PRMUpdate; None = none)."""
+        """This epoch's search and compute scalars (logged by the round protocol)."""
+        self.epoch_results: list = []
+        """This epoch's finished trees on this rank (the value model learns from them)."""
 
     # ------------------------------------------------------------------ problems
     def train_pool(self) -> dict[str, Problem]:
@@ -215,295 +187,166 @@ class SearchDataModule(L.LightningDataModule):
 
     def eval_problems(self) -> tuple[Problem, ...]:
         if self._eval_pool is None:
-            loaded = load_problems(
-                self.task, self.eval_files, self.eval_split, skip_bad_rows=self.skip_bad_rows, limit=self.max_eval_problems
-            )
+            loaded = load_problems(self.task, self.eval_files, self.eval_split, skip_bad_rows=self.skip_bad_rows,
+                                   limit=self.max_eval_problems)
             self._eval_pool = loaded.problems
         return self._eval_pool
 
-    @property
-    def hard_set_size(self) -> int | None:
-        return len(self.hard) if self.hard is not None else None
-
-    @property
-    def cached_count(self) -> int:
-        return len(self.buffer)
-
     def next_problems(self, count: int) -> list[Problem]:
-        """The next `count` problems of this round's endless stream over the hard set: each
-        pass is a fresh seeded permutation, so the order depends only on (seed, round, cursor)."""
-        pool = self.train_pool()
-        ids = [i for i in self.hard.ids if i in pool] if self.hard is not None else list(pool)
-        if not ids:
-            return []
-        out: list[Problem] = []
-        while len(out) < count:
-            epoch_pass, offset = divmod(self.cursor, len(ids))
-            order = list(range(len(ids)))
-            random.Random(f"{self.seed}:{self.round}:{epoch_pass}").shuffle(order)
-            take = min(count - len(out), len(ids) - offset)
-            out.extend(pool[ids[i]] for i in order[offset : offset + take])
-            self.cursor += take
-        return out
+        """The next `count` problems of this round's stream (the same on every rank)."""
+        return self.curriculum.next_problems(self.train_pool(), count)
 
     # ------------------------------------------------------------------ generation
-    def generator(self, module: L.LightningModule) -> Generator:
-        """The backend's generator, in step with the policy: an out-of-process backend (the
-        vLLM sidecar) gets the weights pushed whenever optimizer steps happened since the
-        last push (before the epoch's search, a screening or an evaluation)."""
-        step = self.trainer.global_step if self.trainer is not None else 0
-        if self._generator is None:
-            strategy = self.trainer.strategy if self.trainer is not None else None
-            log_dir = self.trainer.log_dir if self.trainer is not None else None  # collective under DDP
-            if log_dir:
-                self.backend.run_dir = Path(log_dir)
-            self._generator = self.backend.build(module.policy, module.tokenizer, strategy)
-            self._synced_step = step
-        elif step != self._synced_step:
-            self.backend.sync_weights(module.policy, version=step)
-            self._synced_step = step
-        return self._generator
+    @property
+    def generator(self) -> Generator:
+        """The backend's generator (no side effects): started by `start_generator`, kept in
+        step with the policy by `push_weights` (callbacks.WeightSync)."""
+        return self.live.generator
+
+    def start_generator(self, policy: Any, tokenizer: Any) -> None:
+        """Build the generator for `policy` once (collective: a sidecar launches on every rank together)."""
+        trainer = self.trainer
+        log_dir = trainer.log_dir if trainer is not None else None  # a collective under DDP
+        self.live.start(policy, tokenizer, trainer.strategy if trainer is not None else None,
+                        Path(log_dir) if log_dir else None, trainer.global_step if trainer is not None else 0)
+
+    def push_weights(self, policy: Any, version: int) -> bool:
+        """Make the generator sample from `policy` as of optimizer step `version` (collective)."""
+        return self.live.push(policy, version)
+
+    def use_value_model(self, value_fn: ValueFn | None) -> None:
+        """Score the next searches' new nodes with `value_fn` (None = no value model)."""
+        self.value_fn = value_fn
 
     def teardown(self, stage: str) -> None:
         """Release the generator backend (stops a launched vLLM server)."""
-        if self._generator is not None:
-            self.backend.close()
-            self._generator = None
-
-    def search_problems(self, tokenizer: Any, problems: Sequence[Problem]) -> list[SearchProblem]:
-        return [
-            SearchProblem(prompt_ids=encode_prompt(tokenizer, self.task, p), score=functools.partial(self.task.score, p), id=p.id)
-            for p in problems
-        ]
-
-    def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
-        """The search config of one (epoch, rank): a fresh seed, all else as configured."""
-        return replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
-
-    def _search(self, module, problems, config, bar) -> tuple[list[TreeResult], DriverStats]:
-        tokenizer = module.tokenizer
-        driver = SearchDriver(
-            self.generator(module), config, step=self.task.step, decode=_decoder(tokenizer),
-            max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=_eos(tokenizer),
-            progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
-            value_fn=self.value_fn if config.prm_weight > 0 else None,
-        )
-        return driver.run(self.search_problems(tokenizer, problems)), driver.stats
-
-    def _flat(self, module, problems, n, config, stats, on_done) -> list[TreeResult]:
-        tokenizer = module.tokenizer
-        return flat_rollouts(
-            self.search_problems(tokenizer, problems), self.generator(module), n=n, step=self.task.step,
-            decode=_decoder(tokenizer), config=config, max_concurrent_problems=self.max_concurrent_trees,
-            eos_token_ids=_eos(tokenizer), stats=stats, progress=on_done,
-        )
-
-    # ------------------------------------------------------------------ hard set
-    def screen(self, module: L.LightningModule, ids: Sequence[str], label: str) -> dict[str, float]:
-        """Pass1@K of `ids` under the current policy (K samples at the screening temperature),
-        computed on every rank's shard and gathered, so every rank gets the same rates."""
-        cfg = self.hard_set_config
-        trainer = self.trainer
-        pool = self.train_pool()
-        shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
-        config = EvalConfig(samples=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=derive_seed(self.seed, self.round, 7))
-        bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate(self.generator(module), module.tokenizer, self.task, shard, config, progress=lambda d: bar.update(d - bar.n))
-        bar.close()
-        self.screening_tokens += result.generated_tokens
-        gathered = all_gather(trainer, (result.problem_ids, result.samples, result.correct))
-        return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3)))
-
-    def ensure_hard_set(self, module: L.LightningModule) -> None:
-        """D_hard(0): screen the training pool with the policy as it starts (Eq. 8)."""
-        if self.hard is not None:
-            return
-        ids = list(self.train_pool())
-        rates = self.screen(module, ids, "base") if self.hard_set_config.enabled else {}
-        self.hard = HardSet.initial(ids, rates, self.hard_set_config)
-        if not self.hard_set_config.enabled:
-            log.info("hard set off: training on all %d problems", len(ids))
-            return
-        log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
-                 len(self.hard), len(ids), self.hard_set_config.k, "<" if self.hard_set_config.comparison == "lt" else "<=",
-                 self.hard_set_config.delta)
-
-    def end_round(self, module: L.LightningModule) -> dict[str, float]:
-        """A flywheel round's end: re-measure the hard set with the trained policy and shrink
-        it (Eq. 9); settle the replay buffer's candidates against the same rates."""
-        assert self.hard is not None, "end_round before the first epoch screened the hard set"
-        rates = self.screen(module, self.hard.ids, f"round {self.round + 1}") if self.hard_set_config.enabled else {}
-        before = len(self.hard)
-        self.hard = self.hard.refresh(rates)
-        registered = self.buffer.settle(rates)
-        self.buffer.retain(self.hard.ids)
-        self.round += 1
-        self.cursor = 0
-        self.persist()
-        log.info("round %d: hard set %d -> %d, %d newly cached, %d problems in the replay buffer",
-                 self.round, before, len(self.hard), len(registered), len(self.buffer))
-        return {"round/hard_set_size": float(len(self.hard)), "round/cached": float(len(self.buffer))}
-
-    def persist(self) -> None:
-        """Write the hard set and the replay buffer to the run directory (atomically)."""
-        trainer = self.trainer
-        if trainer is None:
-            return
-        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
-        if not trainer.is_global_zero or not log_dir:
-            return
-        folder = Path(log_dir) / "flywheel_state"
-        if self.hard is not None:
-            atomic_write_json(folder / "hard_set.json", self.hard.to_dict())
-        atomic_write_json(folder / "replay_buffer.json", self.buffer.to_dict())
-
-    def write_trees(self, module: L.LightningModule, results: Sequence[TreeResult], epoch: int) -> None:
-        """The epoch's first `save_trees` trees as JSON lines, for the tree viewer (rank 0)."""
-        trainer = self.trainer
-        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
-        if not self.save_trees or not trainer.is_global_zero or not log_dir or not results:
-            return
-        decode = _decoder(module.tokenizer)
-        lines = [json.dumps(r.to_json(decode, logprobs=False)) for r in results[: self.save_trees]]
-        atomic_write_bytes(Path(log_dir) / "trees" / f"epoch_{epoch:04d}.jsonl", ("\n".join(lines) + "\n").encode())
+        self.live.close()
 
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
         trainer = self.trainer
+        module = trainer.lightning_module
+        tokenizer = module.tokenizer
         progress = trainer.fit_loop.epoch_progress.current
         if progress.processed > progress.completed:
             # Resuming from an end-of-epoch checkpoint: Lightning builds this loader for the
             # finished epoch and never iterates it; don't search for it (lightning-cpu.md §2).
             # It must not be empty, or the fit loop stops at once ("No training batches").
-            return DataLoader([empty_batch(pad_id=trainer.lightning_module.tokenizer.pad_token_id)], batch_size=None)
-        module = trainer.lightning_module
+            return DataLoader([empty_batch(pad_id=tokenizer.pad_token_id)], batch_size=None)
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
         start = time.perf_counter()
-        self.generator(module)  # every rank at once: a sidecar's launch and weight sync are collective
-        self.ensure_hard_set(module)
+        self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
+        self.ensure_hard_set(tokenizer)
         problems = self.next_problems(self.problems_per_epoch)[rank::world]
-        per_problem, results, stats = self.rollouts(module, problems, epoch, rank)
-        self.last_results = results
+        out = self.rollouts(problems, tokenizer, epoch, rank)
+        if self.rollout == "search":
+            self.observe(problems, out)
+        self.epoch_results = out.results
         seconds = time.perf_counter() - start
-        batches = self.mini_batches(module, per_problem, world)
-        self.generated_tokens += _all_sum(trainer, stats.generated_tokens)
-        self.epoch_metrics = _epoch_metrics(results, stats, seconds, self.generated_tokens, self._generator)
-        self.epoch_metrics.update({"data/hard_set_size": float(len(self.hard)), "data/cached": float(len(self.buffer)),
-                                   "data/uniform_groups_dropped": float(self.uniform_groups),
+        batches = mini_batches(out.rows, problems_per_rank=math.ceil(self.problems_per_epoch / world),
+                               problems_per_batch=self.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
+                               score=module.score_batch)
+        self.generated_tokens += all_sum(out.stats.generated_tokens)
+        curriculum = self.curriculum
+        self.epoch_metrics = epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator)
+        self.epoch_metrics.update({"data/hard_set_size": float(len(curriculum.hard)), "data/cached": float(len(curriculum.buffer)),
+                                   "data/uniform_groups_dropped": float(out.uniform_groups),
                                    "compute/screening_tokens": float(self.screening_tokens)})
         self.persist()
-        self.write_trees(module, results, epoch)
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if trainer.is_global_zero and log_dir:
+            write_trees(log_dir, epoch, out.results, decoder(tokenizer), self.save_trees)
         log.info(
             "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
-            epoch, len(problems), sum(p.id in self.buffer for p in problems), sum(len(g) for g in per_problem),
+            epoch, len(problems), sum(p.id in curriculum.buffer for p in problems), sum(len(g) for g in out.rows),
             len(batches), self.epoch_metrics.get("search/reward", float("nan")), seconds,
         )
         return DataLoader(batches, batch_size=None, shuffle=False)
 
-    def rollouts(self, module, problems: Sequence[Problem], epoch: int, rank: int):
-        """Training rows per problem (in problem order), the rollout results and their cost.
-
-        Tree search for the problems without cached solutions; mixed rollouts (cached +
-        direct samples, outcome reward) for the problems in the replay buffer."""
-        config = self.effective_search_config(epoch, rank)
-        buffered = [p for p in problems if p.id in self.buffer]
-        fresh = [p for p in problems if p.id not in self.buffer]
-        stats = DriverStats()
-        results: dict[str, TreeResult] = {}
-        rows: dict[str, list[TrainingRow]] = {}
-        drop = self._drop_degenerate
+    def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
+        """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
         bar = tqdm(total=len(problems), desc=f"epoch {epoch} {self.rollout}", unit="problem", leave=False, disable=rank != 0)
         try:
-            if self.rollout == "search" and fresh:
-                found, search_stats = self._search(module, fresh, config, bar)
-                stats = search_stats
-                for problem, result in zip(fresh, found):
-                    results[problem.id] = result
-                    rows[problem.id] = rows_from_result(result, 0, self.advantage, self.normalize_std, drop=drop)
-            elif fresh:
-                weighting = "best_of_n" if self.rollout == "best_of_n" else "node"
-                found = self._flat(module, fresh, self.flat_samples, config, stats, lambda done: _advance(bar, done, None))
-                for problem, result in zip(fresh, found):
-                    results[problem.id] = result
-                    rows[problem.id] = rows_from_result(result, 0, weighting, self.normalize_std, drop=drop)
-            n = self.search.trajectories_per_tree if self.rollout == "search" else self.flat_samples
-            by_need: dict[int, list[Problem]] = {}
-            for problem in buffered:
-                by_need.setdefault(direct_samples_needed(len(self.buffer.solutions(problem.id)), n), []).append(problem)
-            for need, group in by_need.items():
-                direct = self._flat(module, group, need, config, stats, None) if need else [None] * len(group)
-                for problem, result in zip(group, direct):
-                    trajectories = result.trajectories if result is not None else ()
-                    if result is not None:
-                        results[problem.id] = result
-                    rows[problem.id] = mixed_rows(
-                        problem.id, encode_prompt(module.tokenizer, self.task, problem), self.buffer.solutions(problem.id),
-                        trajectories, 0, n, self.normalize_std, drop,
-                    )
+            return rollout(
+                problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
+                search=self.effective_search_config(epoch, rank),
+                flat_samples=self.flat_samples, max_concurrent_trees=self.max_concurrent_trees, credit=self.credit,
+                cached=self.curriculum.cached, value_fn=self.value_fn, progress=lambda done, tokens: _advance(bar, done, tokens),
+            )
         finally:
             bar.close()
-        if self.rollout == "search":
-            self._observe(fresh, results)
-        self.uniform_groups = 0
-        if self.drop_uniform_groups:
-            for problem in problems:
-                if problem.id in self.buffer:  # cached + direct samples: every row is kept
-                    finals = {row.reward for row in rows[problem.id]}
-                else:  # every trajectory of the search, the degenerate ones included
-                    finals = {t.final_score for t in results[problem.id].trajectories}
-                if len(finals) <= 1 and rows[problem.id]:
-                    self.uniform_groups += 1
-                    rows[problem.id] = []
-        ordered = [results[p.id] for p in problems if p.id in results]
-        return [rows[p.id] for p in problems], ordered, stats
 
-    def _drop_degenerate(self, trajectory: Trajectory) -> bool:
-        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
+    def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
+        """The search config of one (epoch, rank): a fresh seed, all else as configured."""
+        return replace(self.search, seed=derive_seed(self.search.seed, self.seed, epoch, rank))
 
-    def _observe(self, problems: Sequence[Problem], results: dict[str, TreeResult]) -> None:
-        """Offer every finished search to the replay buffer (same order on every rank)."""
-        local = [
-            (p.id, [(t.response_ids, t.response_text) for t in results[p.id].trajectories if t.verdict.correct],
-             len(results[p.id].trajectories))
-            for p in problems
-        ]
-        for part in all_gather(self.trainer, local):
-            for problem_id, correct, count in part:
-                if count:
-                    responses = [CachedSolution(problem_id, tuple(ids), text, self.round) for ids, text in correct]
-                    self.buffer.observe(problem_id, responses, round=self.round, search_trajectories=count)
+    def observe(self, problems: Sequence[Problem], out: Rollouts) -> None:
+        """Offer every rank's finished searches to the replay buffer (collective)."""
+        self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out.results)) for o in part)
 
-    def mini_batches(self, module, per_problem: list[list[TrainingRow]], world: int) -> list[dict[str, torch.Tensor]]:
-        # Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce
-        # would hang: a mini-batch slot with nothing to train on becomes an all-masked batch.
-        slots = math.ceil(math.ceil(self.problems_per_epoch / world) / self.mini_batch_problems)
-        pad_id = module.tokenizer.pad_token_id
-        batches = []
-        for slot in range(slots):
-            first = slot * self.mini_batch_problems
-            rows = [row for group, problem_rows in enumerate(per_problem[first : first + self.mini_batch_problems])
-                    for row in _regroup(problem_rows, group)]
-            if rows:
-                batch = collate(rows, pad_id=pad_id)
-                fill_behaviour(batch, module.score_batch(batch))
-            elif world > 1:
-                batch = empty_batch(pad_id=pad_id)
-            else:
-                continue
-            batches.append(batch)
-        return batches
+    # ------------------------------------------------------------------ hard set
+    def screen(self, tokenizer: Any, ids: Sequence[str], label: str) -> dict[str, float]:
+        """Pass1@K of `ids` under the current policy, the same on every rank (collective)."""
+        trainer, pool = self.trainer, self.train_pool()
+        shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
+        bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
+        rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
+                               config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
+                               progress=lambda d: bar.update(d - bar.n))
+        bar.close()
+        self.screening_tokens += tokens
+        return rates
+
+    def ensure_hard_set(self, tokenizer: Any) -> None:
+        """D_hard(0): screen the training pool with the policy as it starts (Eq. 8)."""
+        curriculum, cfg = self.curriculum, self.curriculum.hard_set_config
+        if curriculum.started:
+            return
+        ids = list(self.train_pool())
+        curriculum.start(ids, self.screen(tokenizer, ids, "base") if cfg.enabled else {})
+        if not cfg.enabled:
+            log.info("hard set off: training on all %d problems", len(ids))
+            return
+        log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
+                 len(curriculum.hard), len(ids), cfg.k, "<" if cfg.comparison == "lt" else "<=", cfg.delta)
+
+    def end_round(self, tokenizer: Any) -> dict[str, float]:
+        """A flywheel round's end: re-measure the hard set with the trained policy and shrink
+        it (Eq. 9); settle the replay buffer's candidates against the same rates."""
+        curriculum = self.curriculum
+        if curriculum.hard is None:
+            raise RuntimeError("a round ended before the first epoch screened the hard set")
+        enabled = curriculum.hard_set_config.enabled
+        rates = self.screen(tokenizer, curriculum.hard.ids, f"round {curriculum.round + 1}") if enabled else {}
+        change = curriculum.end_round(rates)
+        self.persist()
+        log.info("round %d: hard set %d -> %d, %d newly cached, %d problems in the replay buffer",
+                 curriculum.round, change.before, change.after, change.newly_cached, len(curriculum.buffer))
+        return {"round/hard_set_size": float(change.after), "round/cached": float(len(curriculum.buffer))}
+
+    def persist(self) -> None:
+        """Write the hard set and the replay buffer to the run directory (rank 0, atomically)."""
+        trainer = self.trainer
+        if trainer is None:
+            return
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if trainer.is_global_zero and log_dir:
+            write_state(log_dir, self.curriculum.hard, self.curriculum.buffer)
 
     # ------------------------------------------------------------------ validate / test
     def val_dataloader(self) -> DataLoader:
         """Held-out problems in chunks, for `flywheel validate|test`. Empty during `fit`,
         where the HeldOutEval callback evaluates once per round instead."""
-        if self.trainer is not None and self.trainer.state.fn == "fit":
+        trainer = self.trainer
+        if trainer is not None and trainer.state.fn == "fit":
             return DataLoader([], batch_size=None)
+        if trainer is not None and trainer.lightning_module is not None:
+            self.start_generator(trainer.lightning_module.policy, trainer.lightning_module.tokenizer)
         # Batches are lists of positions in eval_problems(): Lightning's batch transfer cannot
         # walk frozen dataclasses, so the problems themselves stay here.
         positions = list(range(len(self.eval_problems())))
-        if self.trainer is not None:
-            positions = positions[self.trainer.global_rank :: self.trainer.world_size]
+        if trainer is not None:
+            positions = positions[trainer.global_rank :: trainer.world_size]
         chunk = self.eval.problems_per_batch
         return DataLoader([positions[i : i + chunk] for i in range(0, len(positions), chunk)], batch_size=None, collate_fn=list)
 
@@ -511,15 +354,8 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "format": STATE_FORMAT,
-            "round": self.round,
-            "cursor": self.cursor,
-            "generated_tokens": self.generated_tokens,
-            "screening_tokens": self.screening_tokens,
-            "hard_set": self.hard.to_dict() if self.hard is not None else None,
-            "replay_buffer": self.buffer.to_dict(),
-        }
+        return {"format": STATE_FORMAT, **self.curriculum.state_dict(), "generated_tokens": self.generated_tokens,
+                "screening_tokens": self.screening_tokens}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -528,12 +364,9 @@ class SearchDataModule(L.LightningDataModule):
                 f"{STATE_FORMAT!r}: it was written by another flywheel version; start a new run without --ckpt_path"
             )
         try:
-            self.round = int(state["round"])
-            self.cursor = int(state["cursor"])
+            self.curriculum.load_state_dict(state)
             self.generated_tokens = int(state["generated_tokens"])
             self.screening_tokens = int(state["screening_tokens"])
-            self.hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
-            self.buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             source = getattr(self.trainer, "ckpt_path", None)
             raise ValueError(
@@ -543,66 +376,12 @@ class SearchDataModule(L.LightningDataModule):
             ) from err
 
 
-def _regroup(rows: list[TrainingRow], group: int) -> list[TrainingRow]:
-    return [replace(row, group=group) for row in rows]
-
-
-def _decoder(tokenizer: Any):
-    return functools.partial(tokenizer.decode, skip_special_tokens=True)
-
-
-def _eos(tokenizer: Any) -> list[int]:
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-
-def all_gather(trainer: L.Trainer, obj: Any) -> list[Any]:
-    """Every rank's `obj`, in rank order (a list of one outside distributed runs)."""
-    if trainer.world_size == 1 or not torch.distributed.is_available() or not torch.distributed.is_initialized():
-        return [obj]
-    out: list[Any] = [None] * trainer.world_size
-    torch.distributed.all_gather_object(out, obj)
-    return out
-
-
-def _all_sum(trainer: L.Trainer, value: int) -> int:
-    return sum(all_gather(trainer, value))
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
 
 
 def _advance(bar: tqdm, done: int, tokens: int | None) -> None:
     bar.update(done - bar.n)
     if tokens is not None:
         bar.set_postfix(tokens=tokens, refresh=False)
-
-
-def _epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: float, cumulative_tokens: int, generator: Generator | None) -> dict[str, float]:
-    searched = [r for r in results if r.mode == "search"]
-    trajectories = [t for r in results for t in r.trajectories]
-    metrics = {
-        "search/seconds": seconds,
-        "search/trees": float(len(searched)),
-        "search/trees_short": float(sum(not r.complete for r in searched)),
-        "search/iterations_per_tree": sum(r.stats.expansions for r in searched) / max(len(searched), 1),
-        "search/nodes_per_tree": sum(r.stats.nodes for r in searched) / max(len(searched), 1),
-        "search/depth": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
-        "search/max_depth": float(max((r.stats.max_depth for r in results), default=0)),
-        "search/reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
-        "search/correct_fraction": sum(t.verdict.correct for t in trajectories) / max(len(trajectories), 1),
-        "search/solved_fraction": sum(any(t.verdict.correct for t in r.trajectories) for r in results) / max(len(results), 1),
-        "search/overhead_pct": stats.overhead_pct,
-        "search/valued_nodes": float(stats.valued_nodes),
-        "compute/generated_tokens": float(cumulative_tokens),
-        "compute/epoch_generated_tokens": float(stats.generated_tokens),
-    }
-    if stats.valued_nodes:
-        metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes
-    if generator is not None:
-        g = generator.stats
-        metrics["compute/prefill_tokens"] = float(g.prefill_tokens)
-        metrics["compute/prompt_tokens"] = float(g.prompt_tokens)
-        metrics["compute/prefill_saved_tokens"] = float(g.prompt_tokens - g.prefill_tokens)
-        queries = g.extra.get("server_prefix_cache_queries")
-        if queries is not None:  # a server's own counters: shared by every rank, so its own ratio
-            metrics["compute/prefix_hit_rate"] = g.extra["server_prefix_cache_hits"] / queries if queries else 0.0
-        else:
-            metrics["compute/prefix_hit_rate"] = 1.0 - g.prefill_tokens / g.prompt_tokens if g.prompt_tokens else 0.0
-    return metrics

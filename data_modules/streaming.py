@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
 
-from data_modules.problems import _rows
+from flywheel.tasks.sources import _rows
 
 log = logging.getLogger(__name__)
 

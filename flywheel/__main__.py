@@ -19,8 +19,8 @@ class FlywheelCLI(LightningCLI):
         from callbacks.hard_set import HardSetRefresh
         from callbacks.prm import PRMUpdate
 
-        # Order matters: the round's hard-set refresh runs before its evaluation, so the
-        # summary of a round holds that round's hard-set size.
+        # Their epoch-end order is not theirs to decide: callbacks.rounds.RoundProtocol
+        # (added in instantiate_trainer) runs them.
         parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
         parser.add_lightning_class_args(HeldOutEval, "eval")
         parser.add_lightning_class_args(GenerationBudget, "budget")
@@ -43,6 +43,7 @@ class FlywheelCLI(LightningCLI):
             # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
+        add_round_protocol(trainer)
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
@@ -83,6 +84,34 @@ def checkpoints_beside_the_run(trainer) -> None:
     for callback in trainer.checkpoint_callbacks:
         if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
+
+
+def add_round_protocol(trainer) -> None:
+    """WeightSync and the RoundProtocol that drives the end of every epoch and round, over the
+    refresh, evaluation and value-model callbacks the parser built (`--hard_set_refresh.*`,
+    `--eval.*`, `--prm_update.*`)."""
+    from callbacks.evaluation import HeldOutEval
+    from callbacks.hard_set import HardSetRefresh
+    from callbacks.prm import PRMUpdate
+    from callbacks.rounds import RoundProtocol
+    from callbacks.weight_sync import WeightSync
+
+    from lightning.pytorch.callbacks import Checkpoint
+
+    callbacks = trainer.callbacks
+    before = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))  # saves stay last
+
+    def one(kind):
+        found = [c for c in callbacks if isinstance(c, kind)]
+        if found:
+            return found[0]
+        callbacks.insert(before, kind())
+        return callbacks[before]
+
+    sync = WeightSync()
+    steps = (one(HardSetRefresh), one(HeldOutEval), one(PRMUpdate))
+    at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    callbacks[at:at] = [sync, RoundProtocol(sync, *steps)]
 
 
 def main(args: list[str] | None = None, run: bool = True):

@@ -24,10 +24,10 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
-from flywheel.evaluation import EvalConfig, EvalResult, evaluate
+from flywheel.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
-from flywheel.tasks import Problem, Task
+from flywheel.tasks import Task
 
 log = logging.getLogger("flywheel.eval")
 
@@ -58,32 +58,6 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
         model = add_lora(model, lora)
     model.load_state_dict(weights)
     return merged(model).eval(), tokenizer, int(ckpt.get("global_step", 0))
-
-
-def shard(problems: Sequence[Problem], rank: int, world: int) -> list[Problem]:
-    """Every `world`-th problem from `rank`: disjoint shards that cover each problem once."""
-    return list(problems[rank::world])
-
-
-def merge_shards(problems: Sequence[Problem], parts: Sequence[EvalResult]) -> EvalResult:
-    """Reassemble per-rank results in the original problem order."""
-    by_id: dict[str, tuple[int, int]] = {}
-    tokens = 0
-    for part in parts:
-        tokens += part.generated_tokens
-        for pid, n, c in zip(part.problem_ids, part.samples, part.correct):
-            if pid in by_id:
-                raise ValueError(f"problem {pid!r} was evaluated on two ranks")
-            by_id[pid] = (n, c)
-    missing = [p.id for p in problems if p.id not in by_id]
-    if missing:
-        raise ValueError(f"{len(missing)} problems were not evaluated (first: {missing[0]!r})")
-    return EvalResult(
-        problem_ids=tuple(p.id for p in problems),
-        samples=tuple(by_id[p.id][0] for p in problems),
-        correct=tuple(by_id[p.id][1] for p in problems),
-        generated_tokens=tokens,
-    )
 
 
 def metrics(result: EvalResult, ks: Sequence[int]) -> dict[str, float]:
@@ -141,9 +115,9 @@ def run_eval(
         dtype: parameter dtype of the evaluated policy.
         out: folder of eval.json and the TensorBoard events.
     """
-    from data_modules.problems import load_problems
     from flywheel.policy import load_policy
     from flywheel.tasks.countdown import CountdownTask
+    from flywheel.tasks.sources import load_problems
 
     if checkpoint is None and policy is None:
         raise ValueError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
@@ -171,15 +145,10 @@ def run_eval(
         for name, source in sources.items():
             loaded = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows, limit=max_problems)
             problems = loaded.problems
-            mine = shard(problems, rank, world)
-            with tqdm(total=len(mine), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
+            with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
                 with torch.no_grad():
-                    part = evaluate(generator_, tokenizer, task, mine, config, progress=lambda done: bar.update(done - bar.n))
-            parts = [part]
-            if world > 1:
-                parts = [None] * world
-                torch.distributed.all_gather_object(parts, part)
-            result = merge_shards(problems, parts)
+                    result = evaluate_sharded(generator_, tokenizer, task, problems, config,
+                                              progress=lambda done: bar.update(done - bar.n))
             scores = metrics(result, ks)
             report["results"][name] = {
                 "problems": len(problems), "skipped_rows": loaded.skipped, **scores,

@@ -1,4 +1,10 @@
-"""Held-out evaluation: sample n responses per problem, grade them, report unbiased pass@k."""
+"""Held-out evaluation: sample n responses per problem, grade them, report unbiased pass@k.
+
+`evaluate` counts one process's problems; `evaluate_sharded` is the one evaluator of a run:
+every rank counts its own shard (no padding, no duplicates) and every rank gets the merged
+counts in problem order. `fit`'s held-out evaluation, the hard-set screening and
+`flywheel eval` use it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from flywheel.distributed import all_gather, world
 from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
 from flywheel.metrics import pass_at_k
 from flywheel.search.driver import derive_seed
@@ -112,3 +119,45 @@ def evaluate(
         correct=tuple(correct),
         generated_tokens=tokens,
     )
+
+
+def shard(problems: Sequence[Problem], rank: int, world_size: int) -> list[Problem]:
+    """Every `world_size`-th problem from `rank`: disjoint shards that cover each problem once."""
+    return list(problems[rank::world_size])
+
+
+def merge_shards(problems: Sequence[Problem], parts: Sequence[EvalResult]) -> EvalResult:
+    """Reassemble per-rank results in the original problem order."""
+    by_id: dict[str, tuple[int, int]] = {}
+    tokens = 0
+    for part in parts:
+        tokens += part.generated_tokens
+        for pid, n, c in zip(part.problem_ids, part.samples, part.correct):
+            if pid in by_id:
+                raise ValueError(f"problem {pid!r} was evaluated on two ranks")
+            by_id[pid] = (n, c)
+    missing = [p.id for p in problems if p.id not in by_id]
+    if missing:
+        raise ValueError(f"{len(missing)} problems were not evaluated (first: {missing[0]!r})")
+    return EvalResult(
+        problem_ids=tuple(p.id for p in problems),
+        samples=tuple(by_id[p.id][0] for p in problems),
+        correct=tuple(by_id[p.id][1] for p in problems),
+        generated_tokens=tokens,
+    )
+
+
+def evaluate_sharded(
+    generator: Generator,
+    tokenizer: Any,
+    task: Task,
+    problems: Sequence[Problem],
+    config: EvalConfig,
+    *,
+    progress: Callable[[int], None] | None = None,
+) -> EvalResult:
+    """`evaluate` over every rank: this rank counts `shard(problems, rank, world)`, and every
+    rank returns the merged counts of all `problems` (tokens summed). Collective."""
+    rank, size = world()
+    part = evaluate(generator, tokenizer, task, shard(problems, rank, size), config, progress=progress)
+    return merge_shards(problems, all_gather(part))

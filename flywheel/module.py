@@ -216,7 +216,7 @@ class TreeGRPOModule(L.LightningModule):
         dm = self.trainer.datamodule
         pool = dm.eval_problems()
         problems = [pool[int(i)] for i in positions]
-        result = evaluate(dm.generator(self), self.tokenizer, dm.task, problems, dm.eval)
+        result = evaluate(dm.generator, self.tokenizer, dm.task, problems, dm.eval)
         for k in sorted({1, dm.eval.pass_k}):
             # k comes from the data module's eval config, known only once attached to a trainer.
             key = f"{stage}_pass_at_{k}"
@@ -236,9 +236,3 @@ class TreeGRPOModule(L.LightningModule):
         from flywheel.checkpoint import RUN_KEY, run_record
 
         checkpoint[RUN_KEY] = run_record(self.trainer)
-
-    def on_train_epoch_end(self) -> None:
-        # Search and compute accounting of the epoch's data generation (SearchDataModule).
-        metrics = self.trainer.datamodule.epoch_metrics
-        if metrics:
-            self.log_dict(metrics)

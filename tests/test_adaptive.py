@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import flywheel.adaptive.filters as filters_mod
 import flywheel.adaptive.hard_set as hard_set_mod
+import flywheel.adaptive.mixed as mixed_mod
 import flywheel.adaptive.replay as replay_mod
 from flywheel.adaptive import (
     CachedSolution,
@@ -38,7 +39,7 @@ from flywheel.io import atomic_write_json
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
-@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, filters_mod])
+@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, mixed_mod, filters_mod])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0

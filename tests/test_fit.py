@@ -1,6 +1,7 @@
 """End to end: a short `fit` through the CLI on the tiny policy trains, logs and summarises."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -77,8 +78,9 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
     # The comparisons below mean something only if the flywheel turned: the screened hard set
     # (history[0], out of the 48 problems) shrank at a refresh. (The replay buffer stays empty
     # in 2 short epochs; tests/test_resume.py runs one that fills it.)
-    assert dm.hard.history[0] <= 48 and sizes[-1] < dm.hard.history[0], dm.hard.history
-    assert summary["rounds"][-1]["cached"] == len(dm.buffer)
+    hard_set = dm.curriculum.hard
+    assert hard_set.history[0] <= 48 and sizes[-1] < hard_set.history[0], hard_set.history
+    assert summary["rounds"][-1]["cached"] == len(dm.curriculum.buffer)
 
     # The hard set and the replay buffer are in the run directory and in the checkpoint.
     state = Path(log_dir) / "flywheel_state"
@@ -124,7 +126,9 @@ def test_flat_baselines_fit(tmp_path, overlay, rollout):
     assert not (Path(cli.trainer.log_dir) / "trees").exists()  # --data.save_trees=0
     # The rollouts are flat groups of 4 samples, not trees.
     problems = list(dm.train_pool().values())[:16]
-    rows, results, _ = dm.rollouts(cli.model, problems, epoch=5, rank=0)
+    dm.start_generator(cli.model.policy, cli.model.tokenizer)  # fit's end released it
+    out = dm.rollouts(problems, cli.model.tokenizer, epoch=5, rank=0)
+    rows, results = out.rows, out.results
     assert all(r.mode == "flat" and len(r.trajectories) == 4 for r in results)
     correct = [sum(t.verdict.correct for t in r.trajectories) for r in results]
     assert 0 < sum(correct) < 4 * len(results), "want both right and wrong samples to check the rule"
@@ -143,13 +147,15 @@ def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
     cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.drop_uniform_groups=true", "--data.hard_set.enabled=false")
     dm = cli.datamodule
     problems = list(dm.train_pool().values())[:24]
-    rows, results, _ = dm.rollouts(cli.model, problems, epoch=7, rank=0)
+    dm.start_generator(cli.model.policy, cli.model.tokenizer)  # fit's end released it
+    out = dm.rollouts(problems, cli.model.tokenizer, epoch=7, rank=0)
+    rows, results = out.rows, out.results
     uniform = [len({t.final_score for t in r.trajectories}) == 1 for r in results]
     assert any(uniform) and not all(uniform), "want both kinds of tree to check the rule"
     for problem_rows, result, is_uniform in zip(rows, results, uniform):
         assert (problem_rows == []) == is_uniform, result.problem_id
-    assert dm.uniform_groups == sum(uniform)
+    assert out.uniform_groups == sum(uniform)
 
-    dm.drop_uniform_groups = False
-    rows, _, _ = dm.rollouts(cli.model, problems, epoch=7, rank=0)
-    assert all(rows) and dm.uniform_groups == 0
+    dm.credit = replace(dm.credit, drop_uniform_groups=False)
+    out = dm.rollouts(problems, cli.model.tokenizer, epoch=7, rank=0)
+    assert all(out.rows) and out.uniform_groups == 0

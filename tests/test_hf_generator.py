@@ -407,7 +407,7 @@ def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thre
         driver = SearchDriver(generator, config, step=task.step, decode=decode, eos_token_ids=[ptok.eos_token_id])
         return driver.run(searches)
 
-    plain = HFGenerator(policy, ptok, seed=0)
+    plain = HFGenerator(policy, ptok, seed=0, prefix_cache_mb=0)
     cached = HFGenerator(policy, ptok, seed=0, prefix_cache_mb=16)
     a, b = search(plain), search(cached)
     for x, y in zip(a, b):  # the same trees: the cache changes what is computed, not what is sampled

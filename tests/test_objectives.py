@@ -428,7 +428,7 @@ def test_entropy_matches_reference():
 def test_config_defaults_are_the_papers():
     c = ObjectiveConfig()
     assert (c.clip_low, c.clip_high, c.dual_clip, c.aggregation) == (0.2, 0.28, 10.0, "token_mean")
-    assert (c.normalize_std, c.kl_coef) == (False, 0.0)
+    assert c.kl_coef == 0.0
 
 
 @pytest.mark.parametrize(
@@ -439,14 +439,20 @@ def test_config_defaults_are_the_papers():
         ("clip_high", -0.1),
         ("dual_clip", 1.2),  # not above 1 + clip_high = 1.28
         ("aggregation", "sum"),
-        ("adv_eps", 0.0),
         ("kl_coef", -0.1),
         ("kl_estimator", "k4"),
         ("tis_cap", 0.5),
     ],
 )
 def test_config_validation_names_field_and_fix(field, value):
-    with pytest.raises(ValueError, match=rf"ObjectiveConfig\.{field}=.*Set `{field}`"):
+    with pytest.raises(ValueError, match=rf"--model\.objective\.{field}=.*Set `{field}`"):
+        ObjectiveConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field, value", [("normalize_std", True), ("normalize_std", False), ("adv_eps", 1e-8)])
+def test_settings_the_objective_never_reads_are_refused(field, value):
+    # Advantages are attached by the data module: its --data.normalize_std is the one switch.
+    with pytest.raises(ValueError, match=rf"--model\.objective\.{field}=.*never read.*Remove it"):
         ObjectiveConfig(**{field: value})
 
 

@@ -55,12 +55,15 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
     # The trained value model changes the search: the same problems, seeds and policy, searched
     # with and without V(s) in the selection scores, grow different trees.
     dm = whole.datamodule
-    problems = [p for p in dm.train_pool().values() if p.id not in dm.buffer][:8]  # searched, not mixed
+    problems = [p for p in dm.train_pool().values() if p.id not in dm.curriculum.buffer][:8]  # searched, not mixed
     assert dm.value_fn is not None and dm.search.prm_weight > 0
-    _, guided, _ = dm.rollouts(whole.model, problems, epoch=11, rank=0)
-    value_fn, dm.value_fn = dm.value_fn, None
-    _, plain, _ = dm.rollouts(whole.model, problems, epoch=11, rank=0)
-    dm.value_fn = value_fn
+    tokenizer = whole.model.tokenizer
+    dm.start_generator(whole.model.policy, tokenizer)  # fit's end released it
+    guided = dm.rollouts(problems, tokenizer, epoch=11, rank=0).results
+    value_fn = dm.value_fn
+    dm.use_value_model(None)
+    plain = dm.rollouts(problems, tokenizer, epoch=11, rank=0).results
+    dm.use_value_model(value_fn)
     assert all(r.mode == "search" for r in guided + plain) and len(guided) == len(plain) == 8
 
     def grown(result):  # the expanded nodes' prefixes, in the order they were created

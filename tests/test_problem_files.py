@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from data_modules.problems import load_problems
+from flywheel.tasks.sources import load_problems
 from flywheel.tasks.countdown import CountdownTask
 
 

@@ -211,6 +211,7 @@ def main() -> None:
     args, overrides = parser.parse_known_args()
 
     from data_modules.examples import rows_from_result
+    from data_modules.rollout import search_problems as make_search_problems
     from flywheel.__main__ import main as cli_main
     from flywheel.search import SearchDriver
     from flywheel.search.flat import flat_rollouts
@@ -224,7 +225,7 @@ def main() -> None:
     module.policy.eval()
     tokenizer, task = module.tokenizer, dm.task
     problems = load_problems(task, args)
-    search_problems = dm.search_problems(tokenizer, problems)
+    search_problems = make_search_problems(tokenizer, task, problems)
     config = dm.effective_search_config(epoch=0, rank=0)  # what fit's first epoch on rank 0 uses
     value_fn = None
     if args.oracle:
@@ -244,7 +245,7 @@ def main() -> None:
                           max_concurrent_trees=dm.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
     with __import__("torch").no_grad():
         trees = driver.run(search_problems)
-    rows = [len(rows_from_result(r, 0, dm.advantage, dm.normalize_std)) for r in trees]
+    rows = [len(rows_from_result(r, 0, dm.credit.advantage, dm.credit.normalize_std)) for r in trees]
     tree = tree_arm(trees, rows)
     tree["seconds"] = time.perf_counter() - start
     print(json.dumps(tree), flush=True)

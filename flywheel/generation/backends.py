@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol
 
-from flywheel.generation.base import Generator
+from flywheel.generation.base import PREFIX_CACHE_MB, Generator
 
 
 class Collective(Protocol):
@@ -76,7 +76,12 @@ class HFBackend(GeneratorBackend):
     """
 
     def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0,
-                 prefix_cache_mb: float = 256.0) -> None:
+                 prefix_cache_mb: float = PREFIX_CACHE_MB) -> None:
+        # Checked here, at construction, so a bad value fails before any model loads.
+        for name, value, low in (("max_batch_size", max_batch_size, 1), ("compact_fraction", compact_fraction, 0),
+                                 ("prefix_cache_mb", prefix_cache_mb, 0)):
+            if value < low:
+                raise ValueError(f"--data.generator.init_args.{name} must be >= {low}, got {value}; set it to {low} or more")
         self.max_batch_size = max_batch_size
         self.compact_fraction = compact_fraction
         self.seed = seed
@@ -89,3 +94,47 @@ class HFBackend(GeneratorBackend):
             model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed,
             prefix_cache_mb=self.prefix_cache_mb,
         )
+
+
+class LiveGenerator:
+    """A backend's generator over one run: built once for the live policy, then kept at the
+    weights of a given optimizer step (`version`). `generator` has no side effects."""
+
+    def __init__(self, backend: GeneratorBackend) -> None:
+        self.backend = backend
+        self._generator: Generator | None = None
+        self.version = 0
+        """The optimizer step whose weights the generator samples from."""
+
+    @property
+    def started(self) -> bool:
+        return self._generator is not None
+
+    @property
+    def generator(self) -> Generator:
+        if self._generator is None:
+            raise RuntimeError("the generator is not started: the data module starts it before the first search "
+                               "(train_dataloader) or evaluation (val_dataloader / test_dataloader)")
+        return self._generator
+
+    def start(self, model: Any, tokenizer: Any, dist: Collective | None, run_dir: Path | None, version: int) -> None:
+        """Build the generator for `model` once (collective under a distributed run)."""
+        if self._generator is not None:
+            return
+        if run_dir:
+            self.backend.run_dir = run_dir
+        self._generator = self.backend.build(model, tokenizer, dist)
+        self.version = version
+
+    def push(self, model: Any, version: int) -> bool:
+        """Sync `model`'s weights as of step `version`; False when already there or not started."""
+        if self._generator is None or version == self.version:
+            return False
+        self.backend.sync_weights(model, version=version)
+        self.version = version
+        return True
+
+    def close(self) -> None:
+        if self._generator is not None:
+            self.backend.close()
+            self._generator = None

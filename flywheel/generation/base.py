@@ -110,6 +110,11 @@ class GenerationStats:
         return out
 
 
+PREFIX_CACHE_MB = 256.0
+"""Default memory of an in-process generator's prefix KV cache, in MB: the one default of
+`HFGenerator(prefix_cache_mb=...)` and `--data.generator.init_args.prefix_cache_mb`."""
+
+
 @runtime_checkable
 class Generator(Protocol):
     """Batched sampling. `sample(requests)[i]` holds `requests[i].n` completions, in order.

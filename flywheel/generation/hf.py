@@ -37,16 +37,17 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
+from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
+from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings  # noqa: F401 (_StopStrings: tests)
 from flywheel.generation.base import (
+    PREFIX_CACHE_MB,
     Completion,
-    FinishReason,
     GenerationRequest,
     GenerationStats,
     SamplingParams,
@@ -54,8 +55,6 @@ from flywheel.generation.base import (
 
 logger = logging.getLogger(__name__)
 
-_ACTIVE, _EOS, _STOP, _LENGTH = 0, 1, 2, 3
-_REASONS: dict[int, FinishReason] = {_EOS: "eos", _STOP: "stop", _LENGTH: "length"}
 
 
 def sample_tokens(
@@ -92,56 +91,6 @@ def sample_tokens(
     return tokens
 
 
-class _StopStrings:
-    """Detects stop strings in a row's continuation by decoding a short tail of tokens.
-
-    Decoding every row every step would dominate on a tiny model, so a per-vocabulary
-    prefilter marks the tokens that can complete a stop string: those whose text, as it
-    appears mid-sequence (decoded after a reference token, so SentencePiece keeps its
-    leading space), holds a stop string's last character, or is empty, or is a partial
-    UTF-8 byte. For a character tokenizer and stop "\\n" only the newline token qualifies.
-    """
-
-    def __init__(self, tokenizer: Any, strings: tuple[str, ...], vocab_size: int) -> None:
-        if any(not s for s in strings):
-            raise ValueError("stop_strings must not contain the empty string")
-        self.strings = strings
-        longest = max(len(s) for s in strings)
-        # Each token contributes >= 1 character in practice; the margin covers tokens that
-        # decode to nothing (skipped specials, partial bytes).
-        self.window = 2 * longest + 2
-        self.candidate = torch.ones(vocab_size, dtype=torch.bool)  # [V]
-        ref = tokenizer.encode("a", add_special_tokens=False)
-        if len(ref) != 1:
-            return  # unusual tokenizer: no prefilter, every token is checked
-        known = min(vocab_size, len(tokenizer))
-        prefix = _decode_text(tokenizer, ref)
-        texts = tokenizer.batch_decode(
-            [ref + [i] for i in range(known)], skip_special_tokens=True,
-            clean_up_tokenization_spaces=False,
-        )
-        special = set(tokenizer.all_special_ids)
-        last_chars = {s[-1] for s in strings}
-
-        def may_complete(i: int, text: str) -> bool:
-            if i in special:
-                return False  # skipped when decoding, so it never completes a stop string
-            if not text.startswith(prefix):
-                return True
-            piece = text[len(prefix) :]
-            return not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
-
-        self.candidate[:known] = torch.tensor([may_complete(i, t) for i, t in enumerate(texts)])
-
-    def hit(self, tokenizer: Any, tail_ids: list[int]) -> bool:
-        text = _decode_text(tokenizer, tail_ids)
-        return any(s in text for s in self.strings)
-
-
-def _decode_text(tokenizer: Any, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-
-
 @dataclass(frozen=True)
 class _Row:
     """One sample to decode: which request and sample it is, and its sampling noise."""
@@ -151,6 +100,7 @@ class _Row:
     prompt: tuple[int, ...]
     params: SamplingParams
     uniforms: torch.Tensor  # [params.max_new_tokens], CPU
+
 
 
 class HFGenerator:
@@ -172,7 +122,8 @@ class HFGenerator:
         prefix_cache_mb: memory for KV caches kept across calls (least recently used
             first out): the KV of each completion that stopped without EOS, keyed by its
             tokens, reused by any later prompt that extends it. Dropped whenever the
-            model's weights change (an optimizer step). 0 = off.
+            model's weights change (an optimizer step). 0 = off. Default `PREFIX_CACHE_MB`,
+            which is also `--data.generator.init_args.prefix_cache_mb`'s.
     """
 
     def __init__(
@@ -183,7 +134,7 @@ class HFGenerator:
         eos_token_id: int | Sequence[int] | None = None,
         seed: int = 0,
         compact_fraction: float = 0.25,
-        prefix_cache_mb: float = 0.0,
+        prefix_cache_mb: float = PREFIX_CACHE_MB,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -442,167 +393,6 @@ class HFGenerator:
             kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
                   for layer in cache.layers]
             self.prefix_cache.put(key, kv)
-
-
-class _PrefixCache:
-    """KV caches of token sequences kept across generator calls, least recently used first
-    out, bounded in bytes, emptied when the model's parameters change (their in-place
-    version counters move on every optimizer step or weight load)."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor]]] = OrderedDict()
-        self.sizes: dict[tuple[int, ...], int] = {}
-        self.lengths: Counter[int] = Counter()
-        self.bytes = 0
-        self.weights: tuple[int, ...] | None = None
-
-    def follow_weights(self, model: torch.nn.Module) -> None:
-        version = tuple(p._version for p in model.parameters())
-        if version != self.weights:
-            self.clear()
-            self.weights = version
-
-    def clear(self) -> None:
-        self.entries.clear()
-        self.sizes.clear()
-        self.lengths.clear()
-        self.bytes = 0
-
-    def longest(self, prompt: tuple[int, ...]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """The longest cached sequence that is a proper prefix of `prompt` (at least the
-        prompt's last token is always computed: its logits start the decoding)."""
-        for length in sorted((n for n in self.lengths if n < len(prompt)), reverse=True):
-            kv = self.entries.get(prompt[:length])
-            if kv is not None:
-                self.entries.move_to_end(prompt[:length])
-                return length, kv
-        return 0, None
-
-    def put(self, key: tuple[int, ...], kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        size = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
-        if key in self.entries or size > self.max_bytes or not key:
-            return
-        self.entries[key] = kv
-        self.sizes[key] = size
-        self.lengths[len(key)] += 1
-        self.bytes += size
-        while self.bytes > self.max_bytes:
-            old, _ = self.entries.popitem(last=False)
-            self.bytes -= self.sizes.pop(old)
-            self.lengths[len(old)] -= 1
-            if not self.lengths[len(old)]:
-                del self.lengths[len(old)]
-
-
-def _left_padded(kvs, lengths: list[int], width: int):
-    """Per layer, the cached KV of each prompt left-padded with zeros to `width`:
-    yields (keys, values) [U, H, width, D]; prompts without a hit are all padding."""
-    template = next(kv for kv in kvs if kv is not None)
-    for layer, (k0, v0) in enumerate(template):
-        keys = k0.new_zeros((len(kvs), k0.shape[0], width, k0.shape[2]))
-        values = v0.new_zeros((len(kvs), v0.shape[0], width, v0.shape[2]))
-        for i, (kv, c) in enumerate(zip(kvs, lengths)):
-            if kv is not None and c:
-                keys[i, :, width - c :] = kv[layer][0]
-                values[i, :, width - c :] = kv[layer][1]
-        yield keys, values
-
-
-class _StopRules:
-    """The stop tests of one chunk, vectorised over the batch.
-
-    Priority when several hold at once: EOS, then a stop token or stop string, then the
-    length limit (a stop string completed by the last allowed token is "stop").
-    """
-
-    def __init__(
-        self, rows: list[_Row], eos_ids: tuple[int, ...], vocab: int, matcher, device
-    ) -> None:
-        self.eos = torch.zeros(vocab, dtype=torch.bool)  # [V]
-        self.eos[list(eos_ids)] = True
-        # Rows share a few distinct stop settings: masks per setting, a group index per row.
-        id_sets = sorted({r.params.stop_token_ids for r in rows})
-        self.stop_ids = torch.zeros(len(id_sets), vocab, dtype=torch.bool)  # [G, V]
-        for g, ids in enumerate(id_sets):
-            self.stop_ids[g, list(ids)] = True
-        self.id_group = torch.tensor([id_sets.index(r.params.stop_token_ids) for r in rows])
-        # Group 0: rows without stop strings, which never need a decode.
-        string_sets = [()] + sorted({r.params.stop_strings for r in rows} - {()})
-        self.matchers = [None] + [matcher(strings, vocab) for strings in string_sets[1:]]
-        self.string_candidate = torch.stack(
-            [torch.zeros(vocab, dtype=torch.bool)] + [m.candidate for m in self.matchers[1:]]
-        )  # [S + 1, V]
-        self.string_group = torch.tensor([string_sets.index(r.params.stop_strings) for r in rows])
-        self.has_strings = len(string_sets) > 1
-        self.max_new = torch.tensor([r.params.max_new_tokens for r in rows])
-        for name in ("eos", "stop_ids", "id_group", "string_candidate", "string_group", "max_new"):
-            setattr(self, name, getattr(self, name).to(device))
-
-    def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
-        """Finish code per batch position after step t ([B]; _ACTIVE = goes on)."""
-        is_eos = self.eos[new] & active
-        is_stop = self.stop_ids[self.id_group[slots], new] & active & ~is_eos
-        if self.has_strings:
-            group = self.string_group[slots]
-            check = self.string_candidate[group, new] & active & ~is_eos & ~is_stop
-            for b in check.nonzero().squeeze(1).tolist():
-                matcher = self.matchers[int(group[b])]
-                tail = tokens[int(slots[b]), max(0, t + 1 - matcher.window) : t + 1].tolist()
-                if matcher.hit(tokenizer, tail):
-                    is_stop[b] = True
-        is_length = (self.max_new[slots] <= t + 1) & active
-        reason = torch.full_like(new, _ACTIVE)
-        reason[is_length] = _LENGTH
-        reason[is_stop] = _STOP
-        reason[is_eos] = _EOS
-        return reason
-
-
-class _Record:
-    """What a chunk produced, indexed by row: tokens, log-probs, entropies [R, T]."""
-
-    def __init__(self, rows: list[_Row], horizon: int, device) -> None:
-        n = len(rows)
-        self.tokens = torch.zeros(n, horizon, dtype=torch.long, device=device)
-        self.logprobs = torch.zeros(n, horizon, device=device)
-        want_entropy = any(r.params.top_logprobs > 0 for r in rows)
-        self.entropies = torch.zeros(n, horizon, device=device) if want_entropy else None
-        self.length = torch.zeros(n, dtype=torch.long, device=device)
-        self.reason = torch.full((n,), _ACTIVE, dtype=torch.long, device=device)
-
-    def add(self, t: int, slots, active, new, logits) -> None:
-        """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V]."""
-        live = slots[active]
-        log_z = torch.logsumexp(logits, dim=-1)  # [B]
-        self.tokens[live, t] = new[active]
-        self.logprobs[live, t] = (logits.gather(1, new[:, None]).squeeze(1) - log_z)[active]
-        if self.entropies is not None:
-            expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(-1)  # E_p[logit]
-            self.entropies[live, t] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
-
-    def finish(self, t: int, slots, reason) -> None:
-        done = reason != _ACTIVE
-        self.length[slots[done]] = t + 1
-        self.reason[slots[done]] = reason[done]
-
-    def completions(self, rows: list[_Row]) -> list[Completion]:
-        tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()
-        entropies = self.entropies.cpu() if self.entropies is not None else None
-        out = []
-        for k, (row, n, why) in enumerate(zip(rows, self.length.tolist(), self.reason.tolist())):
-            ent = None
-            if row.params.top_logprobs > 0 and entropies is not None:
-                ent = tuple(entropies[k, :n].tolist())
-            out.append(
-                Completion(
-                    token_ids=tuple(tokens[k, :n].tolist()),
-                    logprobs=tuple(logprobs[k, :n].tolist()),
-                    finish_reason=_REASONS[why],
-                    entropies=ent,
-                )
-            )
-        return out
 
 
 def _bump(stats: GenerationStats, key: str, value: float) -> None:

@@ -15,16 +15,15 @@ from typing import Hashable, Sequence
 
 import torch
 
-from flywheel.objectives.config import ObjectiveConfig
-
-_D = ObjectiveConfig
+ADV_EPS = 1e-6
+"""Added to the group std when advantages are std-normalised (`--data.normalize_std`)."""
 
 
 def group_baseline(
     final_scores: torch.Tensor,
     group_ids: torch.Tensor | None = None,
-    normalize_std: bool = _D.normalize_std,
-    eps: float = _D.adv_eps,
+    normalize_std: bool = False,
+    eps: float = ADV_EPS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's group mean and divisor: A = (score - mean) / divisor.
 
@@ -55,8 +54,8 @@ def group_baseline(
 def dapo_advantages(
     rewards: torch.Tensor,
     group_ids: torch.Tensor | None = None,
-    normalize_std: bool = _D.normalize_std,
-    eps: float = _D.adv_eps,
+    normalize_std: bool = False,
+    eps: float = ADV_EPS,
 ) -> torch.Tensor:
     """Flat group baseline (DAPO / GRPO outcome advantage): A_i = r_i - mean_group(r).
 
@@ -76,8 +75,8 @@ def dapo_advantages(
 def tree_grpo_advantages(
     step_scores: Sequence[Sequence[float]],
     final_scores: Sequence[float] | None = None,
-    normalize_std: bool = _D.normalize_std,
-    eps: float = _D.adv_eps,
+    normalize_std: bool = False,
+    eps: float = ADV_EPS,
 ) -> list[list[float]]:
     """Per-step Tree-GRPO advantages of one tree (DeepSearch Eq. 14-15):
 
@@ -148,8 +147,8 @@ def tree_grpo_token_advantages(
     token_scores: torch.Tensor,
     mask: torch.Tensor,
     group_ids: torch.Tensor,
-    normalize_std: bool = _D.normalize_std,
-    eps: float = _D.adv_eps,
+    normalize_std: bool = False,
+    eps: float = ADV_EPS,
 ) -> torch.Tensor:
     """Tree-GRPO advantages on a padded batch (DeepSearch Eq. 14-15, code layout).
 

@@ -37,9 +37,10 @@ class ObjectiveConfig:
         aggregation: "token_mean" (mean over every response token of the mini-batch; the
             code's default), "step_mean" (the paper's per-step 1/|s_j| normalisation) or
             "sequence_mean" (per-sequence mean, then mean over sequences).
-        normalize_std: divide advantages by (population std + adv_eps) of the group's final
-            scores. Off by default: the paper's Table 4 found mean-only better.
-        adv_eps: the epsilon added to the std when `normalize_std` is on.
+        normalize_std: not read here: advantages are attached to the rows by the data
+            module, so the switch is `--data.normalize_std`. Setting this one is an error.
+        adv_eps: not read: the std epsilon is `flywheel.objectives.advantages.ADV_EPS`.
+            Setting it is an error.
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
@@ -56,8 +57,8 @@ class ObjectiveConfig:
     clip_high: float = 0.28
     dual_clip: float = 10.0
     aggregation: Aggregation = "token_mean"
-    normalize_std: bool = False
-    adv_eps: float = 1e-6
+    normalize_std: bool | None = None
+    adv_eps: float | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     tis_cap: float = 2.0
@@ -66,7 +67,7 @@ class ObjectiveConfig:
     def __post_init__(self) -> None:
         def fail(field: str, why: str, fix: str) -> NoReturn:
             raise ValueError(
-                f"ObjectiveConfig.{field}={getattr(self, field)!r} is invalid: {why}. {fix}"
+                f"--model.objective.{field}={getattr(self, field)!r} is invalid: {why}. {fix}"
             )
 
         if not 0.0 <= self.clip_low < 1.0:
@@ -84,9 +85,12 @@ class ObjectiveConfig:
         if self.aggregation not in AGGREGATIONS:
             fail("aggregation", f"it must be one of {AGGREGATIONS}",
                  "Set `aggregation` to 'token_mean' (the default) or another listed mode.")
-        if not self.adv_eps > 0.0:
-            fail("adv_eps", "the std divisor std + adv_eps needs a positive epsilon",
-                 "Set `adv_eps` > 0, e.g. 1e-6.")
+        if self.normalize_std is not None:
+            fail("normalize_std", "the data module attaches the advantages, so this setting is never read",
+                 "Remove it and set `--data.normalize_std` instead.")
+        if self.adv_eps is not None:
+            fail("adv_eps", "the std epsilon is fixed (flywheel.objectives.advantages.ADV_EPS = 1e-6), so this "
+                 "setting is never read", "Remove it.")
         if self.kl_coef < 0.0:
             fail("kl_coef", "a negative coefficient would reward drifting from the reference",
                  "Set `kl_coef` >= 0 (0 = no KL, the paper's setting).")

@@ -144,40 +144,40 @@ class SearchConfig:
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"search.{name} must be one of {allowed}, got {value!r}")
+                raise ValueError(f"--data.search.{name} must be one of {allowed}, got {value!r}; pick one of those")
         for name in ("expansion_width", "max_depth", "trajectories_per_tree", "max_expansions_per_tree"):
             if getattr(self, name) < 1:
-                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}")
+                raise ValueError(f"--data.search.{name} must be >= 1, got {getattr(self, name)}; set it to 1 or more")
         if not 0 < self.gamma_min <= 1:
             raise ValueError(
-                f"search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "
-                "on a correct path keep q = 0 (Eq. 3); set search.gamma_min=0.1"
+                f"--data.search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "
+                "on a correct path keep q = 0 (Eq. 3); set --data.search.gamma_min=0.1"
             )
         for name in ("uct_lambda", "puct_c", "frontier_lambda1", "frontier_lambda2", "frontier_lambda3", "prm_weight"):
             if getattr(self, name) < 0:
-                raise ValueError(f"search.{name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"--data.search.{name} must be >= 0, got {getattr(self, name)}; set it to 0 (off) or more")
         if self.terminal_choice == "entropy" and self.entropy_top_k < 1:
             raise ValueError(
-                "search.terminal_choice='entropy' needs search.entropy_top_k >= 1 (the generator computes "
+                "--data.search.terminal_choice='entropy' needs --data.search.entropy_top_k >= 1 (the generator computes "
                 f"entropies from that many top log-probs), got {self.entropy_top_k}"
             )
         if self.overlong_penalty and not 0 < self.overlong_buffer_tokens <= self.overlong_max_tokens:
             raise ValueError(
-                f"search.overlong_buffer_tokens must be in (0, overlong_max_tokens={self.overlong_max_tokens}], "
-                f"got {self.overlong_buffer_tokens}; or turn the penalty off with search.overlong_penalty=false"
+                f"--data.search.overlong_buffer_tokens must be in (0, --data.search.overlong_max_tokens={self.overlong_max_tokens}], "
+                f"got {self.overlong_buffer_tokens}; or turn the penalty off with --data.search.overlong_penalty=false"
             )
         if self.soft_clip_eps <= 0 or self.soft_clip_qmax <= 0:
             raise ValueError(
-                f"search.soft_clip_eps and search.soft_clip_qmax must be > 0, got {self.soft_clip_eps}, "
-                f"{self.soft_clip_qmax}"
+                f"--data.search.soft_clip_eps and --data.search.soft_clip_qmax must be > 0, got {self.soft_clip_eps}, "
+                f"{self.soft_clip_qmax}; set both > 0 (defaults 1.0 and 1.0)"
             )
         if self.temperature < 0:
-            raise ValueError(f"search.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ValueError(f"--data.search.temperature must be >= 0 (0 = greedy), got {self.temperature}; set it to 0 or more")
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"search.top_p must be in (0, 1], got {self.top_p}")
+            raise ValueError(f"--data.search.top_p must be in (0, 1], got {self.top_p}; set 1.0 to turn nucleus sampling off")
         for name in ("max_children", "stop_when_solved"):
             if getattr(self, name) < 0:
-                raise ValueError(f"search.{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+                raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -34,12 +34,12 @@ def die(where: str) -> None:
 
 
 def arm_search(epoch: int) -> None:
-    search, sample = SearchDataModule._search, HFGenerator.sample
+    rollouts, sample = SearchDataModule.rollouts, HFGenerator.sample
     calls = {"armed": False, "n": 0}
 
-    def _search(self, *args, **kwargs):
+    def _rollouts(self, *args, **kwargs):
         calls["armed"] = self.trainer.current_epoch == epoch
-        return search(self, *args, **kwargs)
+        return rollouts(self, *args, **kwargs)
 
     def _sample(self, requests):
         if calls["armed"]:
@@ -48,7 +48,7 @@ def arm_search(epoch: int) -> None:
                 die(f"during the search of epoch {epoch} (generator call 3)")
         return sample(self, requests)
 
-    SearchDataModule._search, HFGenerator.sample = _search, _sample
+    SearchDataModule.rollouts, HFGenerator.sample = _rollouts, _sample
 
 
 def arm_optimizer(n: int) -> None:

@@ -30,10 +30,10 @@ def _next_problems(self, count):
     return problems
 
 
-def _rollouts(self, module, problems, epoch, rank):
+def _rollouts(self, problems, tokenizer, epoch, rank):
     if epochs and epochs[-1]["epoch"] == epoch and not epochs[-1]["mine"]:
         epochs[-1]["mine"] = [p.id for p in problems]
-    return rollouts(self, module, problems, epoch, rank)
+    return rollouts(self, problems, tokenizer, epoch, rank)
 
 
 def _teardown(self, stage):

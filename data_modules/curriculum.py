@@ -1,0 +1,132 @@
+"""Curriculum: which problems the flywheel trains on, round after round (deepsearch.md §7).
+
+A plain object (no Lightning, no I/O): the Pass1@K hard set, the replay buffer of cached
+correct solutions, the round counter and the cursor into this round's problem stream. It
+is the one place that decides when a round ends (`round_ends`); the data module saves it in
+every checkpoint (`state_dict`) and the round protocol (callbacks.rounds) ends its rounds.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from flywheel.adaptive import CachedSolution, HardSet, HardSetConfig, ReplayBuffer, ReplayConfig
+from flywheel.search.driver import derive_seed
+from flywheel.tasks import Problem
+
+SearchOutcome = tuple[str, list[tuple[tuple[int, ...], str]], int]
+"""One finished search as the replay buffer sees it: (problem id, the correct responses as
+(token ids, text), the number of trajectories searched)."""
+
+
+@dataclass(frozen=True)
+class RoundChange:
+    """What one round's end changed: hard-set size before and after, problems newly cached."""
+
+    before: int
+    after: int
+    newly_cached: int
+
+
+class Curriculum:
+    """The hard set, the replay buffer, the round and the cursor of one run.
+
+    Args:
+        hard_set: the Pass1@K screening rule (`--data.hard_set.*`).
+        replay: the replay buffer's registration rule (`--data.replay.*`).
+        epochs_per_round: epochs per flywheel round (`--data.epochs_per_round`).
+        seed: seed of the problem order (`--data.seed`).
+    """
+
+    def __init__(self, hard_set: HardSetConfig, replay: ReplayConfig, epochs_per_round: int, seed: int) -> None:
+        if epochs_per_round < 1:
+            raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}; set it to 1 or more")
+        self.hard_set_config = hard_set
+        self.replay_config = replay
+        self.epochs_per_round = epochs_per_round
+        self.seed = seed
+        self.hard: HardSet | None = None
+        """The current hard set; None until the first epoch screens it."""
+        self.buffer = ReplayBuffer(replay)
+        self.round = 0
+        """Flywheel rounds completed."""
+        self.cursor = 0
+        """Problems of this round's shuffled hard-set stream consumed so far."""
+
+    # ------------------------------------------------------------------ rounds
+    def round_ends(self, epoch: int) -> bool:
+        """Whether epoch `epoch` (0-based) is the last of a round: THE place that decides it."""
+        return (epoch + 1) % self.epochs_per_round == 0
+
+    @property
+    def started(self) -> bool:
+        return self.hard is not None
+
+    def start(self, ids: Sequence[str], rates: Mapping[str, float]) -> None:
+        """D_hard(0) from the base policy's Pass1@K rates (Eq. 8); every id when screening is off."""
+        self.hard = HardSet.initial(list(ids), rates, self.hard_set_config)
+
+    def end_round(self, rates: Mapping[str, float]) -> RoundChange:
+        """Shrink the hard set with the trained policy's rates (Eq. 9), settle the replay
+        buffer's candidates against the same rates, and start the next round's stream."""
+        if self.hard is None:
+            raise RuntimeError("a round ended before the first epoch screened the hard set")
+        before = len(self.hard)
+        self.hard = self.hard.refresh(rates)
+        registered = self.buffer.settle(rates)
+        self.buffer.retain(self.hard.ids)
+        self.round += 1
+        self.cursor = 0
+        return RoundChange(before, len(self.hard), len(registered))
+
+    def screening_seed(self) -> int:
+        """Seed of this round's Pass1@K screening samples."""
+        return derive_seed(self.seed, self.round, 7)
+
+    # ------------------------------------------------------------------ problems
+    def next_problems(self, pool: Mapping[str, Problem], count: int) -> list[Problem]:
+        """The next `count` problems of this round's endless stream over the hard set: each
+        pass is a fresh seeded permutation, so the order depends only on (seed, round, cursor)."""
+        ids = [i for i in self.hard.ids if i in pool] if self.hard is not None else list(pool)
+        if not ids:
+            return []
+        out: list[Problem] = []
+        while len(out) < count:
+            epoch_pass, offset = divmod(self.cursor, len(ids))
+            order = list(range(len(ids)))
+            random.Random(f"{self.seed}:{self.round}:{epoch_pass}").shuffle(order)
+            take = min(count - len(out), len(ids) - offset)
+            out.extend(pool[ids[i]] for i in order[offset : offset + take])
+            self.cursor += take
+        return out
+
+    # ------------------------------------------------------------------ replay buffer
+    def cached(self, problem_id: str) -> tuple[CachedSolution, ...]:
+        """The cached solutions of a problem (empty when it has none)."""
+        return self.buffer.solutions(problem_id) if problem_id in self.buffer else ()
+
+    def observe(self, outcomes: Iterable[SearchOutcome]) -> None:
+        """Offer finished searches to the replay buffer (the same outcomes, in the same order,
+        on every rank)."""
+        for problem_id, correct, count in outcomes:
+            if count:
+                responses = [CachedSolution(problem_id, tuple(ids), text, self.round) for ids, text in correct]
+                self.buffer.observe(problem_id, responses, round=self.round, search_trajectories=count)
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "round": self.round,
+            "cursor": self.cursor,
+            "hard_set": self.hard.to_dict() if self.hard is not None else None,
+            "replay_buffer": self.buffer.to_dict(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore from `state_dict()`; raises KeyError / TypeError / ValueError on a malformed one."""
+        round_, cursor = int(state["round"]), int(state["cursor"])
+        hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
+        buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
+        self.round, self.cursor, self.hard, self.buffer = round_, cursor, hard, buffer

@@ -1,0 +1,47 @@
+"""The scalars of one epoch's data generation: search shape, rewards and compute
+(`search/*`, `compute/*`), logged once per epoch by the round protocol (callbacks.rounds)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from flywheel.generation.base import Generator
+from flywheel.search.driver import DriverStats
+from flywheel.search.outputs import TreeResult
+
+
+def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: float, cumulative_tokens: int,
+                  generator: Generator | None) -> dict[str, float]:
+    """`results`: the epoch's trees and flat groups on this rank; `stats`: their driver
+    counters; `cumulative_tokens`: training tokens generated over the run, all ranks."""
+    searched = [r for r in results if r.mode == "search"]
+    trajectories = [t for r in results for t in r.trajectories]
+    metrics = {
+        "search/seconds": seconds,
+        "search/trees": float(len(searched)),
+        "search/trees_short": float(sum(not r.complete for r in searched)),
+        "search/iterations_per_tree": sum(r.stats.expansions for r in searched) / max(len(searched), 1),
+        "search/nodes_per_tree": sum(r.stats.nodes for r in searched) / max(len(searched), 1),
+        "search/depth": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
+        "search/max_depth": float(max((r.stats.max_depth for r in results), default=0)),
+        "search/reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
+        "search/correct_fraction": sum(t.verdict.correct for t in trajectories) / max(len(trajectories), 1),
+        "search/solved_fraction": sum(any(t.verdict.correct for t in r.trajectories) for r in results) / max(len(results), 1),
+        "search/overhead_pct": stats.overhead_pct,
+        "search/valued_nodes": float(stats.valued_nodes),
+        "compute/generated_tokens": float(cumulative_tokens),
+        "compute/epoch_generated_tokens": float(stats.generated_tokens),
+    }
+    if stats.valued_nodes:
+        metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes
+    if generator is not None:
+        g = generator.stats
+        metrics["compute/prefill_tokens"] = float(g.prefill_tokens)
+        metrics["compute/prompt_tokens"] = float(g.prompt_tokens)
+        metrics["compute/prefill_saved_tokens"] = float(g.prompt_tokens - g.prefill_tokens)
+        queries = g.extra.get("server_prefix_cache_queries")
+        if queries is not None:  # a server's own counters: shared by every rank, so its own ratio
+            metrics["compute/prefix_hit_rate"] = g.extra["server_prefix_cache_hits"] / queries if queries else 0.0
+        else:
+            metrics["compute/prefix_hit_rate"] = 1.0 - g.prefill_tokens / g.prompt_tokens if g.prompt_tokens else 0.0
+    return metrics

@@ -1,0 +1,160 @@
+"""One epoch's rollouts: problems in, training rows and finished trees out.
+
+`rollout` is the whole of it: tree search (or flat / best-of-N sampling) for the problems
+without cached solutions, mixed rollouts (cached + direct samples, deepsearch.md §7) for the
+problems in the replay buffer, then the credit rule turns every tree into training rows.
+No Lightning: the generator, the task, the tokenizer and the settings are arguments.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Literal, Sequence
+
+from data_modules.examples import TrainingRow, mixed_rows, rows_from_result
+from flywheel.adaptive import CachedSolution, DegenerateFilter, direct_samples_needed
+from flywheel.evaluation import encode_prompt
+from flywheel.generation.base import Generator
+from flywheel.search.config import SearchConfig
+from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem
+from flywheel.search.flat import flat_rollouts
+from flywheel.search.outputs import Trajectory, TreeResult
+from flywheel.tasks import Problem, Task
+
+Rollout = Literal["search", "flat", "best_of_n"]
+Advantage = Literal["node", "outcome", "subtree"]
+ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
+
+
+@dataclass(frozen=True)
+class Credit:
+    """How trajectories become training rows (`--data.advantage`, `--data.normalize_std`,
+    `--data.drop_uniform_groups`, `--data.degenerate_filter.*`; see SearchDataModule)."""
+
+    advantage: Advantage = "node"
+    normalize_std: bool = False
+    drop_uniform_groups: bool = False
+    degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
+
+    def drops(self, trajectory: Trajectory) -> bool:
+        """Whether a trajectory stays out of training: an incorrect, degenerate one."""
+        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
+
+
+@dataclass(frozen=True)
+class Rollouts:
+    """An epoch's rollouts on one rank."""
+
+    rows: list[list[TrainingRow]]
+    """Training rows per problem, in problem order ([] for a left-out group)."""
+    results: list[TreeResult]
+    """The trees (or flat groups) that were sampled, in problem order."""
+    stats: DriverStats
+    uniform_groups: int
+    """Groups left out by `drop_uniform_groups`."""
+
+
+def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    return functools.partial(tokenizer.decode, skip_special_tokens=True)
+
+
+def eos_ids(tokenizer: Any) -> list[int]:
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem]) -> list[SearchProblem]:
+    return [SearchProblem(prompt_ids=encode_prompt(tokenizer, task, p), score=functools.partial(task.score, p), id=p.id)
+            for p in problems]
+
+
+def rollout(
+    problems: Sequence[Problem],
+    *,
+    generator: Generator,
+    task: Task,
+    tokenizer: Any,
+    kind: Rollout,
+    search: SearchConfig,
+    flat_samples: int,
+    max_concurrent_trees: int,
+    credit: Credit,
+    cached: Callable[[str], Sequence[CachedSolution]] = lambda problem_id: (),
+    value_fn: ValueFn | None = None,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> Rollouts:
+    """Training rows per problem (in problem order), the rollout results and their cost.
+
+    kind "search": DeepSearch MCTS (`search`, its seed already this epoch's and rank's),
+    credited by `credit.advantage`; "flat": `flat_samples` independent responses, DAPO
+    advantages; "best_of_n": the same samples, the correct ones only. A problem with
+    `cached(id)` solutions gets a mixed rollout instead. `value_fn` scores new search nodes
+    when `search.prm_weight` > 0. `progress(problems done, tokens or None)`.
+    """
+    buffered = [p for p in problems if cached(p.id)]
+    fresh = [p for p in problems if not cached(p.id)]
+    stats = DriverStats()
+    results: dict[str, TreeResult] = {}
+    rows: dict[str, list[TrainingRow]] = {}
+    decode, eos = decoder(tokenizer), eos_ids(tokenizer)
+
+    def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None) -> list[TreeResult]:
+        return flat_rollouts(search_problems(tokenizer, task, group), generator, n=n, step=task.step, decode=decode,
+                             config=search, max_concurrent_problems=max_concurrent_trees, eos_token_ids=eos,
+                             stats=stats, progress=on_done)
+
+    if kind == "search" and fresh:
+        driver = SearchDriver(
+            generator, search, step=task.step, decode=decode, max_concurrent_trees=max_concurrent_trees,
+            eos_token_ids=eos, value_fn=value_fn if search.prm_weight > 0 else None,
+            progress=(lambda p: progress(p.trees_done, p.generated_tokens)) if progress else None,
+        )
+        found = driver.run(search_problems(tokenizer, task, fresh))
+        stats = driver.stats
+        for problem, result in zip(fresh, found):
+            results[problem.id] = result
+            rows[problem.id] = rows_from_result(result, 0, credit.advantage, credit.normalize_std, drop=credit.drops)
+    elif fresh:
+        # Flat groups are credited DAPO-style whatever `credit.advantage` says (the data
+        # module warns when it was set): a flat group has no inner nodes to value.
+        weighting = "best_of_n" if kind == "best_of_n" else "node"
+        found = flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None)
+        for problem, result in zip(fresh, found):
+            results[problem.id] = result
+            rows[problem.id] = rows_from_result(result, 0, weighting, credit.normalize_std, drop=credit.drops)
+    n = search.trajectories_per_tree if kind == "search" else flat_samples
+    by_need: dict[int, list[Problem]] = {}
+    for problem in buffered:
+        by_need.setdefault(direct_samples_needed(len(cached(problem.id)), n), []).append(problem)
+    for need, group in by_need.items():
+        direct = flat(group, need, None) if need else [None] * len(group)
+        for problem, result in zip(group, direct):
+            if result is not None:
+                results[problem.id] = result
+            rows[problem.id] = mixed_rows(
+                problem.id, encode_prompt(tokenizer, task, problem), cached(problem.id),
+                result.trajectories if result is not None else (), 0, n, credit.normalize_std, credit.drops,
+            )
+    uniform = 0
+    if credit.drop_uniform_groups:
+        for problem in problems:
+            if cached(problem.id):  # cached + direct samples: every row is kept
+                finals = {row.reward for row in rows[problem.id]}
+            else:  # every trajectory of the search, the degenerate ones included
+                finals = {t.final_score for t in results[problem.id].trajectories}
+            if len(finals) <= 1 and rows[problem.id]:
+                uniform += 1
+                rows[problem.id] = []
+    ordered = [results[p.id] for p in problems if p.id in results]
+    return Rollouts([rows[p.id] for p in problems], ordered, stats, uniform)
+
+
+def search_outcomes(problems: Sequence[Problem], results: Sequence[TreeResult]):
+    """What the replay buffer needs of the searched (not mixed) problems: (id, correct
+    responses as (ids, text), trajectories searched), in problem order."""
+    by_id = {r.problem_id: r for r in results if r.mode == "search"}
+    return [
+        (p.id, [(t.response_ids, t.response_text) for t in by_id[p.id].trajectories if t.verdict.correct],
+         len(by_id[p.id].trajectories))
+        for p in problems if p.id in by_id
+    ]

@@ -1,0 +1,160 @@
+"""The bookkeeping of the in-process generator's decode loop (flywheel.generation.hf): the
+stop rules (EOS, stop tokens, stop strings, the length limit), tested for a whole batch at
+once, and the record of what each row produced."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from flywheel.generation.base import Completion, FinishReason
+
+_ACTIVE, _EOS, _STOP, _LENGTH = 0, 1, 2, 3
+_REASONS: dict[int, FinishReason] = {_EOS: "eos", _STOP: "stop", _LENGTH: "length"}
+
+
+class _StopStrings:
+    """Detects stop strings in a row's continuation by decoding a short tail of tokens.
+
+    Decoding every row every step would dominate on a tiny model, so a per-vocabulary
+    prefilter marks the tokens that can complete a stop string: those whose text, as it
+    appears mid-sequence (decoded after a reference token, so SentencePiece keeps its
+    leading space), holds a stop string's last character, or is empty, or is a partial
+    UTF-8 byte. For a character tokenizer and stop "\\n" only the newline token qualifies.
+    """
+
+    def __init__(self, tokenizer: Any, strings: tuple[str, ...], vocab_size: int) -> None:
+        if any(not s for s in strings):
+            raise ValueError("stop_strings must not contain the empty string")
+        self.strings = strings
+        longest = max(len(s) for s in strings)
+        # Each token contributes >= 1 character in practice; the margin covers tokens that
+        # decode to nothing (skipped specials, partial bytes).
+        self.window = 2 * longest + 2
+        self.candidate = torch.ones(vocab_size, dtype=torch.bool)  # [V]
+        ref = tokenizer.encode("a", add_special_tokens=False)
+        if len(ref) != 1:
+            return  # unusual tokenizer: no prefilter, every token is checked
+        known = min(vocab_size, len(tokenizer))
+        prefix = _decode_text(tokenizer, ref)
+        texts = tokenizer.batch_decode(
+            [ref + [i] for i in range(known)], skip_special_tokens=True,
+            clean_up_tokenization_spaces=False,
+        )
+        special = set(tokenizer.all_special_ids)
+        last_chars = {s[-1] for s in strings}
+
+        def may_complete(i: int, text: str) -> bool:
+            if i in special:
+                return False  # skipped when decoding, so it never completes a stop string
+            if not text.startswith(prefix):
+                return True
+            piece = text[len(prefix) :]
+            return not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
+
+        self.candidate[:known] = torch.tensor([may_complete(i, t) for i, t in enumerate(texts)])
+
+    def hit(self, tokenizer: Any, tail_ids: list[int]) -> bool:
+        text = _decode_text(tokenizer, tail_ids)
+        return any(s in text for s in self.strings)
+
+
+def _decode_text(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+class _StopRules:
+    """The stop tests of one chunk, vectorised over the batch.
+
+    Priority when several hold at once: EOS, then a stop token or stop string, then the
+    length limit (a stop string completed by the last allowed token is "stop").
+    """
+
+    def __init__(
+        self, rows: list, eos_ids: tuple[int, ...], vocab: int, matcher, device
+    ) -> None:
+        self.eos = torch.zeros(vocab, dtype=torch.bool)  # [V]
+        self.eos[list(eos_ids)] = True
+        # Rows share a few distinct stop settings: masks per setting, a group index per row.
+        id_sets = sorted({r.params.stop_token_ids for r in rows})
+        self.stop_ids = torch.zeros(len(id_sets), vocab, dtype=torch.bool)  # [G, V]
+        for g, ids in enumerate(id_sets):
+            self.stop_ids[g, list(ids)] = True
+        self.id_group = torch.tensor([id_sets.index(r.params.stop_token_ids) for r in rows])
+        # Group 0: rows without stop strings, which never need a decode.
+        string_sets = [()] + sorted({r.params.stop_strings for r in rows} - {()})
+        self.matchers = [None] + [matcher(strings, vocab) for strings in string_sets[1:]]
+        self.string_candidate = torch.stack(
+            [torch.zeros(vocab, dtype=torch.bool)] + [m.candidate for m in self.matchers[1:]]
+        )  # [S + 1, V]
+        self.string_group = torch.tensor([string_sets.index(r.params.stop_strings) for r in rows])
+        self.has_strings = len(string_sets) > 1
+        self.max_new = torch.tensor([r.params.max_new_tokens for r in rows])
+        for name in ("eos", "stop_ids", "id_group", "string_candidate", "string_group", "max_new"):
+            setattr(self, name, getattr(self, name).to(device))
+
+    def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
+        """Finish code per batch position after step t ([B]; _ACTIVE = goes on)."""
+        is_eos = self.eos[new] & active
+        is_stop = self.stop_ids[self.id_group[slots], new] & active & ~is_eos
+        if self.has_strings:
+            group = self.string_group[slots]
+            check = self.string_candidate[group, new] & active & ~is_eos & ~is_stop
+            for b in check.nonzero().squeeze(1).tolist():
+                matcher = self.matchers[int(group[b])]
+                tail = tokens[int(slots[b]), max(0, t + 1 - matcher.window) : t + 1].tolist()
+                if matcher.hit(tokenizer, tail):
+                    is_stop[b] = True
+        is_length = (self.max_new[slots] <= t + 1) & active
+        reason = torch.full_like(new, _ACTIVE)
+        reason[is_length] = _LENGTH
+        reason[is_stop] = _STOP
+        reason[is_eos] = _EOS
+        return reason
+
+
+class _Record:
+    """What a chunk produced, indexed by row: tokens, log-probs, entropies [R, T]."""
+
+    def __init__(self, rows: list, horizon: int, device) -> None:
+        n = len(rows)
+        self.tokens = torch.zeros(n, horizon, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(n, horizon, device=device)
+        want_entropy = any(r.params.top_logprobs > 0 for r in rows)
+        self.entropies = torch.zeros(n, horizon, device=device) if want_entropy else None
+        self.length = torch.zeros(n, dtype=torch.long, device=device)
+        self.reason = torch.full((n,), _ACTIVE, dtype=torch.long, device=device)
+
+    def add(self, t: int, slots, active, new, logits) -> None:
+        """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V]."""
+        live = slots[active]
+        log_z = torch.logsumexp(logits, dim=-1)  # [B]
+        self.tokens[live, t] = new[active]
+        self.logprobs[live, t] = (logits.gather(1, new[:, None]).squeeze(1) - log_z)[active]
+        if self.entropies is not None:
+            expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(-1)  # E_p[logit]
+            self.entropies[live, t] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
+
+    def finish(self, t: int, slots, reason) -> None:
+        done = reason != _ACTIVE
+        self.length[slots[done]] = t + 1
+        self.reason[slots[done]] = reason[done]
+
+    def completions(self, rows: list) -> list[Completion]:
+        tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()
+        entropies = self.entropies.cpu() if self.entropies is not None else None
+        out = []
+        for k, (row, n, why) in enumerate(zip(rows, self.length.tolist(), self.reason.tolist())):
+            ent = None
+            if row.params.top_logprobs > 0 and entropies is not None:
+                ent = tuple(entropies[k, :n].tolist())
+            out.append(
+                Completion(
+                    token_ids=tuple(tokens[k, :n].tolist()),
+                    logprobs=tuple(logprobs[k, :n].tolist()),
+                    finish_reason=_REASONS[why],
+                    entropies=ent,
+                )
+            )
+        return out

@@ -1,0 +1,115 @@
+"""The Curriculum (hard set, replay buffer, round, cursor) by hand, and the data settings that
+are checked when the data module is built."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from data_modules.curriculum import Curriculum
+from data_modules.search import SearchDataModule
+from flywheel.adaptive import HardSetConfig, ReplayConfig
+from flywheel.generation.backends import HFBackend
+from flywheel.tasks import Problem
+
+POOL = {i: Problem(i, f"question {i}", "1") for i in ("a", "b", "c", "d", "e")}
+
+
+def curriculum(epochs_per_round: int = 1, rule: str = "code") -> Curriculum:
+    return Curriculum(HardSetConfig(), ReplayConfig(rule=rule), epochs_per_round, seed=0)
+
+
+def test_a_round_ends_every_epochs_per_round_epochs():
+    # 0-based epochs: with 2 epochs per round, epochs 1, 3, 5 end rounds 1, 2, 3.
+    assert [curriculum(2).round_ends(e) for e in range(6)] == [False, True, False, True, False, True]
+    assert all(curriculum(1).round_ends(e) for e in range(3))
+    with pytest.raises(ValueError, match="--data.epochs_per_round must be >= 1"):
+        curriculum(0)
+
+
+def test_the_problem_stream_is_a_seeded_permutation_per_pass_and_resumes_from_the_cursor():
+    c = curriculum()
+    c.start(list(POOL), {})  # screening off: every problem is in the hard set
+    first = [p.id for p in c.next_problems(POOL, 3)]
+    rest = [p.id for p in c.next_problems(POOL, 2)]
+    assert sorted(first + rest) == sorted(POOL) and c.cursor == 5  # one pass: each problem once
+    # 3 more: the second pass, a fresh permutation; a copy restored at the cursor continues alike.
+    restored = curriculum()
+    restored.load_state_dict(c.state_dict())
+    assert [p.id for p in c.next_problems(POOL, 3)] == [p.id for p in restored.next_problems(POOL, 3)]
+    assert c.cursor == restored.cursor == 8
+
+
+def test_a_round_end_shrinks_the_hard_set_settles_the_buffer_and_restarts_the_stream():
+    c = curriculum(rule="paper")
+    # Round 0 (Eq. 8), Pass1@4 < 0.25 stays: a (0.0), d (0.0) and unmeasured e; b, c leave.
+    c.start(list(POOL), {"a": 0.0, "b": 0.5, "c": 0.25, "d": 0.0})
+    assert c.hard.ids == ("a", "d", "e")
+    c.next_problems(POOL, 2)
+    # A search of "a" found 1 correct of 4: pending under the paper rule until the round's rate.
+    c.observe([("a", [((5, 6), "56")], 4), ("d", [], 4)])
+    assert c.cached("a") == () and len(c.buffer) == 0
+    # Round end: a measures 0.0 (stays hard, and its pending solution registers), d 0.5 leaves.
+    change = c.end_round({"a": 0.0, "d": 0.5, "e": 0.0})
+    assert (change.before, change.after, change.newly_cached) == (3, 2, 1)
+    assert c.hard.ids == ("a", "e") and c.round == 1 and c.cursor == 0
+    assert [s.response_ids for s in c.cached("a")] == [(5, 6)]
+
+
+def test_the_state_round_trips_and_a_malformed_one_raises():
+    c = curriculum()
+    c.start(list(POOL), {})
+    c.observe([("b", [((7,), "7")], 8)])  # code rule: 1 of 8 < delta 0.25, registered at once
+    c.next_problems(POOL, 4)
+    c.end_round({})
+    back = curriculum()
+    back.load_state_dict(c.state_dict())
+    assert back.state_dict() == c.state_dict() and back.round == 1 and len(back.buffer) == 1
+    broken = c.state_dict()
+    del broken["replay_buffer"]
+    with pytest.raises(KeyError):
+        curriculum().load_state_dict(broken)
+
+
+@pytest.mark.parametrize("flag", ["max_concurrent_trees", "problems_per_epoch", "mini_batch_problems", "flat_samples"])
+def test_counts_below_one_fail_at_construction_with_the_flag_named(flag):
+    with pytest.raises(ValueError, match=rf"--data\.{flag} must be >= 1, got 0; set it to 1 or more"):
+        SearchDataModule(**{flag: 0})
+
+
+def test_an_advantage_rule_a_flat_rollout_ignores_is_reported(caplog):
+    with caplog.at_level(logging.WARNING, logger="data_modules.search"):
+        SearchDataModule(rollout="flat", advantage="outcome")
+    assert "--data.advantage=outcome is not used with --data.rollout=flat" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="data_modules.search"):
+        SearchDataModule(rollout="search", advantage="outcome")
+        SearchDataModule(rollout="flat")
+    assert caplog.text == ""
+
+
+def test_generator_settings_fail_at_construction_with_the_flag_named():
+    with pytest.raises(ValueError, match=r"--data\.generator\.init_args\.prefix_cache_mb must be >= 0"):
+        HFBackend(prefix_cache_mb=-1)
+    with pytest.raises(ValueError, match=r"--data\.generator\.init_args\.max_batch_size must be >= 1"):
+        HFBackend(max_batch_size=0)
+
+
+def test_the_live_generator_is_built_once_and_pushes_only_new_weight_versions():
+    from flywheel.generation.backends import LiveGenerator
+    from flywheel.policy import load_policy
+
+    policy, tok = load_policy("tiny-countdown")
+    live = LiveGenerator(HFBackend())
+    with pytest.raises(RuntimeError, match="not started"):
+        live.generator  # noqa: B018 (the getter builds nothing)
+    assert not live.push(policy, 3)  # nothing to push to yet
+    live.start(policy, tok, None, None, version=2)
+    first = live.generator
+    live.start(policy, tok, None, None, version=5)
+    assert live.generator is first and live.version == 2  # built once
+    assert not live.push(policy, 2)  # already at step 2
+    assert live.push(policy, 4) and live.version == 4 and not live.push(policy, 4)
+    live.close()
+    assert not live.started
