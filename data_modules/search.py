@@ -41,6 +41,7 @@ from flywheel.evaluation import EvalConfig, encode_prompt, evaluate
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.generation.base import Generator
 from flywheel.io import atomic_write_bytes, atomic_write_json
+from flywheel.preemption import SIGTERMException, stop_point
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_rollouts
@@ -182,6 +183,8 @@ class SearchDataModule(L.LightningDataModule):
         self._generator: Generator | None = None
         self._synced_step = 0
         self.skipped_rows = 0
+        self.row_check = None
+        """Raises ValueError for a problem row the policy cannot take (set by flywheel.preflight)."""
         # State restored on resume (state_dict / load_state_dict):
         self.hard: HardSet | None = None
         """The current hard set; None until the first epoch screens it."""
@@ -205,7 +208,8 @@ class SearchDataModule(L.LightningDataModule):
     def train_pool(self) -> dict[str, Problem]:
         """Training problems by id (a seeded subset when `max_train_problems` is set)."""
         if self._train_pool is None:
-            loaded = load_problems(self.task, self.train_files, self.train_split, skip_bad_rows=self.skip_bad_rows)
+            loaded = load_problems(self.task, self.train_files, self.train_split, skip_bad_rows=self.skip_bad_rows,
+                                   check=self.row_check)
             problems = list(loaded.problems)
             if self.max_train_problems is not None and len(problems) > self.max_train_problems:
                 problems = random.Random(f"{self.seed}:subset").sample(problems, self.max_train_problems)
@@ -216,7 +220,8 @@ class SearchDataModule(L.LightningDataModule):
     def eval_problems(self) -> tuple[Problem, ...]:
         if self._eval_pool is None:
             loaded = load_problems(
-                self.task, self.eval_files, self.eval_split, skip_bad_rows=self.skip_bad_rows, limit=self.max_eval_problems
+                self.task, self.eval_files, self.eval_split, skip_bad_rows=self.skip_bad_rows, limit=self.max_eval_problems,
+                check=self.row_check,
             )
             self._eval_pool = loaded.problems
         return self._eval_pool
@@ -285,7 +290,7 @@ class SearchDataModule(L.LightningDataModule):
         driver = SearchDriver(
             self.generator(module), config, step=self.task.step, decode=_decoder(tokenizer),
             max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=_eos(tokenizer),
-            progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
+            progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens, self.trainer),
             value_fn=self.value_fn if config.prm_weight > 0 else None,
         )
         return driver.run(self.search_problems(tokenizer, problems)), driver.stats
@@ -308,7 +313,8 @@ class SearchDataModule(L.LightningDataModule):
         shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
         config = EvalConfig(samples=cfg.k, temperature=cfg.temperature, top_p=cfg.top_p, seed=derive_seed(self.seed, self.round, 7))
         bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate(self.generator(module), module.tokenizer, self.task, shard, config, progress=lambda d: bar.update(d - bar.n))
+        result = evaluate(self.generator(module), module.tokenizer, self.task, shard, config,
+                          progress=lambda d: _advance(bar, d, None, trainer))
         bar.close()
         self.screening_tokens += result.generated_tokens
         gathered = all_gather(trainer, (result.problem_ids, result.samples, result.correct))
@@ -379,10 +385,15 @@ class SearchDataModule(L.LightningDataModule):
         module = trainer.lightning_module
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
         start = time.perf_counter()
-        self.generator(module)  # every rank at once: a sidecar's launch and weight sync are collective
-        self.ensure_hard_set(module)
-        problems = self.next_problems(self.problems_per_epoch)[rank::world]
-        per_problem, results, stats = self.rollouts(module, problems, epoch, rank)
+        at_start = self.state_dict()
+        try:
+            self.generator(module)  # every rank at once: a sidecar's launch and weight sync are collective
+            self.ensure_hard_set(module)
+            problems = self.next_problems(self.problems_per_epoch)[rank::world]
+            per_problem, results, stats = self.rollouts(module, problems, epoch, rank)
+        except SIGTERMException:  # stopped between search rounds: the checkpoint restarts this epoch
+            self.load_state_dict(at_start)
+            raise
         self.last_results = results
         seconds = time.perf_counter() - start
         batches = self.mini_batches(module, per_problem, world)
@@ -422,7 +433,7 @@ class SearchDataModule(L.LightningDataModule):
                     rows[problem.id] = rows_from_result(result, 0, self.advantage, self.normalize_std, drop=drop)
             elif fresh:
                 weighting = "best_of_n" if self.rollout == "best_of_n" else "node"
-                found = self._flat(module, fresh, self.flat_samples, config, stats, lambda done: _advance(bar, done, None))
+                found = self._flat(module, fresh, self.flat_samples, config, stats, lambda done: _advance(bar, done, None, self.trainer))
                 for problem, result in zip(fresh, found):
                     results[problem.id] = result
                     rows[problem.id] = rows_from_result(result, 0, weighting, self.normalize_std, drop=drop)
@@ -568,7 +579,8 @@ def _all_sum(trainer: L.Trainer, value: int) -> int:
     return sum(all_gather(trainer, value))
 
 
-def _advance(bar: tqdm, done: int, tokens: int | None) -> None:
+def _advance(bar: tqdm, done: int, tokens: int | None, trainer: L.Trainer | None) -> None:
+    stop_point(trainer)  # after every search round: a SIGTERM stops here (flywheel.preemption)
     bar.update(done - bar.n)
     if tokens is not None:
         bar.set_postfix(tokens=tokens, refresh=False)
