@@ -20,6 +20,11 @@ class FlywheelCLI(LightningCLI):
     """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`,
     `--hard_set_refresh.*`, `--budget.*`)."""
 
+    def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
+        self.argv = argv
+        """The command line (for the resume hint of a run stopped by SIGTERM)."""
+        super().__init__(*args, **kwargs)
+
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
         from callbacks.evaluation import HeldOutEval
@@ -65,7 +70,7 @@ class FlywheelCLI(LightningCLI):
         checkpoints_beside_the_run(trainer)
         from flywheel.preemption import Preemption
 
-        trainer.callbacks.append(Preemption())
+        trainer.callbacks.append(Preemption(self.argv))
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
@@ -203,6 +208,7 @@ def main(args: list[str] | None = None, run: bool = True):
                                           "fit needs a --config (the quickstart: --config conf/quickstart.yaml)."},
             args=args,
             run=run,
+            argv=argv,
         )
     except SIGTERMException:  # stopped by SIGTERM at a safe point; last.ckpt written (flywheel.preemption)
         raise SystemExit(EXIT_CODE) from None

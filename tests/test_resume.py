@@ -102,6 +102,30 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, whole, point
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "point, steps_saved",
+    [
+        ("term-search:1", 1),  # mid-search of the 2nd epoch: abandoned, saved as after epoch 1
+        ("term-optimizer:2", 2),  # in the 2nd epoch's step: the epoch finishes, then saved
+    ],
+)
+def test_sigterm_stops_at_a_safe_point_and_resumes_to_the_same_run(tmp_path, whole, point, steps_saved):
+    # Before: the search ran to its end, one step ran, nothing was saved, and the exit status was 0.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    stopped = run_group([sys.executable, str(CRASH), point, *fit_args(tmp_path, EPOCHS)], timeout=600, env=env)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "crash_fit: SIGTERM" in stopped.stderr
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"checkpoint written: {last}" in stopped.stderr and "--ckpt_path last" in stopped.stderr
+    assert torch.load(last, weights_only=False)["global_step"] == steps_saved
+    if point.startswith("term-search"):
+        assert "abandoning this epoch's search" in stopped.stderr
+        assert "epoch 1:" not in stopped.stderr  # the 2nd epoch's search did not run to its end
+
+    assert_same_run(fit(tmp_path, EPOCHS, "--ckpt_path", "last"), whole)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("damage", ["truncated", "garbage"])
 def test_damaged_checkpoint_names_the_file_and_the_way_out(tmp_path, damage):
     fit(tmp_path, 2)
