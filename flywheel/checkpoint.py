@@ -62,9 +62,16 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise CheckpointReadError(unreadable_checkpoint_message(path, err)) from err
 
 
-def _no_space(err: BaseException) -> bool:
-    """torch.save reports a full disk as an OSError(ENOSPC) or as a RuntimeError from its zip writer."""
-    return getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err)
+def _no_space(err: BaseException | None) -> bool:
+    """torch.save reports a full disk as an OSError(ENOSPC), or as a RuntimeError of its zip
+    writer ("unexpected pos") raised while that OSError was being handled."""
+    for _ in range(8):  # the chain of exceptions being handled
+        if err is None:
+            return False
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 def read_checkpoint(path: Any, flag: str, mmap: bool = False) -> dict[str, Any]:
