@@ -38,7 +38,7 @@ class FlywheelCLI(LightningCLI):
         parser.add_lightning_class_args(GenerationBudget, "budget")
         parser.add_lightning_class_args(PRMUpdate, "prm_update")
         parser.add_argument(
-            "--ckpt_path_missing_ok", type=bool, default=False,
+            "--last_missing_ok", type=bool, default=False,
             help="with --ckpt_path last: start a fresh run when the run has no last.ckpt yet (a scheduler's "
                  "first attempt) instead of failing with the folder searched",
         )
@@ -81,13 +81,15 @@ class FlywheelCLI(LightningCLI):
         from flywheel.preflight import preflight
 
         config = self.config[self.subcommand]
-        settings = None
-        for callback in self.trainer.callbacks:
-            if hasattr(callback, "settings") and hasattr(callback, "config_filename"):  # flywheel.run_settings
-                settings = callback.settings()
+        from flywheel.run_settings import RunSettings
+
+        saver = next((c for c in self.trainer.callbacks if isinstance(c, RunSettings)), None)
         resolved = preflight(self.trainer, self.model, self.datamodule, self.subcommand, config.ckpt_path,
-                             missing_ok=config.get("ckpt_path_missing_ok", False), settings=settings)
-        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --ckpt_path_missing_ok
+                             missing_ok=config.get("last_missing_ok", False),
+                             settings=saver.settings() if saver is not None else None)
+        if saver is not None:
+            saver.resuming = resolved is not None
+        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
             self.config_init[self.subcommand]["ckpt_path"] = None
             config.ckpt_path = None
 
@@ -140,7 +142,7 @@ USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a 
 
 `fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
 minutes, the built-in tiny policy); the paper's recipe is `--config conf/deepsearch.yaml --model.policy=FOLDER`. \
-Resume with `--ckpt_path last` (fails when the run has no last.ckpt, unless --ckpt_path_missing_ok=true). \
+Resume with `--ckpt_path last` (fails when the run has no last.ckpt, unless --last_missing_ok=true). \
 On SIGTERM, fit stops at the next safe point, writes last.ckpt and exits 143.
 """
 

@@ -173,7 +173,7 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
         if found:
             return max(found, key=os.path.getmtime)
         if missing_ok:
-            log.info("--ckpt_path last: no last.ckpt in %s; starting a fresh run (--ckpt_path_missing_ok=true)",
+            log.info("--ckpt_path last: no last.ckpt in %s; starting a fresh run (--last_missing_ok=true)",
                      ", ".join(folders) or "(no checkpoint folder)")
             return None
         present = sorted(str(p) for f in folders if Path(f).is_dir() for p in Path(f).glob("*.ckpt"))
@@ -181,7 +181,7 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
             f"--ckpt_path last: no last.ckpt in {', '.join(folders) or '(the run has no ModelCheckpoint)'}"
             + (f" (checkpoints there: {', '.join(present)}; pass one as --ckpt_path FILE)" if present else " (the folder holds no checkpoints)")
             + ". Check --trainer.logger.init_args.save_dir / name or --trainer.callbacks.init_args.dirpath, "
-            "or pass --ckpt_path_missing_ok=true to start a fresh run when there is nothing to resume"
+            "or pass --last_missing_ok=true to start a fresh run when there is nothing to resume"
         )
     path = Path(ckpt_path)
     if path.is_dir() and not (path / "latest").exists():  # a DeepSpeed checkpoint is a folder with `latest`

@@ -33,7 +33,7 @@ def flat_settings(nested: Any, prefix: str = "") -> dict[str, Any]:
 def changed_settings(before: dict[str, Any], now: dict[str, Any]) -> list[str]:
     """Lines `--flag: old -> new` for every setting that differs (what to resume from is not
     a setting of the run)."""
-    skip = {"--ckpt_path", "--ckpt_path_missing_ok", "--config"}
+    skip = {"--ckpt_path", "--last_missing_ok", "--config"}
     keys = sorted(k for k in set(before) | set(now) if k not in skip and before.get(k) != now.get(k))
     return [f"{k}: {before.get(k, '(unset)')!r} -> {now.get(k, '(unset)')!r}" for k in keys]
 
@@ -51,6 +51,9 @@ class RunSettings(SaveConfigCallback):
     """LightningCLI's config saver that never overwrites an earlier part's config file and
     stores the flattened settings in every checkpoint."""
 
+    resuming = False
+    """Set by the CLI when `fit` resumes from a checkpoint (Lightning knows it only after setup)."""
+
     def settings(self) -> dict[str, Any]:
         return flat_settings(yaml.safe_load(self.parser.dump(self.config, skip_none=False)) or {})
 
@@ -58,7 +61,7 @@ class RunSettings(SaveConfigCallback):
         if self.already_saved:
             return
         log_dir = trainer.log_dir  # a collective under DDP: every rank asks
-        if log_dir and trainer.ckpt_path:  # a resume logging on in the run's folder keeps its config
+        if log_dir and self.resuming:  # a resume logging on in the run's folder keeps the earlier configs
             self.config_filename = next_config_name(log_dir)
         super().setup(trainer, pl_module, stage)
 

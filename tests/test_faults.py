@@ -158,7 +158,7 @@ def test_a_full_disk_is_reported_as_no_space_left_on_the_folder(tiny_disk):
 def test_ckpt_path_last_without_a_last_checkpoint_names_the_folder_and_what_is_there(run, tmp_path):
     # Before: a mistyped or fresh folder, or a lost last.ckpt, silently trained from scratch.
     refused(fit_args(tmp_path, "--ckpt_path", "last"), f"no last.ckpt in {tmp_path / 'checkpoints'}",
-            "--ckpt_path_missing_ok=true")
+            "--last_missing_ok=true")
     others = tmp_path / "others"
     (others / "checkpoints").mkdir(parents=True)
     epoch_file = next(p for p in (run / "checkpoints").glob("epoch=*.ckpt"))
@@ -167,7 +167,7 @@ def test_ckpt_path_last_without_a_last_checkpoint_names_the_folder_and_what_is_t
 
     from flywheel.preflight import resolve_ckpt_path
 
-    cli = main(fit_args(tmp_path, "--ckpt_path", "last", "--ckpt_path_missing_ok=true"), run=False)
+    cli = main(fit_args(tmp_path)[1:], run=False)  # run=False: no subcommand
     assert resolve_ckpt_path(cli.trainer, "last", missing_ok=True) is None  # a scheduler's first attempt starts fresh
 
 
