@@ -86,9 +86,13 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
     """Read every problem file now (held-out, and training when `train`), each row checked
     against the policy's context, so a missing or corrupt file or an unusable row fails
     before the first search; the data module keeps what it loaded."""
-    datamodule.row_check = prompt_fits(
-        model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
-    )
+    try:
+        datamodule.row_check = prompt_fits(
+            model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
+        )
+        budget_error = None
+    except PreflightError as err:  # reported after the problem files, which a user sets up first
+        datamodule.row_check, budget_error = None, err
     loads = [("--data.train_files", datamodule.train_pool)] if train else []
     loads.append(("--data.eval_files", datamodule.eval_problems))
     for flag, load in loads:
@@ -98,6 +102,8 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
             raise PreflightError(f"{err}; fix the path in {flag}") from err
         except (ValueError, ImportError) as err:
             raise PreflightError(f"{err} [{flag}]" if flag.split(".")[-1] not in str(err) else str(err)) from err
+    if budget_error is not None:
+        raise budget_error
 
 
 # ---------------------------------------------------------------------- outputs
