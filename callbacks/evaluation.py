@@ -72,6 +72,7 @@ class HeldOutEval(Callback):
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
                 "wall_seconds": round(self.wall_seconds(), 1),
+                "config": config_file(trainer),  # the settings this round ran under (each resume has its own file)
             }
         )
         self.write_summary(trainer)
@@ -142,6 +143,13 @@ class HeldOutEval(Callback):
         self.base = state["base"]
         self.rounds = list(state["rounds"])
         self._wall_before = float(state.get("wall_seconds", 0.0))
+
+
+def config_file(trainer: L.Trainer) -> str | None:
+    """The name of this part of the run's config file in the log folder (flywheel.run_settings)."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    return next((c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)
 
 
 def _finite(obj: Any) -> Any:

@@ -34,6 +34,7 @@ from flywheel.distributed import all_gather, all_sum
 from flywheel.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
+from flywheel.preemption import SIGTERMException, stop_point
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
@@ -165,6 +166,8 @@ class SearchDataModule(L.LightningDataModule):
         self.value_fn: ValueFn | None = None
         """The value model scoring new search nodes (handed over by the round protocol)."""
         self.skipped_rows = 0
+        self.row_check = None
+        """Raises ValueError for a problem row the policy cannot take (set by flywheel.preflight)."""
         self.generated_tokens = 0
         """Tokens generated for training over the run, all ranks (evaluation and screening excluded)."""
         self.screening_tokens = 0
@@ -177,7 +180,8 @@ class SearchDataModule(L.LightningDataModule):
     def train_pool(self) -> dict[str, Problem]:
         """Training problems by id (a seeded subset when `max_train_problems` is set)."""
         if self._train_pool is None:
-            loaded = load_problems(self.task, self.train_files, self.train_split, skip_bad_rows=self.skip_bad_rows)
+            loaded = load_problems(self.task, self.train_files, self.train_split, skip_bad_rows=self.skip_bad_rows,
+                                   check=self.row_check)
             problems = list(loaded.problems)
             if self.max_train_problems is not None and len(problems) > self.max_train_problems:
                 problems = random.Random(f"{self.seed}:subset").sample(problems, self.max_train_problems)
@@ -188,7 +192,7 @@ class SearchDataModule(L.LightningDataModule):
     def eval_problems(self) -> tuple[Problem, ...]:
         if self._eval_pool is None:
             loaded = load_problems(self.task, self.eval_files, self.eval_split, skip_bad_rows=self.skip_bad_rows,
-                                   limit=self.max_eval_problems)
+                                   limit=self.max_eval_problems, check=self.row_check)
             self._eval_pool = loaded.problems
         return self._eval_pool
 
@@ -235,10 +239,15 @@ class SearchDataModule(L.LightningDataModule):
             return DataLoader([empty_batch(pad_id=tokenizer.pad_token_id)], batch_size=None)
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
         start = time.perf_counter()
-        self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
-        self.ensure_hard_set(tokenizer)
-        problems = self.next_problems(self.problems_per_epoch)[rank::world]
-        out = self.rollouts(problems, tokenizer, epoch, rank)
+        at_start = self.state_dict()
+        try:
+            self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
+            self.ensure_hard_set(tokenizer)
+            problems = self.next_problems(self.problems_per_epoch)[rank::world]
+            out = self.rollouts(problems, tokenizer, epoch, rank)
+        except SIGTERMException:  # stopped between search rounds: the checkpoint restarts this epoch
+            self.load_state_dict(at_start)
+            raise
         if self.rollout == "search":
             self.observe(problems, out)
         self.epoch_results = out.results
@@ -271,7 +280,7 @@ class SearchDataModule(L.LightningDataModule):
                 problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
                 search=self.effective_search_config(epoch, rank),
                 flat_samples=self.flat_samples, max_concurrent_trees=self.max_concurrent_trees, credit=self.credit,
-                cached=self.curriculum.cached, value_fn=self.value_fn, progress=lambda done, tokens: _advance(bar, done, tokens),
+                cached=self.curriculum.cached, value_fn=self.value_fn, progress=lambda done, tokens: _advance(bar, done, tokens, self.trainer),
             )
         finally:
             bar.close()
@@ -292,7 +301,7 @@ class SearchDataModule(L.LightningDataModule):
         bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
         rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
                                config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
-                               progress=lambda d: bar.update(d - bar.n))
+                               progress=lambda d: _advance(bar, d, None, trainer))
         bar.close()
         self.screening_tokens += tokens
         return rates
@@ -381,7 +390,8 @@ def _check(ok: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def _advance(bar: tqdm, done: int, tokens: int | None) -> None:
+def _advance(bar: tqdm, done: int, tokens: int | None, trainer: L.Trainer | None) -> None:
+    stop_point(trainer)  # after every search round: a SIGTERM stops here (flywheel.preemption)
     bar.update(done - bar.n)
     if tokens is not None:
         bar.set_postfix(tokens=tokens, refresh=False)

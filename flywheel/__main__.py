@@ -1,10 +1,17 @@
-"""`python -m flywheel fit|validate|test --config conf/X.yaml`: the LightningCLI entry point."""
+"""`python -m flywheel fit|validate|test --config conf/X.yaml`: the LightningCLI entry point.
+
+Before a run starts, flywheel.preflight checks every setting, input file, output folder and
+the checkpoint to resume from; a problem is one line naming the flag and the fix (exit 2).
+On SIGTERM `fit` stops at the next safe point, writes last.ckpt and exits 143
+(flywheel.preemption).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
@@ -12,6 +19,11 @@ from lightning.pytorch.cli import LightningCLI
 class FlywheelCLI(LightningCLI):
     """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`,
     `--hard_set_refresh.*`, `--budget.*`)."""
+
+    def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
+        self.argv = argv
+        """The command line (for the resume hint of a run stopped by SIGTERM)."""
+        super().__init__(*args, **kwargs)
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
@@ -25,6 +37,19 @@ class FlywheelCLI(LightningCLI):
         parser.add_lightning_class_args(HeldOutEval, "eval")
         parser.add_lightning_class_args(GenerationBudget, "budget")
         parser.add_lightning_class_args(PRMUpdate, "prm_update")
+        parser.add_argument(
+            "--last_missing_ok", type=bool, default=False,
+            help="with --ckpt_path last: start a fresh run when the run has no last.ckpt yet (a scheduler's "
+                 "first attempt) instead of failing with the folder searched",
+        )
+
+    def instantiate_classes(self) -> None:
+        from flywheel.preflight import PreflightError
+
+        try:
+            super().instantiate_classes()
+        except ValueError as err:  # a setting out of range, found by a constructor: the message names the flag
+            raise PreflightError(str(err)) from err
 
     def instantiate_trainer(self, **kwargs):
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -44,14 +69,41 @@ class FlywheelCLI(LightningCLI):
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
         add_round_protocol(trainer)
+        from flywheel.preemption import Preemption
+
+        trainer.callbacks.append(Preemption(self.argv))
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
+    def preflight(self) -> None:
+        """flywheel.preflight's checks, before anything is searched, trained or evaluated."""
+        from flywheel.preflight import preflight
+
+        config = self.config[self.subcommand]
+        from flywheel.run_settings import RunSettings
+
+        saver = next((c for c in self.trainer.callbacks if isinstance(c, RunSettings)), None)
+        resolved = preflight(self.trainer, self.model, self.datamodule, self.subcommand, config.ckpt_path,
+                             missing_ok=config.get("last_missing_ok", False),
+                             settings=saver.settings() if saver is not None else None)
+        if saver is not None:
+            saver.resuming = resolved is not None
+        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
+            self.config_init[self.subcommand]["ckpt_path"] = None
+            config.ckpt_path = None
+
+    def before_validate(self) -> None:
+        self.preflight()
+
+    def before_test(self) -> None:
+        self.preflight()
+
     def before_fit(self) -> None:
         from flywheel.checkpoint import continue_logging
 
+        self.preflight()
         config = self.config[self.subcommand]
         logger = config.trainer.logger
         chosen = logger.init_args.get("version") if hasattr(logger, "init_args") else None
@@ -114,9 +166,48 @@ def add_round_protocol(trainer) -> None:
     callbacks[at:at] = [sync, RoundProtocol(sync, *steps)]
 
 
+USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \
+(`python -m flywheel eval --help`); tree: one search tree as an HTML page (`python -m flywheel tree --help`).
+
+`fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
+minutes, the built-in tiny policy); the paper's recipe is `--config conf/deepsearch.yaml --model.policy=FOLDER`. \
+Resume with `--ckpt_path last` (fails when the run has no last.ckpt, unless --last_missing_ok=true). \
+On SIGTERM, fit stops at the next safe point, writes last.ckpt and exits 143.
+"""
+
+
+def check_command_line(argv: list[str]) -> None:
+    """What LightningCLI would accept but run badly: `fit` without a config (a 1000-epoch run
+    of the defaults into ./lightning_logs), and YAML files that do not parse (named here with
+    their line, which jsonargparse's message does not)."""
+    import yaml
+
+    from flywheel.preflight import PreflightError
+
+    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
+        a.split("=", 1)[1] for a in argv if a.startswith("--config=")
+    ]
+    if argv[:1] == ["fit"] and not configs and not any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config")
+                                                       for a in argv):
+        raise PreflightError(
+            "flywheel fit needs a --config: run the quickstart with `python -m flywheel fit --config conf/quickstart.yaml` "
+            "(CPU, minutes), or the paper's recipe with `--config conf/deepsearch.yaml --model.policy=FOLDER`"
+        )
+    for config in configs:
+        path = Path(config)
+        if not path.is_file():
+            raise PreflightError(f"--config {config}: no such file")
+        try:
+            yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as err:
+            mark = getattr(err, "problem_mark", None)
+            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+            raise PreflightError(f"--config {where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+
+
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
-    flywheel.viewer."""
+    flywheel.viewer. A fit stopped by SIGTERM ends with SystemExit(143)."""
     logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["eval"]:
@@ -128,22 +219,44 @@ def main(args: list[str] | None = None, run: bool = True):
 
         return tree_main(argv[1:])
     if argv[:1] in (["--help"], ["-h"]):
-        print("flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder "
-              "(`python -m flywheel eval --help`); tree: one search tree as an HTML page "
-              "(`python -m flywheel tree --help`)\n")
+        print(USAGE)
+    check_command_line(argv)
+    from lightning.pytorch.utilities.exceptions import SIGTERMException
+
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
+    from flywheel.preemption import EXIT_CODE
+    from flywheel.run_settings import RunSettings
 
-    return FlywheelCLI(
-        TreeGRPOModule,
-        SearchDataModule,
-        trainer_defaults={"reload_dataloaders_every_n_epochs": 1, "use_distributed_sampler": False, "num_sanity_val_steps": 0},
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards."},
-        args=args,
-        run=run,
-    )
+    try:
+        return FlywheelCLI(
+            TreeGRPOModule,
+            SearchDataModule,
+            trainer_defaults={"reload_dataloaders_every_n_epochs": 1, "use_distributed_sampler": False, "num_sanity_val_steps": 0},
+            save_config_callback=RunSettings,
+            save_config_kwargs={"overwrite": True},
+            parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
+                                          "fit needs a --config (the quickstart: --config conf/quickstart.yaml)."},
+            args=args,
+            run=run,
+            argv=argv,
+        )
+    except SIGTERMException:  # stopped by SIGTERM at a safe point; last.ckpt written (flywheel.preemption)
+        raise SystemExit(EXIT_CODE) from None
+
+
+def cli() -> None:
+    """The command line: errors that name a flag and its fix (bad settings, inputs, outputs,
+    checkpoints) are printed as one line and exit 2, without a traceback."""
+    from flywheel.checkpoint import CheckpointReadError
+    from flywheel.preflight import PreflightError
+
+    try:
+        main(None if sys.argv[1:] else ["--help"])
+    except (PreflightError, CheckpointReadError) as err:
+        print(f"flywheel: error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
-    main(None if sys.argv[1:] else ["--help"])
+    cli()

@@ -8,6 +8,7 @@ the target and renames, and names the file and the alternatives when loading fai
 
 from __future__ import annotations
 
+import errno
 import os
 import pickle
 import zipfile
@@ -24,39 +25,101 @@ class CheckpointReadError(RuntimeError):
     """A checkpoint file exists but cannot be read (truncated, corrupt, or not a checkpoint)."""
 
 
+_READ_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError)
+
+
 class AtomicCheckpointIO(TorchCheckpointIO):
     """torch.save into a temporary file beside the target, fsync, rename (local paths);
-    remote URLs go through Lightning's writer unchanged."""
+    remote URLs go through Lightning's writer unchanged. A full disk is reported as
+    "no space left on <folder>"; the previous checkpoint stays as it was."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         if storage_options is not None or "://" in str(path):
             return super().save_checkpoint(checkpoint, path, storage_options)
-        with atomic_writer(path) as fh:
-            torch.save(checkpoint, fh)
+        try:
+            with atomic_writer(path) as fh:
+                torch.save(checkpoint, fh)
+        except (OSError, RuntimeError) as err:
+            if not _no_space(err):
+                raise
+            raise OSError(
+                errno.ENOSPC,
+                f"no space left on {Path(str(path)).parent} while writing checkpoint {Path(str(path)).name}; "
+                "the previous checkpoint is intact. Free space there, or write checkpoints elsewhere with "
+                "--trainer.callbacks.init_args.dirpath=FOLDER",
+            ) from err
 
     def load_checkpoint(
         self, path: Any, map_location: Callable | None = lambda storage, loc: storage, weights_only: bool | None = None
     ) -> dict[str, Any]:
+        if Path(str(path)).is_dir():
+            raise CheckpointReadError(folder_given_message(path, "--ckpt_path"))
         try:
             return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
         except FileNotFoundError:
             raise
-        except (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError) as err:
+        except _READ_ERRORS as err:
             raise CheckpointReadError(unreadable_checkpoint_message(path, err)) from err
 
 
-def unreadable_checkpoint_message(path: Any, err: BaseException) -> str:
-    """What went wrong with a checkpoint file, and the ways out (other checkpoints beside it)."""
+def _no_space(err: BaseException | None) -> bool:
+    """torch.save reports a full disk as an OSError(ENOSPC), or as a RuntimeError of its zip
+    writer ("unexpected pos") raised while that OSError was being handled."""
+    for _ in range(8):  # the chain of exceptions being handled
+        if err is None:
+            return False
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
+
+
+def read_checkpoint(path: Any, flag: str, mmap: bool = False) -> dict[str, Any]:
+    """torch.load of a checkpoint file (all of it, unless `mmap`: then tensors are only mapped),
+    with the errors of `AtomicCheckpointIO.load_checkpoint` naming `flag` (the command's
+    own name of the checkpoint argument)."""
+    if Path(str(path)).is_dir():
+        raise CheckpointReadError(folder_given_message(path, flag))
+    if not Path(str(path)).exists():
+        raise FileNotFoundError(f"{flag} {path}: no such file")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, mmap=mmap)
+    except _READ_ERRORS as err:
+        raise CheckpointReadError(unreadable_checkpoint_message(path, err, flag)) from err
+
+
+def readable(path: Path) -> bool:
+    """The file opens as a checkpoint (memory-mapped: the weights are not read)."""
+    try:
+        torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # noqa: BLE001 - any failure means: do not suggest it
+        return False
+    return True
+
+
+def folder_given_message(path: Any, flag: str) -> str:
+    inside = sorted(Path(str(path)).glob("*.ckpt"), key=os.path.getmtime, reverse=True)
+    return f"{flag} {path} is a folder, not a checkpoint file; " + (
+        f"pass one of the checkpoints in it (newest first): {', '.join(str(p) for p in inside[:3])}"
+        if inside else "it holds no .ckpt files"
+    )
+
+
+def unreadable_checkpoint_message(path: Any, err: BaseException, flag: str = "--ckpt_path") -> str:
+    """What went wrong with a checkpoint file, and the ways out: the other checkpoints beside
+    it that do open (each one is tried), newest first."""
     path = Path(str(path))
     others = []
     if path.parent.is_dir():
-        others = sorted((p for p in path.parent.glob("*.ckpt") if p != path), key=os.path.getmtime, reverse=True)
+        candidates = sorted((p for p in path.parent.glob("*.ckpt") if p != path and p.is_file()), key=os.path.getmtime, reverse=True)
+        others = [p for p in candidates[:6] if readable(p)][:3]
+    restart = f"start the run again without {flag}" if flag == "--ckpt_path" else f"pass another {flag}"
     way_out = (
-        "resume from another checkpoint instead (newest first: "
-        + ", ".join(f"--ckpt_path {p}" for p in others[:3])
-        + "), or start the run again without --ckpt_path"
+        "use another checkpoint instead (readable, newest first: "
+        + ", ".join(f"{flag} {p}" for p in others)
+        + f"), or {restart}"
         if others
-        else "start the run again without --ckpt_path"
+        else restart
     )
     detail = str(err).splitlines()[0] if str(err) else type(err).__name__
     return (

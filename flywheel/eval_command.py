@@ -37,13 +37,17 @@ EVAL_FORMAT = "flywheel.eval/v1"
 def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: str = "float32"):
     """(model, tokenizer, global_step) from a `flywheel fit` checkpoint file.
 
-    The architecture and tokenizer come from `policy` if given, else from the policy the
-    checkpoint's run was started from (its `hyper_parameters`)."""
-    from flywheel.checkpoint import AtomicCheckpointIO
+    The architecture and tokenizer come from the policy the checkpoint's run was started from
+    (its `hyper_parameters`); `policy` must name the same one, or the recorded folder must be
+    gone (then `policy` is where it is now)."""
+    from flywheel.checkpoint import read_checkpoint
     from flywheel.policy import LoraSettings, add_lora, load_policy, merged
+    from flywheel.preflight import check_policy
 
-    ckpt = AtomicCheckpointIO().load_checkpoint(checkpoint, weights_only=False)
-    source = policy or (ckpt.get("hyper_parameters") or {}).get("policy")
+    ckpt = read_checkpoint(checkpoint, "--checkpoint")
+    recorded = (ckpt.get("hyper_parameters") or {}).get("policy")
+    check_policy(recorded, policy, checkpoint, "--policy", ", or leave --policy out to use the checkpoint's own")
+    source = policy or recorded
     if source is None:
         raise ValueError(f"{checkpoint} names no policy in its hyper_parameters; pass --policy FOLDER_OR_NAME")
     model, tokenizer = load_policy(source, dtype)
@@ -97,8 +101,9 @@ def run_eval(
 
     Args:
         checkpoint: a `flywheel fit` checkpoint (.ckpt); its policy weights are evaluated.
-        policy: a Hugging Face model folder or a built-in policy name; with `checkpoint`, the
-            architecture to load its weights into (default: the one its run started from).
+        policy: a Hugging Face model folder or a built-in policy name; with `checkpoint`, it
+            must be the policy the checkpoint was trained from (refused otherwise: same-shaped
+            weights would load silently into another model), unless the recorded folder moved.
         files: held-out problem files (jsonl/parquet with `problem` and `answer`); each is
             reported on its own.
         split: a built-in split of the task (used when no files are given; default "test").
@@ -116,34 +121,47 @@ def run_eval(
         out: folder of eval.json and the TensorBoard events.
     """
     from flywheel.policy import load_policy
+    from flywheel.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
 
     if checkpoint is None and policy is None:
-        raise ValueError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
+        raise PreflightError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
     ks = sorted(set(k or [1, samples]))
+    check_eval_settings(samples, ks, temperature, top_p, max_problems, problems_per_batch)
     config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
                         problems_per_batch=problems_per_batch)
     task = task if task is not None else CountdownTask()
     backend = generator if generator is not None else HFBackend()
+    sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
+    if files and len(sources) != len(files):
+        raise PreflightError(f"--files: two problem files share a name stem: {files}; rename one")
+    check_folder(out, "--out")
     if checkpoint is not None:
         model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype)
     else:
         model, tokenizer = load_policy(policy, dtype)
         model.eval()
         step = 0
+    # Every source is read and every prompt checked against the policy's context before any sampling.
+    check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
+    loaded_sources = {}
+    for name, source in sources.items():
+        try:
+            loaded_sources[name] = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows,
+                                                 limit=max_problems, check=check, skip_flag="--skip_bad_rows")
+        except FileNotFoundError as err:
+            raise PreflightError(f"{err}; fix the path in --files") from err
+        except (ValueError, ImportError) as err:
+            raise PreflightError(str(err)) from err
     rank, world = _distributed()
-    sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
-    if files and len(sources) != len(files):
-        raise ValueError(f"two problem files share a name stem: {files}; rename one")
     generator_ = backend.build(model, tokenizer)
     report: dict[str, Any] = {
         "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
         "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
     }
     try:
-        for name, source in sources.items():
-            loaded = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows, limit=max_problems)
+        for name, loaded in loaded_sources.items():
             problems = loaded.problems
             with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
                 with torch.no_grad():
@@ -162,6 +180,27 @@ def run_eval(
     if rank == 0:
         write_report(report, Path(out))
     return report
+
+
+def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top_p: float, max_problems: int | None,
+                        problems_per_batch: int) -> None:
+    """The eval command's settings, in its own flags' names."""
+    from flywheel.preflight import PreflightError
+
+    if samples < 1:
+        raise PreflightError(f"--samples={samples}: must be >= 1 (responses per problem)")
+    bad = [k for k in ks if not 1 <= k <= samples]
+    if bad:
+        raise PreflightError(f"--k={list(ks)}: every k must be between 1 and --samples={samples}; "
+                             f"e.g. --samples {max(bad)} to report pass@{max(bad)}")
+    if not temperature >= 0:
+        raise PreflightError(f"--temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 < top_p <= 1:
+        raise PreflightError(f"--top_p={top_p}: must be in (0, 1]")
+    if max_problems is not None and max_problems < 1:
+        raise PreflightError(f"--max_problems={max_problems}: must be >= 1, or left out to evaluate every problem")
+    if problems_per_batch < 1:
+        raise PreflightError(f"--problems_per_batch={problems_per_batch}: must be >= 1")
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:

@@ -45,6 +45,12 @@ class EvalConfig:
             raise ValueError(f"--data.eval.samples must be >= 1, got {self.samples}")
         if not 1 <= self.pass_k <= self.samples:
             raise ValueError(f"--data.eval.k={self.k} must be between 1 and --data.eval.samples={self.samples}")
+        if not self.temperature >= 0:
+            raise ValueError(f"--data.eval.temperature={self.temperature} must be >= 0 (0 = greedy, 1.0 = the policy's own distribution)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"--data.eval.top_p={self.top_p} must be in (0, 1]")
+        if self.problems_per_batch < 1:
+            raise ValueError(f"--data.eval.problems_per_batch={self.problems_per_batch} must be >= 1")
 
     @property
     def pass_k(self) -> int:

@@ -206,12 +206,34 @@ def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dic
             path = folder / f"epoch_{epoch:04d}.jsonl"
             if not path.is_file():
                 raise FileNotFoundError(f"{path} does not exist; saved epochs: {', '.join(f.stem for f in files)}")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _bad_tree(path, f"not UTF-8 text ({err.reason} at byte {err.start})") from None
     if path.suffix == ".jsonl":
-        lines = [line for line in path.read_text().splitlines() if line.strip()]
+        lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
         if not 0 <= index < len(lines):
             raise IndexError(f"{path} holds {len(lines)} trees; --index must be in 0..{len(lines) - 1}")
-        return json.loads(lines[index])
-    return json.loads(path.read_text())
+        number, text = lines[index]
+        where = f"{path}:{number}"
+    else:
+        where = str(path)
+    try:
+        tree = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise _bad_tree(where, f"bad JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(tree, dict) or not isinstance(tree.get("nodes"), list):
+        raise _bad_tree(where, "JSON, but not a saved tree (no `nodes` list)")
+    return tree
+
+
+def _bad_tree(where: Any, why: str) -> ValueError:
+    from flywheel.preflight import PreflightError
+
+    return PreflightError(f"{where}: {why}; the file is truncated or damaged, or not a tree dump of "
+                          "`flywheel fit --data.save_trees`")
 
 
 def main(args: list[str]) -> Path:

@@ -52,8 +52,8 @@ def assert_same_run(resumed, whole) -> None:
     assert b.buffer.to_dict() == a.buffer.to_dict()
     assert resumed.datamodule.generated_tokens == whole.datamodule.generated_tokens
     assert [r["round"] for r in summary(resumed)["rounds"]] == list(range(1, EPOCHS + 1))
-    def rounds(cli):  # wall time differs between runs; everything else must not
-        return [{k: v for k, v in r.items() if k != "wall_seconds"} for r in summary(cli)["rounds"]]
+    def rounds(cli):  # wall time and the part's config file differ between runs; everything else must not
+        return [{k: v for k, v in r.items() if k not in ("wall_seconds", "config")} for r in summary(cli)["rounds"]]
 
     assert rounds(resumed) == rounds(whole)
     walls = [r["wall_seconds"] for r in summary(resumed)["rounds"]]
@@ -99,6 +99,30 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, whole, point
 
     assert_same_run(fit(tmp_path, EPOCHS, "--ckpt_path", "last"), whole)
     assert not list(checkpoints.glob("*.tmp")), "temporaries of killed writes are swept by the next save"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "point, steps_saved",
+    [
+        ("term-search:1", 1),  # mid-search of the 2nd epoch: abandoned, saved as after epoch 1
+        ("term-optimizer:2", 2),  # in the 2nd epoch's step: the epoch finishes, then saved
+    ],
+)
+def test_sigterm_stops_at_a_safe_point_and_resumes_to_the_same_run(tmp_path, whole, point, steps_saved):
+    # Before: the search ran to its end, one step ran, nothing was saved, and the exit status was 0.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    stopped = run_group([sys.executable, str(CRASH), point, *fit_args(tmp_path, EPOCHS)], timeout=600, env=env)
+    assert stopped.returncode == 143, stopped.stderr[-3000:]
+    assert "crash_fit: SIGTERM" in stopped.stderr
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert f"checkpoint written: {last}" in stopped.stderr and "--ckpt_path last" in stopped.stderr
+    assert torch.load(last, weights_only=False)["global_step"] == steps_saved
+    if point.startswith("term-search"):
+        assert "abandoning this epoch's search" in stopped.stderr
+        assert "epoch 1:" not in stopped.stderr  # the 2nd epoch's search did not run to its end
+
+    assert_same_run(fit(tmp_path, EPOCHS, "--ckpt_path", "last"), whole)
 
 
 @pytest.mark.slow

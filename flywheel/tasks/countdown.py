@@ -34,6 +34,7 @@ SHIPPED_SPLITS = {"train": "train.jsonl", "test": "test.jsonl", "test_hard": "te
 """Split name -> file under flywheel/assets/countdown/ (disjoint by number multiset)."""
 
 _INTEGER = re.compile(r"[0-9]+")
+_TARGET = re.compile(r"-?[0-9]+")
 _NUMBER_SEPARATOR = re.compile(r"[,\s]+")
 
 
@@ -225,6 +226,7 @@ def _numbers_from_text(value: object, where: str) -> tuple[int, ...]:
 
 
 def _integer_from_text(value: object, where: str) -> int:
-    if not isinstance(value, str) or not _INTEGER.fullmatch(value.strip()):
-        raise ValueError(f"{where}: `answer` must be the target as text like '67', got {value!r}")
+    # A target may be negative (the numbers can be subtracted), as text as well as a number.
+    if not isinstance(value, str) or not _TARGET.fullmatch(value.strip()):
+        raise ValueError(f"{where}: `answer` must be the target as text like '67' or '-4', got {value!r}")
     return int(value)

@@ -1,7 +1,9 @@
 """Math: DeepSearch's prompt and steps, graded by the math verifier (flywheel.rewards.math).
 
 Problem files (jsonl / parquet) have `problem` and `answer` columns and optional `id` and
-`source`. Built-in splits "arith_train" / "arith_test" are seeded multi-step integer
+`source`. A gold answer written as a solution is reduced to its answer at load
+(`gold_answer`): `\\boxed{5}` -> `5`, a GSM8K rationale ending `#### 72` -> `72`; a gold
+answer that reduces to nothing is refused with its `file:line`. Built-in splits "arith_train" / "arith_test" are seeded multi-step integer
 arithmetic ("Compute (7 - 3) * 5 + 2.", answer "22"): enough for the math path (prompt,
 chunked steps, \\boxed answers, the verifier) to run end to end on CPU with a tiny policy.
 """
@@ -9,10 +11,12 @@ chunked steps, \\boxed answers, the verifier) to run end to end on CPU with a ti
 from __future__ import annotations
 
 import random
-from typing import Literal
+import re
+from typing import Any, Literal, Mapping
 
 from flywheel.rewards import Verdict
 from flywheel.rewards.math import verify
+from flywheel.rewards.math.extract import extract_answer
 from flywheel.tasks.base import Problem, StepSpec, Task
 
 DEEPSEARCH_PROMPT_SUFFIX = " Let's think step by step and output the final answer within \\boxed{}."
@@ -68,6 +72,13 @@ class MathTask(Task):
     def score(self, problem: Problem, completion: str) -> Verdict:
         return verify(problem.answer, completion, hedged=self.hedged, require_box=self.require_box)
 
+    def problem_from_row(self, row: Mapping[str, Any], where: str) -> Problem:
+        problem = super().problem_from_row(row, where)
+        gold = gold_answer(problem.answer)
+        if not gold:
+            raise ValueError(f"{where}: the gold answer {problem.answer!r} holds no answer (an empty \\boxed{{}} or ####)")
+        return Problem(id=problem.id, question=problem.question, answer=gold)
+
     def problems(self, split: str) -> list[Problem]:
         if split not in BUILTIN_SPLITS:
             raise ValueError(
@@ -77,6 +88,27 @@ class MathTask(Task):
         part = BUILTIN_SPLITS[split]
         return [Problem(id=f"{split}-{i:05d}", question=q, answer=a)
                 for i, (q, a) in enumerate(arithmetic_problems(seed=0, count=2500)[part])]
+
+
+_GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
+
+
+def gold_answer(answer: str) -> str:
+    """The answer a gold column means, when it is written as a solution: the content of its
+    last `\\boxed{}` (MATH-style), or what follows its last `####` (a GSM8K rationale);
+    anything else as it is (stripped). The verifier compares a completion's answer with
+    this, so a boxed gold answer would otherwise grade every completion wrong.
+
+    >>> gold_answer("\\boxed{5}"), gold_answer("3 + 4 = 7 apples.\n#### 72"), gold_answer(" 1/2 ")
+    ('5', '72', '1/2')
+    """
+    text = answer.strip()
+    if "\\boxed" in text or "\\fbox" in text:
+        return (extract_answer(text, require_box=True) or "").strip()
+    hashes = _GSM8K_ANSWER.findall(text)
+    if hashes:
+        return hashes[-1].strip()
+    return text
 
 
 def arithmetic_problems(seed: int, count: int) -> list[tuple[str, str]]:

@@ -1,7 +1,9 @@
 """Problem sources: a task's built-in split, or jsonl/parquet files with `problem` and `answer`.
 
 Bad rows are never dropped silently: by default the first one raises an error naming the
-file and line; with `skip_bad_rows=True` they are skipped, counted and logged.
+file and line; with `skip_bad_rows=True` they are skipped, counted and logged. A bad row is
+one that does not parse, lacks a column, is longer than `MAX_ROW_BYTES`, or fails the
+caller's `check` (the fit and eval commands check that each prompt fits the policy's context).
 """
 
 from __future__ import annotations
@@ -10,11 +12,15 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
 
 log = logging.getLogger(__name__)
+
+MAX_ROW_BYTES = 1 << 20
+"""A problem row longer than this (1 MiB) is refused as it is read: no prompt that long fits
+a policy's context, and tokenizing and searching it would cost memory out of all proportion."""
 
 
 @dataclass(frozen=True)
@@ -31,8 +37,16 @@ def load_problems(
     *,
     skip_bad_rows: bool = False,
     limit: int | None = None,
+    check: Callable[[Problem], None] | None = None,
+    skip_flag: str = "--data.skip_bad_rows",
 ) -> LoadedProblems:
-    """Problems from `files` if given, else the task's built-in `split`. Ids must be unique."""
+    """Problems from `files` if given, else the task's built-in `split`. Ids must be unique.
+
+    `check(problem)` raises ValueError for a row the caller cannot use (its message is put
+    after the row's `file:line`); such rows are bad rows like malformed ones. `skip_flag` is
+the command's name of `skip_bad_rows`, for the error message."""
+    if limit is not None and limit < 1:
+        raise ValueError(f"the problem limit must be >= 1 or None (all problems), got {limit}")
     if not files:
         problems = task.problems(split)
         return LoadedProblems(tuple(problems[:limit] if limit else problems), 0)
@@ -45,10 +59,16 @@ def load_problems(
                     raise ValueError(f"{where}: {row}")
                 if not isinstance(row, dict):
                     raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problems.append(task.problem_from_row(row, where))
+                problem = task.problem_from_row(row, where)
+                if check is not None:
+                    try:
+                        check(problem)
+                    except ValueError as err:
+                        raise ValueError(f"{where}: {err}") from None
+                problems.append(problem)
             except ValueError as err:
                 if not skip_bad_rows:
-                    raise ValueError(f"{err} (pass --data.skip_bad_rows=true to skip and count bad rows)") from None
+                    raise ValueError(f"{err} (pass {skip_flag}=true to skip and count bad rows)") from None
                 skipped += 1
                 log.warning("skipping bad problem row: %s", err)
             if limit and len(problems) >= limit:
@@ -74,16 +94,36 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
             import pyarrow.parquet as pq
         except ImportError as err:
             raise ImportError(f"reading {path} needs pyarrow: pip install 'flywheel[parquet]' (or pip install pyarrow)") from err
-        for i, row in enumerate(pq.read_table(path).to_pylist(), start=1):
-            yield f"{path}:row {i}", row
+        try:
+            rows = pq.read_table(path).to_pylist()
+        except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+            detail = str(err).splitlines()[0] if str(err) else type(err).__name__
+            raise ValueError(f"problem file {path} cannot be read as parquet ({type(err).__name__}: {detail})") from None
+        for i, row in enumerate(rows, start=1):
+            if len(json.dumps(row, default=str)) > MAX_ROW_BYTES:
+                yield f"{path}:row {i}", ValueError(_too_long())
+            else:
+                yield f"{path}:row {i}", row
         return
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"problem file {path}: expected .jsonl or .parquet")
-    with path.open(encoding="utf-8") as fh:
-        for i, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for i, raw in enumerate(fh, start=1):
+            if len(raw) > MAX_ROW_BYTES:
+                yield f"{path}:{i}", ValueError(_too_long())
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield f"{path}:{i}", ValueError(f"not UTF-8 text ({err.reason} at byte {err.start})")
+                continue
             if not line.strip():
                 continue
             try:
                 yield f"{path}:{i}", json.loads(line)
             except json.JSONDecodeError as err:
                 yield f"{path}:{i}", ValueError(f"bad JSON ({err.msg})")
+
+
+def _too_long() -> str:
+    return f"row longer than {MAX_ROW_BYTES} bytes, the limit of one problem row (no prompt that long fits a policy)"

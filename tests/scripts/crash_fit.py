@@ -1,4 +1,5 @@
-"""Run `flywheel fit` and SIGKILL it at a chosen point, as a crash or an OOM kill would.
+"""Run `flywheel fit` and SIGKILL it at a chosen point, as a crash or an OOM kill would, or
+send it SIGTERM there, as a cluster scheduler preempting the job would.
 
     python tests/scripts/crash_fit.py POINT:N fit-arguments...
 
@@ -6,7 +7,9 @@ POINT:N is one of
     search:E      the 3rd generator call of epoch E's tree search (trees in flight)
     optimizer:N   the N-th optimizer step, after its forward and backward, before the update
     checkpoint:N  the N-th checkpoint save, with half of the file's bytes written
-The process ends with -SIGKILL; nothing of Python's shutdown runs (no finally, no atexit).
+SIGKILL: the process ends with -SIGKILL; nothing of Python's shutdown runs (no finally, no
+atexit). With the prefix `term-` (term-search:E, term-optimizer:N) the process sends itself
+SIGTERM at that point and carries on; flywheel decides where to stop.
 """
 
 from __future__ import annotations
@@ -28,9 +31,12 @@ from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.io import atomic_writer  # noqa: E402
 
 
+SIGNAL = signal.SIGKILL
+
+
 def die(where: str) -> None:
-    print(f"crash_fit: SIGKILL {where}", file=sys.stderr, flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
+    print(f"crash_fit: {SIGNAL.name} {where}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), SIGNAL)
 
 
 def arm_search(epoch: int) -> None:
@@ -59,8 +65,9 @@ def arm_optimizer(n: int) -> None:
         calls["n"] += 1
         if calls["n"] == n:
             with torch.enable_grad():
-                closure()  # forward + backward of this step
+                loss = closure()  # forward + backward of this step
             die(f"in optimizer step {n}, before the update")
+            return step(self, lambda: loss)
         return step(self, closure)
 
     torch.optim.AdamW.step = _step
@@ -88,6 +95,8 @@ def arm_checkpoint(n: int) -> None:
 
 if __name__ == "__main__":
     point, _, value = sys.argv[1].partition(":")
+    if point.startswith("term-"):
+        point, SIGNAL = point.removeprefix("term-"), signal.SIGTERM
     {"search": arm_search, "optimizer": arm_optimizer, "checkpoint": arm_checkpoint}[point](int(value))
     main(sys.argv[2:])
     print("crash_fit: the run ended before the kill point", file=sys.stderr)

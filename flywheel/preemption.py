@@ -1,0 +1,116 @@
+"""SIGTERM (a cluster scheduler's preemption, `timeout`, `kill`): stop at the next safe point,
+write a resumable `last.ckpt`, say how to resume, and exit with status 143 (128 + SIGTERM).
+
+Built on Lightning's own handling (lightning.pytorch.trainer.connectors.signal_connector,
+Lightning 2.6): its SIGTERM handler only sets `trainer.received_sigterm`, and the fit loop
+then raises `SIGTERMException` (a SystemExit without a code: the process exits 0) after the
+current training batch or at an epoch's end, saving nothing. An epoch's search runs inside
+`train_dataloader`, where Lightning never looks, so the whole search ran first (issue 22).
+
+The safe points are the boundaries between epochs, where a checkpoint restores the run
+exactly:
+* during an epoch's search (and the base screening, and flat rollouts) the data module calls
+  `stop_point` after every search round; the search is abandoned, the data module's state
+  put back as it was at the epoch's start, and the resumed run redoes that epoch's search;
+* during the epoch's optimizer steps the stop waits for the epoch's end (the epoch's
+  training data exists only in memory, and its few steps are cheap next to a search): the
+  steps and the end-of-epoch work (round evaluation, hard-set refresh) finish first.
+Then `Preemption.on_exception` writes `last.ckpt` through the run's CheckpointIO (atomically)
+and logs the command that resumes; `flywheel fit` exits 143.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+log = logging.getLogger("flywheel.preemption")
+
+EXIT_CODE = 143
+"""Exit status of a run stopped by SIGTERM (128 + 15, what a shell reports for the signal)."""
+
+
+def between_epochs(trainer: Any) -> bool:
+    """No epoch is under way: every started epoch is completed, so a checkpoint written now
+    resumes exactly (inside `train_dataloader`, before the next epoch is counted as begun)."""
+    progress = trainer.fit_loop.epoch_progress.current
+    return progress.ready == progress.completed
+
+
+def stop_point(trainer: Any) -> None:
+    """Called between search rounds: raise SIGTERMException if a SIGTERM asked `fit` to stop
+    and no epoch is under way (so not from the end-of-round screening)."""
+    if trainer is None or not getattr(trainer, "received_sigterm", False):
+        return
+    if trainer.state.fn == "fit" and between_epochs(trainer):
+        log.info("SIGTERM: abandoning this epoch's search (it is redone on resume)")
+        raise SIGTERMException()
+
+
+def last_checkpoint_path(trainer: Any) -> Path:
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+            return Path(callback.dirpath) / f"{ModelCheckpoint.CHECKPOINT_NAME_LAST}{ModelCheckpoint.FILE_EXTENSION}"
+    return Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
+
+
+def resume_command(argv: list[str]) -> str:
+    """The command line that resumes: the same arguments with `--ckpt_path last`."""
+    args, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--ckpt_path":
+            skip = True
+            continue
+        if arg.startswith("--ckpt_path="):
+            continue
+        args.append(arg)
+    return shlex.join(["python", "-m", "flywheel", *args, "--ckpt_path", "last"])
+
+
+class Preemption(Callback):
+    """Defers a SIGTERM that arrives during an epoch's optimizer steps to the epoch's end,
+    and writes the resumable checkpoint when the run stops (see the module docstring).
+
+    Args:
+        argv: the command line of the run, for the resume hint (default: sys.argv[1:]).
+    """
+
+    def __init__(self, argv: list[str] | None = None) -> None:
+        self.argv = list(sys.argv[1:] if argv is None else argv)
+        self.deferred = False
+        self.saved: Path | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        connector = trainer._signal_connector
+        if connector.received_sigterm and not self.deferred:
+            # Lightning would raise after this batch, mid-epoch, where no checkpoint resumes exactly.
+            connector.received_sigterm = False
+            self.deferred = True
+            log.info("SIGTERM: finishing this epoch's optimizer steps and end-of-epoch work, then saving")
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if self.deferred:  # Lightning raises SIGTERMException once the epoch is completed
+            trainer._signal_connector.received_sigterm = True
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException) or trainer.state.fn != "fit":
+            return
+        epoch = trainer.fit_loop.epoch_progress.current.completed
+        if not between_epochs(trainer):
+            log.error("stopped by SIGTERM inside epoch %d, where no checkpoint resumes exactly; nothing was saved. "
+                      "Resume from the run's newest checkpoint: %s", epoch, resume_command(self.argv))
+            return
+        path = last_checkpoint_path(trainer)
+        trainer.save_checkpoint(path)
+        self.saved = path
+        log.warning("stopped by SIGTERM after %d completed epochs (global step %d); checkpoint written: %s. "
+                    "Resume with: %s", epoch, trainer.global_step, path, resume_command(self.argv))

@@ -1,0 +1,258 @@
+"""Pre-flight checks of `flywheel fit|validate|test`: every setting, input file, output folder
+and the checkpoint to resume from are checked once, before the first search starts, and a
+problem is one short error naming the flag (`--section.field`) and the fix.
+
+Without them a missing held-out file, a prompt longer than the policy's context or a full
+checkpoint folder surfaced only after an epoch's search (issue 22). Called by the CLI
+(flywheel/__main__.py) with the instantiated trainer, model and data module.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import torch
+
+from flywheel.evaluation import encode_prompt
+from flywheel.run_settings import SETTINGS_KEY
+from flywheel.tasks import Problem, Task
+
+log = logging.getLogger("flywheel.preflight")
+
+SPACE_MARGIN = 1.25
+"""A checkpoint folder must have room for this many checkpoints' worth of bytes (one is
+written beside the old one, then renamed over it)."""
+
+
+class PreflightError(ValueError):
+    """A setting, input or output that would fail the run later: the message names the flag
+    and the fix. The command line prints it as one line, without a traceback."""
+
+
+# ---------------------------------------------------------------------- settings
+def check_settings(datamodule: Any) -> None:
+    """Ranges of data-module settings that are only used once the search starts."""
+    if datamodule.max_concurrent_trees < 1:
+        raise PreflightError(
+            f"--data.max_concurrent_trees={datamodule.max_concurrent_trees}: must be >= 1 (trees searched "
+            "together per generator call); e.g. --data.max_concurrent_trees=64"
+        )
+    if datamodule.max_eval_problems is not None and datamodule.max_eval_problems < 1:
+        raise PreflightError(
+            f"--data.max_eval_problems={datamodule.max_eval_problems}: must be >= 1, or null to evaluate "
+            "every held-out problem"
+        )
+
+
+# ---------------------------------------------------------------------- inputs
+def context_limit(model: Any) -> int | None:
+    """The policy's longest sequence (prompt + response) in tokens, if its config says."""
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, "max_position_embeddings", None)
+
+
+def prompt_fits(tokenizer: Any, task: Task, limit: int | None, budget_flag: str) -> Callable[[Problem], None] | None:
+    """A row check for `load_problems`: the problem's encoded prompt plus the task's response
+    budget must fit the policy's context, or the generator refuses the request epochs later."""
+    if limit is None:
+        return None
+    response = task.max_response_tokens
+    if response >= limit:
+        raise PreflightError(
+            f"{budget_flag}={response}: the response budget alone fills the policy's context of {limit} tokens; "
+            f"lower it below {limit} minus the prompt length"
+        )
+
+    def check(problem: Problem) -> None:
+        n = len(encode_prompt(tokenizer, task, problem))
+        if n + response > limit:
+            raise ValueError(
+                f"problem {problem.id!r}: its prompt ({n} tokens) + the response budget ({budget_flag}={response}) "
+                f"exceeds the policy's context of {limit} tokens"
+            )
+
+    return check
+
+
+def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
+    """Read every problem file now (held-out, and training when `train`), each row checked
+    against the policy's context, so a missing or corrupt file or an unusable row fails
+    before the first search; the data module keeps what it loaded."""
+    try:
+        datamodule.row_check = prompt_fits(
+            model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
+        )
+        budget_error = None
+    except PreflightError as err:  # reported after the problem files, which a user sets up first
+        datamodule.row_check, budget_error = None, err
+    loads = [("--data.train_files", datamodule.train_pool)] if train else []
+    loads.append(("--data.eval_files", datamodule.eval_problems))
+    for flag, load in loads:
+        try:
+            load()
+        except FileNotFoundError as err:
+            raise PreflightError(f"{err}; fix the path in {flag}") from err
+        except (ValueError, ImportError) as err:
+            raise PreflightError(f"{err} [{flag}]" if flag.split(".")[-1] not in str(err) else str(err)) from err
+    if budget_error is not None:
+        raise budget_error
+
+
+# ---------------------------------------------------------------------- outputs
+def checkpoint_bytes(model: torch.nn.Module) -> int:
+    """About the size of one checkpoint: the weights, plus AdamW's two moments of every
+    trainable weight."""
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return weights + 2 * trainable
+
+
+def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0) -> None:
+    """The folder can be created, written, and has room for `need_bytes` more."""
+    folder = Path(folder).expanduser()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".flywheel-preflight-", delete=True) as probe:
+            probe.write(b"x")
+            probe.flush()
+    except OSError as err:
+        if err.errno == 28:  # ENOSPC
+            raise PreflightError(f"no space left on {folder}; free space there or write elsewhere with {flag}=FOLDER") from None
+        raise PreflightError(
+            f"cannot write to {folder} ({type(err).__name__}: {err.strerror or err}); choose a writable folder "
+            f"with {flag}=FOLDER"
+        ) from None
+    free = shutil.disk_usage(folder).free
+    if need_bytes and free < need_bytes * SPACE_MARGIN:
+        raise PreflightError(
+            f"no space left on {folder}: a checkpoint needs about {_mb(need_bytes * SPACE_MARGIN)}, "
+            f"{_mb(free)} are free; free space there or write elsewhere with {flag}=FOLDER"
+        )
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+def output_folders(trainer: Any) -> Iterable[tuple[str, str, bool]]:
+    """(folder, the flag that moves it, whether checkpoints go there) of a fit run."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    logger = trainer.logger
+    if logger is not None and getattr(logger, "save_dir", None):
+        yield str(logger.save_dir), "--trainer.logger.init_args.save_dir", False
+    for callback in trainer.checkpoint_callbacks:
+        if isinstance(callback, ModelCheckpoint) and callback.dirpath:
+            yield str(callback.dirpath), "--trainer.callbacks.init_args.dirpath", True
+
+
+def check_outputs(trainer: Any, model: Any) -> None:
+    need = checkpoint_bytes(model)
+    for folder, flag, checkpoints in output_folders(trainer):
+        check_folder(folder, flag, need if checkpoints else 0)
+
+
+# ---------------------------------------------------------------------- the checkpoint
+def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> str | None:
+    """The checkpoint file `--ckpt_path` names ("last" = the newest last*.ckpt of the run's
+    ModelCheckpoint folders), or None to start fresh. A "last" that finds nothing fails with
+    the folders searched and what is in them, unless `missing_ok`."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    if ckpt_path is None or ckpt_path in ("best", "hpc", "registry") or "://" in str(ckpt_path):
+        return ckpt_path
+    if ckpt_path == "last":
+        found: list[str] = []
+        folders: list[str] = []
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint):
+                found += [p for p in callback._find_last_checkpoints(trainer) if Path(p).exists()]
+                folders.append(str(callback.dirpath))
+        if found:
+            return max(found, key=os.path.getmtime)
+        if missing_ok:
+            log.info("--ckpt_path last: no last.ckpt in %s; starting a fresh run (--last_missing_ok=true)",
+                     ", ".join(folders) or "(no checkpoint folder)")
+            return None
+        present = sorted(str(p) for f in folders if Path(f).is_dir() for p in Path(f).glob("*.ckpt"))
+        raise PreflightError(
+            f"--ckpt_path last: no last.ckpt in {', '.join(folders) or '(the run has no ModelCheckpoint)'}"
+            + (f" (checkpoints there: {', '.join(present)}; pass one as --ckpt_path FILE)" if present else " (the folder holds no checkpoints)")
+            + ". Check --trainer.logger.init_args.save_dir / name or --trainer.callbacks.init_args.dirpath, "
+            "or pass --last_missing_ok=true to start a fresh run when there is nothing to resume"
+        )
+    path = Path(ckpt_path)
+    if path.is_dir() and not (path / "latest").exists():  # a DeepSpeed checkpoint is a folder with `latest`
+        inside = sorted(str(p) for p in path.glob("*.ckpt"))
+        raise PreflightError(
+            f"--ckpt_path {path} is a folder, not a checkpoint file; "
+            + (f"pass one of: {', '.join(inside)}" if inside else "it holds no .ckpt files")
+        )
+    if not path.exists():
+        raise PreflightError(f"--ckpt_path {path}: no such file; pass an existing .ckpt file, or `last`")
+    return str(path)
+
+
+def read_checkpoint_meta(path: str) -> dict[str, Any]:
+    """The small parts of a checkpoint (hyperparameters, saved settings), loaded lazily
+    (memory-mapped; the weights are not read). A damaged file fails with its way out."""
+    from flywheel.checkpoint import read_checkpoint
+
+    if Path(path).is_dir():  # DeepSpeed: nothing light to read
+        return {}
+    return read_checkpoint(path, "--ckpt_path", mmap=True)
+
+
+def same_policy(a: str, b: str) -> bool:
+    """Two `--model.policy` values name the same policy: equal, or the same folder."""
+    if a == b:
+        return True
+    pa, pb = Path(a).expanduser(), Path(b).expanduser()
+    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
+
+
+def check_policy(recorded: str | None, given: str | None, source: str, flag: str, way_out: str) -> None:
+    """Refuse weights trained from one policy loaded into another: same-shaped weights load
+    without a word and the scores are wrong (issue 22)."""
+    if recorded is None or given is None or same_policy(str(recorded), str(given)):
+        return
+    if os.sep in str(recorded) and not Path(str(recorded)).expanduser().exists():
+        log.warning("checkpoint %s was trained from policy folder %s, which no longer exists; loading its weights "
+                    "into %s=%s unverified", source, recorded, flag, given)
+        return
+    raise PreflightError(
+        f"checkpoint {source} was trained from policy {recorded!r}, but {flag}={given}: its weights would load "
+        f"into another model and give wrong results. Fix: {flag}={recorded}{way_out}"
+    )
+
+
+def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_path: str | None,
+              missing_ok: bool = False, settings: dict[str, Any] | None = None) -> str | None:
+    """Every check, in the order a user fixes things; returns the checkpoint to resume from
+    (None = fresh). Raises PreflightError."""
+    check_settings(datamodule)
+    if subcommand == "fit":
+        check_outputs(trainer, model.policy)
+    resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
+    if resolved is not None and Path(str(resolved)).is_file():
+        meta = read_checkpoint_meta(str(resolved))
+        recorded = (meta.get("hyper_parameters") or {}).get("policy")
+        check_policy(recorded, getattr(model.hparams, "policy", None), str(resolved), "--model.policy",
+                     ", or start a new run without --ckpt_path")
+        if settings is not None and meta.get(SETTINGS_KEY):
+            from flywheel.run_settings import changed_settings
+
+            changes = changed_settings(meta[SETTINGS_KEY], settings)
+            if changes:
+                log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
+                            resolved, len(changes), "\n  ".join(changes))
+    load_inputs(datamodule, model, train=subcommand == "fit")
+    return resolved
