@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from data_modules.problems import MAX_ROW_BYTES, load_problems
+from flywheel.tasks.sources import MAX_ROW_BYTES, load_problems
 from data_modules.search import SearchDataModule
 from flywheel.__main__ import main
 from flywheel.checkpoint import AtomicCheckpointIO, CheckpointReadError, unreadable_checkpoint_message
@@ -120,7 +120,7 @@ def test_bad_settings_and_inputs_fail_before_the_first_search(tmp_path):
     garbled = write_jsonl(tmp_path / "held.jsonl", ['{"problem": "3 5 7", "answer": "22"}', '{"problem": "3 5'])
     refused(fit_args(tmp_path, f"--data.eval_files=[{garbled}]"), f"{garbled}:2", "--data.skip_bad_rows")
     refused(fit_args(tmp_path, "--data.eval.temperature=-0.5"), "--data.eval.temperature=-0.5", ">= 0")
-    refused(fit_args(tmp_path, "--data.max_concurrent_trees=0"), "--data.max_concurrent_trees=0", ">= 1")
+    refused(fit_args(tmp_path, "--data.max_concurrent_trees=0"), "--data.max_concurrent_trees", ">= 1")
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
     refused(fit_args(tmp_path, f"--trainer.callbacks.init_args.dirpath={blocker / 'ckpts'}"),
