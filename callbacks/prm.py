@@ -6,7 +6,8 @@ head) is fitted to everything accumulated and handed to the data module, so the 
 round's search is scored by this round's model (`--data.search.prm_weight` sets how much
 its V(s) counts in selection). A tenth of the trees (by problem id) is held out to measure
 how well V predicts whether a node can still reach a correct answer: round/prm_auc and
-round/prm_calibration_error in TensorBoard. Samples, value-model weights and optimizer
+round/prm_calibration_error in TensorBoard, and prm_auc, prm_calibration_error,
+prm_heldout_mse, prm_loss and prm_samples in each round of summary.json. Samples, value-model weights and optimizer
 state are part of every checkpoint.
 """
 
@@ -98,6 +99,7 @@ class PRMUpdate(Callback):
         metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
         metrics.update(self.quality(pl_module))
         log_round_scalars(trainer, metrics, dm.round)
+        _summary_record(trainer, (trainer.current_epoch + 1) // dm.epochs_per_round, metrics)
         pl_module.log_dict({k.replace("round/prm_", "prm/"): v for k, v in metrics.items()})
         log.info("PRM round %d: %s", dm.round, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
         self._install(trainer, pl_module)
@@ -132,6 +134,15 @@ class PRMUpdate(Callback):
         pad = pl_module.tokenizer.pad_token_id or 0
         model = self.model
         trainer.datamodule.value_fn = lambda prefixes: model.score(prefixes, pad_id=pad)
+
+
+def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+    """The round's value-model numbers into summary.json, beside its held-out pass@k."""
+    from callbacks.evaluation import HeldOutEval
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, HeldOutEval):
+            callback.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

@@ -25,7 +25,16 @@ import torch
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
-from data_modules.examples import TrainingRow, collate, empty_batch, fill_behaviour, mixed_rows, rows_from_result
+from data_modules.examples import (
+    PathWeighting,
+    TrainingRow,
+    collate,
+    empty_batch,
+    fill_behaviour,
+    mixed_rows,
+    rows_from_result,
+    weight_paths,
+)
 from data_modules.problems import load_problems
 from flywheel.adaptive import (
     CachedSolution,
@@ -95,7 +104,11 @@ class SearchDataModule(L.LightningDataModule):
             "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
             final score of the tree's trajectories through it, credited against its parent and
             the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0).
-            Flat rollouts are DAPO either way.
+            "self_training" = ReST-MCTS*'s self-training data: each path's weight from
+            `path_weights` (goes with `--model.objective.loss_type=self_training`). Flat
+            rollouts are DAPO either way, except under "self_training".
+        path_weights: how "self_training" weights the paths (value model or outcome, per-
+            problem softmax temperature, correct-only and threshold filters).
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
         drop_uniform_groups: leave out of training every tree (or flat group) whose
             trajectories all ended with the same final score (all wrong, or all right), as
@@ -130,7 +143,8 @@ class SearchDataModule(L.LightningDataModule):
         mini_batch_problems: int = 8,
         max_concurrent_trees: int = 64,
         epochs_per_round: int = 1,
-        advantage: Literal["node", "outcome", "subtree"] = "node",
+        advantage: Literal["node", "outcome", "subtree", "self_training"] = "node",
+        path_weights: PathWeighting = PathWeighting(),
         normalize_std: bool = False,
         drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
@@ -144,8 +158,8 @@ class SearchDataModule(L.LightningDataModule):
             raise ValueError("--data.problems_per_epoch and --data.mini_batch_problems must be >= 1")
         if epochs_per_round < 1:
             raise ValueError(f"--data.epochs_per_round must be >= 1, got {epochs_per_round}")
-        if advantage not in ("node", "outcome", "subtree"):
-            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome' or 'subtree'")
+        if advantage not in ("node", "outcome", "subtree", "self_training"):
+            raise ValueError(f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree' or 'self_training'")
         if flat_samples < 1:
             raise ValueError(f"--data.flat_samples must be >= 1, got {flat_samples}")
         if max_train_problems is not None and max_train_problems < 1:
@@ -170,6 +184,7 @@ class SearchDataModule(L.LightningDataModule):
         self.max_concurrent_trees = max_concurrent_trees
         self.epochs_per_round = epochs_per_round
         self.advantage = advantage
+        self.path_weights = path_weights
         self.normalize_std = normalize_std
         self.drop_uniform_groups = drop_uniform_groups
         self.skip_bad_rows = skip_bad_rows
@@ -444,6 +459,8 @@ class SearchDataModule(L.LightningDataModule):
             bar.close()
         if self.rollout == "search":
             self._observe(fresh, results)
+        if self.advantage == "self_training":  # ReST-MCTS*: every path weighted by its (estimated) reward
+            rows.update(zip([p.id for p in problems], weight_paths([rows[p.id] for p in problems], self.path_weights, self.value_fn)))
         self.uniform_groups = 0
         if self.drop_uniform_groups:
             for problem in problems:
