@@ -103,3 +103,56 @@ def test_weight_paths_from_the_value_model_or_the_outcome():
     assert [r.advantages[0] for r in out[0]] == [1.0] and out[1] == []
     with pytest.raises(ValueError, match="--data.path_weights.source"):
         PathWeighting(source="reward")
+
+
+@pytest.mark.slow
+def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
+    """`fit --config conf/quickstart.yaml --config conf/rest_mcts.yaml` with a tiny budget: two
+    rounds of value-guided search, value-model refit and self-training; every round's held-out
+    pass@k and value-model AUC in summary.json and TensorBoard."""
+    import json
+    from pathlib import Path
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from flywheel.__main__ import main
+    from flywheel.policy import load_policy
+
+    root = Path(__file__).resolve().parents[1]
+    cli = main(["fit", "--config", str(root / "conf" / "quickstart.yaml"), "--config", str(root / "conf" / "rest_mcts.yaml"),
+                "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=16",
+                "--data.max_eval_problems=8", "--data.eval.samples=2", "--data.search.expansion_width=4",
+                "--prm_update.heldout_every=2", f"--trainer.logger.init_args.save_dir={tmp_path}",
+                "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"])
+    log_dir = cli.trainer.log_dir
+    summary = json.loads((Path(log_dir) / "summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
+    for r in summary["rounds"]:
+        assert 0.0 <= r["eval_pass1"] <= r["eval_passk"] <= 1.0
+        assert 0.0 <= r["prm_auc"] <= 1.0 and r["prm_samples"] > 0, r
+    ea = EventAccumulator(log_dir, size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [p.step for p in ea.Scalars("round/prm_auc")] == [1, 2]
+    assert [p.step for p in ea.Scalars("round/eval_pass@1")] == [0, 1, 2]
+    assert [p.value for p in ea.Scalars("round/prm_auc")] == pytest.approx([r["prm_auc"] for r in summary["rounds"]])
+    # The self-training objective trained: path weights (never negative, weight-0 rows left
+    # out), the weighted NLL and the KL to the round's start.
+    assert min(p.value for p in ea.Scalars("train/advantage_min")) > 0
+    assert "train/weighted_nll" in ea.Tags()["scalars"] and "train/kl_ref" in ea.Tags()["scalars"]
+    assert all(v == 0 for v in [p.value for p in ea.Scalars("search/valued_nodes")][:1])  # round 1: no value model yet
+    assert all(p.value > 0 for p in ea.Scalars("search/valued_nodes")[1:])
+    # kl_reference=round: the reference is the policy at round 2's start, no longer the base.
+    base, _ = load_policy("tiny-countdown")
+    ref = cli.model.reference.state_dict()
+    assert any(not torch.equal(v, ref[k]) for k, v in base.state_dict().items())
+
+    # The next round's rows: correct paths only, weighted by the value model's V(prompt + path),
+    # each problem's weights averaging 1.
+    dm, model = cli.datamodule, cli.model
+    problems = [p for p in dm.train_pool().values() if p.id not in dm.buffer][:16]
+    per_problem, results, _ = dm.rollouts(model, problems, epoch=7, rank=0)
+    trained = [rows for rows in per_problem if rows]
+    assert trained and all(row.correct for rows in trained for row in rows)
+    for rows in trained:
+        assert sum(row.advantages[0] for row in rows) / len(rows) == pytest.approx(1.0)
+    assert any(len({round(row.advantages[0], 9) for row in rows}) > 1 for rows in trained), "V(s) weighted nothing"
