@@ -156,3 +156,14 @@ def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
     for rows in trained:
         assert sum(row.advantages[0] for row in rows) / len(rows) == pytest.approx(1.0)
     assert any(len({round(row.advantages[0], 9) for row in rows}) > 1 for rows in trained), "V(s) weighted nothing"
+
+
+def test_report_shows_the_value_model_auc_per_round_only_when_there_is_one():
+    from flywheel.report import report_markdown
+
+    rounds = [{"round": 1, "epoch": 4, "eval_pass1": 0.1, "eval_passk": 0.3, "prm_auc": 0.6789},
+              {"round": 2, "epoch": 9, "eval_pass1": 0.2, "eval_passk": 0.4, "prm_auc": None}]
+    text = report_markdown({"k": 8, "base_eval_pass1": 0.05, "base_eval_passk": 0.2, "rounds": rounds})
+    assert "value-model AUC |" in text and "| 0.679 |" in text and text.count(" - |") >= 2  # base and the null round
+    plain = report_markdown({"k": 8, "rounds": [{k: v for k, v in r.items() if k != "prm_auc"} for r in rounds]})
+    assert "AUC" not in plain
