@@ -7,8 +7,8 @@ round's search is scored by this round's model (`--data.search.prm_weight` sets 
 its V(s) counts in selection). A tenth of the trees (by problem id) is held out to measure
 how well V predicts whether a node can still reach a correct answer: round/prm_auc and
 round/prm_calibration_error in TensorBoard, and prm_auc, prm_calibration_error,
-prm_heldout_mse, prm_loss and prm_samples in each round of summary.json. Samples, value-model weights and optimizer
-state are part of every checkpoint.
+prm_heldout_mse, prm_loss and prm_samples in each round of summary.json. Samples,
+value-model weights and optimizer state are part of every checkpoint.
 """
 
 from __future__ import annotations
@@ -135,15 +135,6 @@ class PRMUpdate(Callback):
         model = self.model
         trainer.datamodule.value_fn = lambda prefixes: model.score(prefixes, pad_id=pad)
 
-
-def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
-    """The round's value-model numbers into summary.json, beside its held-out pass@k."""
-    from callbacks.evaluation import HeldOutEval
-
-    for callback in trainer.callbacks:
-        if isinstance(callback, HeldOutEval):
-            callback.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})
-
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
         if not self.enabled:
@@ -165,3 +156,12 @@ def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, flo
         self.samples = [(tuple(s), float(t), bool(r)) for s, t, r in state["samples"]]
         self.heldout = [(tuple(s), float(t), bool(r)) for s, t, r in state["heldout"]]
         self._restored = state
+
+
+def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+    """The round's value-model numbers into summary.json, beside its held-out pass@k."""
+    from callbacks.evaluation import HeldOutEval
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, HeldOutEval):
+            callback.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})
