@@ -1,5 +1,6 @@
 """HeldOutEval: pass@1 / pass@k on the held-out problems before training and after every
-flywheel round, logged to TensorBoard and kept in the run's summary.json."""
+flywheel round, logged to TensorBoard and kept in the run's summary.json (where other
+callbacks add their own per-round numbers through `record`, e.g. the value model's AUC)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ class HeldOutEval(Callback):
         self.at_start = at_start
         self.base: dict[str, float] | None = None
         self.rounds: list[dict[str, Any]] = []
+        self.extras: dict[int, dict[str, float]] = {}
+        """Per-round numbers of other callbacks (`record`), merged into the rounds of summary.json."""
         self._started = time.perf_counter()
         self._wall_before = 0.0
         """Wall seconds of the run before this process (restored on resume)."""
@@ -110,8 +113,15 @@ class HeldOutEval(Callback):
         k = int(result["k"])
         log_round_scalars(trainer, {"round/eval_pass@1": result["pass1"], f"round/eval_pass@{k}": result["passk"]}, round_index)
 
+    def record(self, trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+        """Add `metrics` to round `round_index`'s entry of summary.json (whichever callback
+        finishes the round first) and rewrite the summary."""
+        self.extras.setdefault(round_index, {}).update(metrics)
+        self.write_summary(trainer)
+
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         cfg = trainer.datamodule.eval
+        rounds = [{**r, **self.extras.get(r["round"], {})} for r in self.rounds]
         return {
             "base_eval_pass1": self.base["pass1"] if self.base else None,
             "base_eval_passk": self.base["passk"] if self.base else None,
@@ -119,7 +129,7 @@ class HeldOutEval(Callback):
             "samples": cfg.samples,
             "temperature": cfg.temperature,
             "eval_problems": len(trainer.datamodule.eval_problems()),
-            "rounds": self.rounds,
+            "rounds": rounds,
         }
 
     def write_summary(self, trainer: L.Trainer) -> None:
@@ -137,11 +147,12 @@ class HeldOutEval(Callback):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return {"base": self.base, "rounds": self.rounds, "wall_seconds": self.wall_seconds()}
+        return {"base": self.base, "rounds": self.rounds, "extras": self.extras, "wall_seconds": self.wall_seconds()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.base = state["base"]
         self.rounds = list(state["rounds"])
+        self.extras = {int(k): dict(v) for k, v in state.get("extras", {}).items()}  # absent before it existed
         self._wall_before = float(state.get("wall_seconds", 0.0))
 
 

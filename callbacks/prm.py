@@ -6,8 +6,9 @@ head) is fitted to everything accumulated and the round protocol (callbacks.roun
 it to the data module, so the NEXT round's search is scored by this round's model
 (`--data.search.prm_weight` sets how much its V(s) counts in selection). A tenth of the trees (by problem id) is held out to measure
 how well V predicts whether a node can still reach a correct answer: round/prm_auc and
-round/prm_calibration_error in TensorBoard. Samples, value-model weights and optimizer
-state are part of every checkpoint.
+round/prm_calibration_error in TensorBoard, and prm_auc, prm_calibration_error,
+prm_heldout_mse, prm_loss and prm_samples in each round of summary.json. Samples,
+value-model weights and optimizer state are part of every checkpoint.
 """
 
 from __future__ import annotations
@@ -90,6 +91,7 @@ class PRMUpdate(Callback):
         metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
         metrics.update(self.quality(pl_module))
         log_round_scalars(trainer, metrics, round_index)
+        _summary_record(trainer, round_index, metrics)
         pl_module.log_dict({k.replace("round/prm_", "prm/"): v for k, v in metrics.items()})
         log.info("PRM round %d: %s", round_index, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
         return True
@@ -159,3 +161,12 @@ class PRMUpdate(Callback):
         self.samples = [(tuple(s), float(t), bool(r)) for s, t, r in state["samples"]]
         self.heldout = [(tuple(s), float(t), bool(r)) for s, t, r in state["heldout"]]
         self._restored = state
+
+
+def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+    """The round's value-model numbers into summary.json, beside its held-out pass@k."""
+    from callbacks.evaluation import HeldOutEval
+
+    for callback in trainer.callbacks:
+        if isinstance(callback, HeldOutEval):
+            callback.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})

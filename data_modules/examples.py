@@ -15,10 +15,11 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from flywheel.adaptive import CachedSolution, mixed_rollout
-from flywheel.objectives import dapo_advantages, per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives import dapo_advantages, path_weights, per_token, subtree_advantages, tree_grpo_advantages
 from flywheel.search.outputs import Trajectory, TreeResult
 
-Weighting = Literal["node", "outcome", "subtree", "best_of_n"]
+Weighting = Literal["node", "outcome", "subtree", "best_of_n", "self_training"]
+ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,40 @@ class TrainingRow:
     step_ids: tuple[int, ...]
     """[len(response_ids)] index of the step each token belongs to."""
     reward: float
+    correct: bool = False
+    """Verified correct (a cached solution is)."""
+
+
+@dataclass(frozen=True)
+class PathWeighting:
+    """How `--data.advantage=self_training` weights each path of a problem's tree (ReST-MCTS*
+    self-training, `flywheel.objectives.self_training`): w_i = n_kept * softmax(score_i /
+    temperature) over the problem's kept paths, 0 for the others.
+
+    Args:
+        source: a path's score: "outcome" = its verified reward; "value" = the value model's
+            V(prompt + whole path) (PRMUpdate's, in [0, 1]). Until the first value model is
+            fitted (the first round), "value" scores by the outcome.
+        temperature: softmax temperature of the per-problem normalisation (the seed's 1.0);
+            smaller concentrates a problem's weight on its best-scored paths.
+        correct_only: keep the verified-correct paths only (ReST-MCTS*'s policy data: correct
+            leaves); a problem with none trains nothing.
+        threshold: the hard filter: leave out paths scored below it (the official code keeps
+            correct leaves the value model scores >= 0.2); None = no threshold.
+    """
+
+    source: Literal["outcome", "value"] = "value"
+    temperature: float = 1.0
+    correct_only: bool = True
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.source not in ("outcome", "value"):
+            raise ValueError(f"--data.path_weights.source={self.source!r}: choose 'value' (the value model's "
+                             "estimate of each path) or 'outcome' (its verified reward)")
+        if not self.temperature > 0:
+            raise ValueError(f"--data.path_weights.temperature must be > 0, got {self.temperature}; "
+                             "1.0 is the seed's reward temperature")
 
 
 def rows_from_result(
@@ -57,7 +92,8 @@ def rows_from_result(
     the trajectories through it, credited against its parent and the root; not divided by
     a std). "best_of_n": rejection-sampling
     fine-tuning, the best-of-N baseline: the correct trajectories only, each token with
-    advantage +1 (none when nothing is correct).
+    advantage +1 (none when nothing is correct). "self_training": every trajectory, with
+    advantage 0 until `weight_paths` gives each row its path weight.
     `drop`: trajectories to leave out of training (e.g. garbled negatives, deepsearch.md §7);
     they still count in the group baseline, which describes the search as it happened.
     """
@@ -67,6 +103,9 @@ def rows_from_result(
     if weighting == "best_of_n":
         chosen = [t for t in trajectories if t.verdict.correct]
         step_advantages = [[1.0] * len(t.steps) for t in chosen]
+    elif weighting == "self_training":
+        chosen = list(trajectories)
+        step_advantages = [[0.0] * len(t.steps) for t in chosen]
     elif weighting == "subtree":
         chosen = list(trajectories)
         step_advantages = subtree_advantages([[s.node_id for s in t.steps] for t in chosen],
@@ -95,6 +134,7 @@ def rows_from_result(
                 behaviour_logprobs=trajectory.response_logprobs,
                 step_ids=tuple(j for j, n in enumerate(lengths) for _ in range(n)),
                 reward=trajectory.reward,
+                correct=trajectory.verdict.correct,
             )
         )
     return rows
@@ -133,9 +173,42 @@ def mixed_rows(
                 behaviour_logprobs=behaviour,
                 step_ids=(0,) * length,
                 reward=score,
+                correct=isinstance(item, CachedSolution) or item.verdict.correct,
             )
         )
     return rows
+
+
+def weight_paths(
+    per_problem: Sequence[Sequence[TrainingRow]], weighting: PathWeighting, value_fn: ValueFn | None = None
+) -> list[list[TrainingRow]]:
+    """Self-training rows: each row's advantages become its path weight (`path_weights`,
+    normalised per problem; see `PathWeighting`); rows of weight 0 are left out, as the
+    weighted log-likelihood gives them nothing to learn. With source "value", one
+    `value_fn` call scores every path (prompt + response ids) of every problem.
+    """
+    rows = [row for problem_rows in per_problem for row in problem_rows]
+    if not rows:
+        return [[] for _ in per_problem]
+    if weighting.source == "value" and value_fn is not None:
+        values = list(value_fn([row.prompt_ids + row.response_ids for row in rows]))
+        if len(values) != len(rows):
+            raise RuntimeError(f"the value model returned {len(values)} values for {len(rows)} paths")
+        scores = torch.tensor(values, dtype=torch.float64)
+    else:
+        scores = torch.tensor([row.reward for row in rows], dtype=torch.float64)
+    keep = torch.ones(len(rows), dtype=torch.bool)
+    if weighting.correct_only:
+        keep &= torch.tensor([row.correct for row in rows])
+    if weighting.threshold is not None:
+        keep &= scores >= weighting.threshold
+    groups = torch.tensor([i for i, problem_rows in enumerate(per_problem) for _ in problem_rows])
+    weights = path_weights(scores, groups, weighting.temperature, keep).tolist()
+    out: list[list[TrainingRow]] = [[] for _ in per_problem]
+    for row, group, weight in zip(rows, groups.tolist(), weights):
+        if weight > 0:
+            out[group].append(replace(row, advantages=(weight,) * len(row.response_ids)))
+    return out
 
 
 def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]:

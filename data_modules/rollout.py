@@ -12,7 +12,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Sequence
 
-from data_modules.examples import TrainingRow, mixed_rows, rows_from_result
+from data_modules.examples import PathWeighting, TrainingRow, mixed_rows, rows_from_result, weight_paths
 from flywheel.adaptive import CachedSolution, DegenerateFilter, direct_samples_needed
 from flywheel.evaluation import encode_prompt
 from flywheel.generation.base import Generator
@@ -23,7 +23,7 @@ from flywheel.search.outputs import Trajectory, TreeResult
 from flywheel.tasks import Problem, Task
 
 Rollout = Literal["search", "flat", "best_of_n"]
-Advantage = Literal["node", "outcome", "subtree"]
+Advantage = Literal["node", "outcome", "subtree", "self_training"]
 ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
 
 
@@ -36,6 +36,8 @@ class Credit:
     normalize_std: bool = False
     drop_uniform_groups: bool = False
     degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
+    path_weights: PathWeighting = field(default_factory=PathWeighting)
+    """How "self_training" weights each path (`--data.path_weights.*`)."""
 
     def drops(self, trajectory: Trajectory) -> bool:
         """Whether a trajectory stays out of training: an incorrect, degenerate one."""
@@ -135,6 +137,9 @@ def rollout(
                 problem.id, encode_prompt(tokenizer, task, problem), cached(problem.id),
                 result.trajectories if result is not None else (), 0, n, credit.normalize_std, credit.drops,
             )
+    if credit.advantage == "self_training":  # ReST-MCTS*: every path weighted by its (estimated) reward
+        weighted = weight_paths([rows[p.id] for p in problems], credit.path_weights, value_fn)
+        rows.update(zip([p.id for p in problems], weighted))
     uniform = 0
     if credit.drop_uniform_groups:
         for problem in problems:

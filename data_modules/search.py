@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
-from data_modules.examples import empty_batch, mini_batches
+from data_modules.examples import PathWeighting, empty_batch, mini_batches
 from data_modules.rollout import Advantage, Credit, Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_state, write_trees
 from data_modules.screening import screen as screen_pass1
@@ -87,7 +87,11 @@ class SearchDataModule(L.LightningDataModule):
             "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
             final score of the tree's trajectories through it, credited against its parent and
             the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0).
-            Flat rollouts are DAPO either way.
+            "self_training" = ReST-MCTS*'s self-training data: each path's weight from
+            `path_weights` (goes with `--model.objective.loss_type=self_training`). Flat
+            rollouts are DAPO either way, except under "self_training".
+        path_weights: how "self_training" weights the paths (value model or outcome, per-
+            problem softmax temperature, correct-only and threshold filters).
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
         drop_uniform_groups: leave out of training every tree (or flat group) whose
             trajectories all ended with the same final score (all wrong, or all right), as
@@ -123,6 +127,7 @@ class SearchDataModule(L.LightningDataModule):
         max_concurrent_trees: int = 64,
         epochs_per_round: int = 1,
         advantage: Advantage = "node",
+        path_weights: PathWeighting = PathWeighting(),
         normalize_std: bool = False,
         drop_uniform_groups: bool = False,
         skip_bad_rows: bool = False,
@@ -131,15 +136,15 @@ class SearchDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         _check(rollout in ("search", "flat", "best_of_n"), f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
-        _check(advantage in ("node", "outcome", "subtree"),
-               f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome' or 'subtree'")
+        _check(advantage in ("node", "outcome", "subtree", "self_training"),
+               f"--data.advantage={advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree' or 'self_training'")
         for name, value in (("problems_per_epoch", problems_per_epoch), ("mini_batch_problems", mini_batch_problems),
                             ("flat_samples", flat_samples), ("max_concurrent_trees", max_concurrent_trees)):
             _check(value >= 1, f"--data.{name} must be >= 1, got {value}; set it to 1 or more")
         _check(max_train_problems is None or max_train_problems >= 1,
                f"--data.max_train_problems must be >= 1 or null (all), got {max_train_problems}")
         _check(save_trees >= 0, f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
-        if rollout != "search" and advantage != "node":
+        if rollout != "search" and advantage not in ("node", "self_training"):
             log.warning("--data.advantage=%s is not used with --data.rollout=%s: flat groups are credited DAPO-style "
                         "(reward minus the group mean); remove --data.advantage or use --data.rollout=search",
                         advantage, rollout)
@@ -148,7 +153,7 @@ class SearchDataModule(L.LightningDataModule):
         self.rollout = rollout
         self.search = search
         self.flat_samples = flat_samples
-        self.credit = Credit(advantage, normalize_std, drop_uniform_groups, degenerate_filter)
+        self.credit = Credit(advantage, normalize_std, drop_uniform_groups, degenerate_filter, path_weights)
         self.train_files, self.train_split, self.max_train_problems = train_files, train_split, max_train_problems
         self.eval_files, self.eval_split, self.max_eval_problems = eval_files, eval_split, max_eval_problems
         self.eval = eval

@@ -16,7 +16,14 @@ import torch
 
 from flywheel.evaluation import evaluate
 from flywheel.metrics import PassAtK
-from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
+from flywheel.objectives import (
+    ObjectiveConfig,
+    kl_penalty,
+    policy_loss,
+    self_training_loss,
+    token_logprobs,
+    truncated_importance_weight,
+)
 from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policy import LoraSettings, add_lora, load_policy
@@ -111,6 +118,12 @@ class TreeGRPOModule(L.LightningModule):
         self.pass_metrics = torch.nn.ModuleDict()
         """pass@k metrics of `validate` / `test`, created on first use."""
         self.reference = None
+        if objective.kl_coef > 0 and objective.kl_reference == "round" and lora.rank > 0:
+            raise ValueError(
+                "--model.objective.kl_reference=round copies the policy's weights into the reference at each round's "
+                "start, which LoRA adapters (--model.lora.rank > 0) do not support yet; set "
+                "--model.objective.kl_reference=base or --model.lora.rank=0"
+            )
         if objective.kl_coef > 0:
             self.reference, _ = load_policy(policy, dtype)
             self.reference.requires_grad_(False).eval()
@@ -151,6 +164,23 @@ class TreeGRPOModule(L.LightningModule):
             self.policy.train(was_training)
 
     # ------------------------------------------------------------------ training
+    def on_fit_start(self) -> None:
+        dm = getattr(self.trainer, "datamodule", None)
+        advantage = getattr(dm, "advantage", None)
+        if advantage is not None and (advantage == "self_training") != (self.objective.loss_type == "self_training"):
+            raise ValueError(
+                f"--data.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
+                "go together: the self-training loss needs path weights, not advantages, and the other losses need "
+                "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
+            )
+
+    def on_train_epoch_start(self) -> None:
+        # ReST-MCTS*'s KL reference "the policy before this round's training": refreshed at
+        # each round's first epoch (restored from the checkpoint, as a submodule, on resume).
+        dm = self.trainer.datamodule
+        if self.reference is not None and self.objective.kl_reference == "round" and self.current_epoch % dm.epochs_per_round == 0:
+            self.reference.load_state_dict(self.policy.state_dict())
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
         logprobs = self.batch_logprobs(self.policy, batch)
@@ -159,6 +189,40 @@ class TreeGRPOModule(L.LightningModule):
                      batch_size=len(batch["input_ids"]))
         if self.packing and self._trainer is not None:
             self.log("compute/packed", float(bool(batch.get("packed"))), batch_size=len(batch["input_ids"]))
+        if self.objective.loss_type == "self_training":
+            loss, stats = self._self_training_loss(batch, logprobs)
+        else:
+            loss, stats = self._policy_loss(batch, logprobs)
+        n = int(batch["input_ids"].shape[0])
+        self.log("train/loss", loss, prog_bar=True, batch_size=n)
+        for key, value in stats.items():
+            self.log(f"train/{key}", value, batch_size=n)
+        valid = mask.bool()
+        adv = batch["advantages"][valid]
+        if adv.numel():
+            self.log_dict(
+                {
+                    "train/advantage_mean": adv.mean(),
+                    "train/advantage_std": adv.std(unbiased=False),
+                    "train/advantage_min": adv.min(),
+                    "train/advantage_max": adv.max(),
+                    "train/response_tokens": valid.sum().float(),
+                },
+                batch_size=n,
+            )
+        return loss
+
+    def _self_training_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
+        """ReST-MCTS*: the rows' advantages are their path weights (`--data.advantage=self_training`)."""
+        ref = self.batch_logprobs(self.reference, batch).detach() if self.reference is not None else None
+        return self_training_loss(
+            logprobs, batch["advantages"], batch["loss_mask"], ref, kl_coef=self.objective.kl_coef,
+            kl_estimator=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"),
+        )
+
+    def _policy_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
+        """Tree-GRPO / DAPO / CISPO: the clipped surrogate on the rows' advantages, plus the KL."""
+        mask = batch["loss_mask"]
         weights = None
         if self.old_logprobs == "behaviour":
             old = batch["behaviour_logprobs"]
@@ -184,24 +248,7 @@ class TreeGRPOModule(L.LightningModule):
             kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"))
             loss = loss + self.objective.kl_coef * kl
             stats["kl_ref"] = kl.detach()
-        n = int(batch["input_ids"].shape[0])
-        self.log("train/loss", loss, prog_bar=True, batch_size=n)
-        for key, value in stats.items():
-            self.log(f"train/{key}", value, batch_size=n)
-        valid = mask.bool()
-        adv = batch["advantages"][valid]
-        if adv.numel():
-            self.log_dict(
-                {
-                    "train/advantage_mean": adv.mean(),
-                    "train/advantage_std": adv.std(unbiased=False),
-                    "train/advantage_min": adv.min(),
-                    "train/advantage_max": adv.max(),
-                    "train/response_tokens": valid.sum().float(),
-                },
-                batch_size=n,
-            )
-        return loss
+        return loss, stats
 
     def configure_optimizers(self):
         cfg = self.optimizer_config

@@ -3,7 +3,7 @@
 Reads the summary dict that HeldOutEval writes (`base_eval_pass1`, `rounds` with round,
 epoch, eval_pass1, eval_passk, k, hard_set_size, cached, generated_tokens, wall_seconds):
 the paper's Table 6 analogue (hard-set size and cached solutions per round) next to the
-held-out gains.
+held-out gains; with the ReST-MCTS* value model, its held-out AUC per round (`prm_auc`).
 """
 
 from __future__ import annotations
@@ -22,22 +22,24 @@ def report_markdown(summary: dict[str, Any], title: str = "flywheel run") -> str
     k = summary.get("k")
     base1, basek = summary.get("base_eval_pass1"), summary.get("base_eval_passk")
     rows = summary.get("rounds", [])
+    auc = any("prm_auc" in r for r in rows)  # the ReST-MCTS* value model's column
     lines = [
         f"# {title}",
         "",
         f"Held-out: {summary.get('eval_problems', '?')} problems x {summary.get('samples', '?')} samples at "
         f"temperature {summary.get('temperature', '?')}; pass@k is the unbiased estimator.",
         "",
-        f"| round | epoch | pass@1 | pass@{k} | hard set | cached | generated tokens | wall time (s) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        f"| round | epoch | pass@1 | pass@{k} | hard set | cached | generated tokens | wall time (s) |"
+        + (" value-model AUC |" if auc else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if auc else ""),
     ]
     if base1 is not None:
-        lines.append(f"| base | - | {base1:.4f} | {_cell(basek, '.4f')} | - | - | 0 | 0 |")
+        lines.append(f"| base | - | {base1:.4f} | {_cell(basek, '.4f')} | - | - | 0 | 0 |" + (" - |" if auc else ""))
     for r in rows:
         lines.append(
             f"| {r['round']} | {r['epoch']} | {_cell(r.get('eval_pass1'), '.4f')} | {_cell(r.get('eval_passk'), '.4f')} | "
             f"{_cell(r.get('hard_set_size'), 'd')} | {_cell(r.get('cached'), 'd')} | {_cell(r.get('generated_tokens'), ',d')} | "
-            f"{_cell(r.get('wall_seconds'), '.0f')} |"
+            f"{_cell(r.get('wall_seconds'), '.0f')} |" + (f" {_cell(r.get('prm_auc'), '.3f')} |" if auc else "")
         )
     if base1 is not None and rows and rows[-1].get("eval_pass1") is not None:
         last = rows[-1]["eval_pass1"]

@@ -14,8 +14,11 @@ pass@8, read from each run's summary.json.
 Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
 trajectory trained, solved trees stop early), its control that never forks below the root
-(rollout_root: flat sampling under the same stopping rule and credit), and the flat baselines DAPO (8 samples),
-CISPO (16 samples) and best-of-N (8). The last line is
+(rollout_root: flat sampling under the same stopping rule and credit), the flat baselines DAPO (8 samples),
+CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the quickstart's
+tree guided by the previous round's value model, the policy self-trained on the weighted
+correct paths with a KL to the round's start; its summary also holds the value model's
+held-out AUC per round, printed beside pass@k). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
 """
 
@@ -47,6 +50,8 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "dapo": (["conf/dapo.yaml"], []),
     "cispo": (["conf/cispo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
+    # ReST-MCTS*: value-guided search, the value model refitted every round, self-training
+    "rest_mcts": (["conf/rest_mcts.yaml"], []),
 }
 EVAL_SAMPLES, EVAL_K = 16, 8
 
@@ -114,8 +119,9 @@ def main() -> None:
         for seed, summary in enumerate(runs):
             print(f"{arm:<18} {seed:>4} {'base':>5} {0:>10} {summary['base_eval_pass1']:7.4f} {summary['base_eval_passk']:7.4f}")
             for r in summary["rounds"]:
+                auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
                 print(f"{arm:<18} {seed:>4} {r['round']:>5} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
-                      f"{r['eval_passk']:7.4f}")
+                      f"{r['eval_passk']:7.4f}{auc}")
             print(f"{arm:<18} {seed:>4} {'wall':>5} {summary['wall_seconds']:>37.0f}")
     fields = []
     print(f"\nlast round, mean +- sd over {args.seeds} seed(s)")

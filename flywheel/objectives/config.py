@@ -18,11 +18,18 @@ KLEstimator = Literal["k1", "k2", "k3"]
 AGGREGATIONS: tuple[str, ...] = ("token_mean", "step_mean", "sequence_mean")
 KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
 
-LossType = Literal["ppo", "cispo"]
-"""The per-token surrogate: PPO's clipped ratio (the paper) or CISPO's clipped, stop-gradient
-importance weight on the log-prob (MiniMax-M1; the Countdown MCTS reference's loss)."""
+LossType = Literal["ppo", "cispo", "self_training"]
+"""The per-token surrogate: PPO's clipped ratio (the paper), CISPO's clipped, stop-gradient
+importance weight on the log-prob (MiniMax-M1; the Countdown MCTS reference's loss), or
+ReST-MCTS*'s reward-weighted log-likelihood of the tree's paths (`self_training_loss`)."""
 
-LOSS_TYPES: tuple[str, ...] = ("ppo", "cispo")
+LOSS_TYPES: tuple[str, ...] = ("ppo", "cispo", "self_training")
+
+KLReference = Literal["base", "round"]
+"""The frozen policy the KL term compares with: the base policy, or the policy as it was at
+the start of the current round."""
+
+KL_REFERENCES: tuple[str, ...] = ("base", "round")
 
 
 @dataclass(frozen=True)
@@ -47,7 +54,14 @@ class ObjectiveConfig:
         loss_type: "ppo" = max(-A * rho, -A * clip(rho)) with the dual clip (the paper);
             "cispo" = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) * A * log pi_theta: the
             clipped ratio only weights the gradient, so no token's gradient is dropped
-            (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it).
+            (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it);
+            "self_training" = -w * log pi_theta, w the path weight the data module puts in
+            the advantage column (`--data.advantage=self_training`; ReST-MCTS*'s reward-
+            weighted self-training, `flywheel.objectives.self_training`); no ratio, no clip.
+        kl_reference: the frozen reference of the KL term (kl_coef > 0): "base" = the policy
+            the run started from; "round" = the policy at the start of the current round
+            (copied into the reference at each round's first epoch; ReST-MCTS*'s "the policy
+            before this round's training").
         tis_cap: cap C of the truncated importance weight min(pi_old / pi_behaviour, C),
             used when the old log-probs come from the generator (see
             `truncated_importance_weight`).
@@ -63,6 +77,7 @@ class ObjectiveConfig:
     kl_estimator: KLEstimator = "k3"
     tis_cap: float = 2.0
     loss_type: LossType = "ppo"
+    kl_reference: KLReference = "base"
 
     def __post_init__(self) -> None:
         def fail(field: str, why: str, fix: str) -> NoReturn:
@@ -99,7 +114,10 @@ class ObjectiveConfig:
                  "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
         if self.loss_type not in LOSS_TYPES:
             fail("loss_type", f"it must be one of {LOSS_TYPES}",
-                 "Set `loss_type` to 'ppo' (the paper's) or 'cispo'.")
+                 "Set `loss_type` to 'ppo' (the paper's), 'cispo' or 'self_training'.")
+        if self.kl_reference not in KL_REFERENCES:
+            fail("kl_reference", f"it must be one of {KL_REFERENCES}",
+                 "Set `kl_reference` to 'base' (the run's starting policy) or 'round'.")
         if not self.tis_cap >= 1.0:
             fail("tis_cap", "a cap below 1 would down-weight even on-policy tokens",
                  "Set `tis_cap` >= 1, e.g. 2.0.")

@@ -80,7 +80,8 @@ def policy_loss(
         loss = torch.maximum(unclipped, clipped)
         loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)  # [B, T]
     else:
-        raise ValueError(f"loss_type must be 'ppo' or 'cispo', got {loss_type!r}")
+        raise ValueError(f"policy_loss takes loss_type 'ppo' or 'cispo', got {loss_type!r} "
+                         "('self_training' is flywheel.objectives.self_training_loss)")
     if weights is not None:
         loss = loss * torch.where(valid, weights, zeros).detach()
     total = aggregate(loss, valid, aggregation, step_ids, denominator)
