@@ -286,7 +286,7 @@ class SearchDataModule(L.LightningDataModule):
             self.generator(module), config, step=self.task.step, decode=_decoder(tokenizer),
             max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=_eos(tokenizer),
             progress=lambda p: _advance(bar, p.trees_done, p.generated_tokens),
-            value_fn=self.value_fn if config.prm_weight > 0 else None,
+            value_fn=self.value_fn if config.prm_weight > 0 else _value_head_fn(module, config),
         )
         return driver.run(self.search_problems(tokenizer, problems)), driver.stats
 
@@ -541,6 +541,13 @@ class SearchDataModule(L.LightningDataModule):
                 f"({type(err).__name__}: {err}); nothing was restored. Way out: resume from another checkpoint of "
                 "the run (--ckpt_path FILE), or start again without --ckpt_path"
             ) from err
+
+
+def _value_head_fn(module, config: SearchConfig):
+    """The policy's own value head as the search's value function (search.selection=puct_agents)."""
+    if config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
+        return module.search_values
+    return None
 
 
 def _regroup(rows: list[TrainingRow], group: int) -> list[TrainingRow]:

@@ -18,7 +18,9 @@ from flywheel.evaluation import evaluate
 from flywheel.metrics import PassAtK
 from flywheel.objectives import ObjectiveConfig, kl_penalty, policy_loss, token_logprobs, truncated_importance_weight
 from flywheel.packing import PACKABLE_MODEL_TYPES, Packed, packable, packed_logprobs, pack_rows
+from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.policy import LoraSettings, add_lora, load_policy
+from flywheel.value_head import ValueHead, prefix_values
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,24 @@ class TreeGRPOModule(L.LightningModule):
         if objective.kl_coef > 0:
             self.reference, _ = load_policy(policy, dtype)
             self.reference.requires_grad_(False).eval()
+        self.value_head = None
+        if objective.value_coef > 0:
+            if self.packing:
+                raise ValueError("--model.objective.value_coef > 0 reads the value head from one row per trajectory; "
+                                 "it does not take tree-packed batches: set --model.packing=false")
+            self.value_head = ValueHead(self.policy.config.hidden_size)
+
+    def search_values(self, prefixes: list[tuple[int, ...]]) -> list[float]:
+        """V(s) of search nodes (prompt + steps) from the value head: the driver's value function
+        for search.selection=puct_agents."""
+        assert self.value_head is not None
+        return prefix_values(self.policy, self.value_head, prefixes, pad_id=self.tokenizer.pad_token_id or 0)
+
+    def logprobs_and_values(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, L-1] next-token log-probs and [B, L-1] V of the state before each target, one forward."""
+        out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        logprobs = token_logprobs(out.logits[:, :-1], batch["input_ids"][:, 1:])
+        return logprobs, self.value_head(out.hidden_states[-1][:, :-1])
 
     # ------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -138,7 +158,14 @@ class TreeGRPOModule(L.LightningModule):
     # ------------------------------------------------------------------ training
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
-        logprobs = self.batch_logprobs(self.policy, batch)
+        values = None
+        if self.value_head is not None:
+            logprobs, values = self.logprobs_and_values(batch)
+        else:
+            logprobs = self.batch_logprobs(self.policy, batch)
+        advantages = batch["advantages"]
+        if self.objective.value_baseline:  # the search's one trajectory per tree: r - sg(V_old(s_t))
+            advantages = value_baseline_advantages(values, batch["rewards"], batch["step_ids"], mask)
         if "packed" in batch and self._trainer is not None:  # tokens a flat pass would compute / computed
             self.log("compute/packed_token_ratio", float(batch["attention_mask"].sum()) / max(batch["packed"].tokens, 1),
                      batch_size=len(batch["input_ids"]))
@@ -152,7 +179,7 @@ class TreeGRPOModule(L.LightningModule):
         loss, stats = policy_loss(
             logprobs,
             old,
-            batch["advantages"],
+            advantages,
             mask,
             clip_low=self.objective.clip_low,
             clip_high=self.objective.clip_high,
@@ -167,12 +194,16 @@ class TreeGRPOModule(L.LightningModule):
             kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"))
             loss = loss + self.objective.kl_coef * kl
             stats["kl_ref"] = kl.detach()
+        if values is not None:
+            v_loss = value_loss(values, batch["rewards"], batch["step_ids"], mask)
+            loss = loss + self.objective.value_coef * v_loss
+            stats["value_loss"] = v_loss.detach()
         n = int(batch["input_ids"].shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         for key, value in stats.items():
             self.log(f"train/{key}", value, batch_size=n)
         valid = mask.bool()
-        adv = batch["advantages"][valid]
+        adv = advantages[valid]
         if adv.numel():
             self.log_dict(
                 {
@@ -189,6 +220,8 @@ class TreeGRPOModule(L.LightningModule):
     def configure_optimizers(self):
         cfg = self.optimizer_config
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)

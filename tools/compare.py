@@ -15,7 +15,8 @@ Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
 trajectory trained, solved trees stop early), its control that never forks below the root
 (rollout_root: flat sampling under the same stopping rule and credit), and the flat baselines DAPO (8 samples),
-CISPO (16 samples) and best-of-N (8). The last line is
+CISPO (16 samples) and best-of-N (8), and the seed's Countdown MCTS recipe (countdown_mcts:
+agents sharing one pUCT tree, a value head, one greedy trajectory per tree, CISPO, KL). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
 """
 
@@ -47,6 +48,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "dapo": (["conf/dapo.yaml"], []),
     "cispo": (["conf/cispo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
+    "countdown_mcts": (["conf/countdown_mcts.yaml"], []),  # the seed's Countdown MCTS recipe
 }
 EVAL_SAMPLES, EVAL_K = 16, 8
 
