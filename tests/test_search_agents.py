@@ -169,3 +169,35 @@ def test_many_trees_one_call_and_expansion_cap():
         SearchConfig(agents=0)
     with pytest.raises(ValueError, match="expansion=step"):
         SearchConfig(selection="puct_agents", expansion="rollout")
+
+
+@pytest.mark.parametrize("agents,rounds,eos_prob,seed", [(1, 12, 0.3, 0), (4, 10, 0.3, 1), (16, 6, 0.1, 2), (3, 20, 0.6, 3)])
+def test_every_visit_is_one_backup_and_the_readout_is_a_terminal(agents, rounds, eos_prob, seed):
+    """On random trees: a node's visits are its own expansion's backup plus its children's visits
+    (every backup runs root to node), its value likewise (values: V = 0 without a value model, so
+    only terminal revisits add reward), and the readout is a terminal
+    reached by most-visited children."""
+    from flywheel.search.scripted import HashGenerator
+
+    config = SearchConfig(selection="puct_agents", expansion_width=3, max_depth=5, agents=agents,
+                          iterations_per_agent=rounds, overlong_penalty=False, seed=seed)
+    trees = []
+    driver = SearchDriver(HashGenerator(eos_prob=eos_prob, salt=seed), config, step=StepSpec(max_tokens=4, delimiter="\n"),
+                          decode=toy_decode, max_concurrent_trees=3)
+    for result in driver.run([SearchProblem((0,), toy_score, id=f"p{i}") for i in range(5)]):
+        tree = result.tree
+        trees.append(tree)
+        for node in range(len(tree)):
+            kids = tree.children[node]
+            if tree.terminal[node]:  # visited only by revisits, each adding its reward
+                assert tree.value[node] == pytest.approx(tree.visits[node] * tree.reward[node])
+                continue
+            own = 1 if kids else 0  # an expanded node backed its value up once; a leaf never was
+            assert tree.visits[node] == own + sum(tree.visits[k] for k in kids)
+            assert tree.value[node] == pytest.approx(sum(tree.value[k] for k in kids))
+        assert result.stats.expansions <= 1 + (rounds - 1) * agents
+        assert len(result.trajectories) == (1 if any(tree.terminal) else 0)
+        if result.trajectories:
+            path = [s.node_id for s in result.trajectories[0].steps]
+            assert tree.terminal[path[-1]]
+    assert driver.stats.requests == sum(t.expanded[n] for t in trees for n in range(len(t)))
