@@ -1,7 +1,8 @@
 """The batched multi-tree driver: many DeepSearch trees in lock-step over one Generator.
 
-Every round: each live tree names the one leaf it wants expanded; ONE `generator.sample`
-call carries all of those expansions (n children each); then each tree adds its
+Every round: each live tree names the one leaf it wants expanded (with selection
+"puct_agents", one leaf per agent of the tree, flywheel.search.live_agents); ONE
+`generator.sample` call carries all of those expansions (n children each); then each tree adds its
 children, grades its new terminals, backs one up (§3-4) and selects its next leaf (§5).
 Finished trees leave and queued problems join at once (continuous batching), so the
 generator batch stays at `max_concurrent_trees` requests until the queue runs dry.
