@@ -50,7 +50,9 @@ class SearchConfig:
             round with virtual loss, a new node's Q starts at its value (a value model's V(s),
             a terminal's reward), an expansion backs up V of the expanded node, and after
             `iterations_per_agent` rounds the most-visited path to a terminal is the tree's ONE
-            training trajectory (trajectories_per_tree is not used).
+            training trajectory (trajectories_per_tree is not used). One trajectory has no group
+            to be credited against: train it with the value baseline
+            (--model.objective.value_baseline=true, conf/countdown_mcts.yaml).
         uct_lambda: lambda of local UCT, Q(c) + lambda * sqrt(ln N(parent) / N(c)) (§5).
         uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
             softmax of the UCT scores).

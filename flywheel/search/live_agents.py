@@ -17,6 +17,7 @@ import time
 from typing import Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, SamplingParams
+from flywheel.rewards import Verdict
 from flywheel.search.agents import add_pending, agent_descend, back_up_value, greedy_terminal, initial_value
 from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, grade_terminal, step_end
@@ -30,6 +31,8 @@ class AgentTree:
     requests, absorb_all, new_live_children, choose_next, result)."""
 
     def __init__(self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step=None) -> None:
+        # `ends_step` (rollout expansion's step splitter) is taken for LiveTree's signature; steps
+        # here end at the generator's stop string.
         self.index = index
         self.problem = problem
         self.config = config
@@ -46,7 +49,7 @@ class AgentTree:
         self.generated_tokens = 0
         self.terminals = 0
         self.first_correct_tokens: int | None = None
-        self.graded: dict = {}
+        self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
         self.trajectories: list[int] = []
         self.status: str | None = None
         self.started = time.perf_counter()
