@@ -83,6 +83,7 @@ def rollout(
     credit: Credit,
     cached: Callable[[str], Sequence[CachedSolution]] = lambda problem_id: (),
     value_fn: ValueFn | None = None,
+    node_values: ValueFn | None = None,
     progress: Callable[[int, int | None], None] | None = None,
 ) -> Rollouts:
     """Training rows per problem (in problem order), the rollout results and their cost.
@@ -91,7 +92,8 @@ def rollout(
     credited by `credit.advantage`; "flat": `flat_samples` independent responses, DAPO
     advantages; "best_of_n": the same samples, the correct ones only. A problem with
     `cached(id)` solutions gets a mixed rollout instead. `value_fn` scores new search nodes
-    when `search.prm_weight` > 0. `progress(problems done, tokens or None)`.
+    when `search.prm_weight` > 0; otherwise `node_values` does (the policy's value head, for
+    `search.selection=puct_agents`). `progress(problems done, tokens or None)`.
     """
     buffered = [p for p in problems if cached(p.id)]
     fresh = [p for p in problems if not cached(p.id)]
@@ -108,7 +110,7 @@ def rollout(
     if kind == "search" and fresh:
         driver = SearchDriver(
             generator, search, step=task.step, decode=decode, max_concurrent_trees=max_concurrent_trees,
-            eos_token_ids=eos, value_fn=value_fn if search.prm_weight > 0 else None,
+            eos_token_ids=eos, value_fn=value_fn if search.prm_weight > 0 else node_values,
             progress=(lambda p: progress(p.trees_done, p.generated_tokens)) if progress else None,
         )
         found = driver.run(search_problems(tokenizer, task, fresh))

@@ -285,7 +285,8 @@ class SearchDataModule(L.LightningDataModule):
                 problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
                 search=self.effective_search_config(epoch, rank),
                 flat_samples=self.flat_samples, max_concurrent_trees=self.max_concurrent_trees, credit=self.credit,
-                cached=self.curriculum.cached, value_fn=self.value_fn, progress=lambda done, tokens: _advance(bar, done, tokens, self.trainer),
+                cached=self.curriculum.cached, value_fn=self.value_fn,
+                node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=lambda done, tokens: _advance(bar, done, tokens, self.trainer),
             )
         finally:
             bar.close()
@@ -388,6 +389,13 @@ class SearchDataModule(L.LightningDataModule):
                 f"({type(err).__name__}: {err}); nothing was restored. Way out: resume from another checkpoint of "
                 "the run (--ckpt_path FILE), or start again without --ckpt_path"
             ) from err
+
+
+def _value_head_fn(module, config: SearchConfig):
+    """The policy's own value head as the search's value function (search.selection=puct_agents)."""
+    if config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
+        return module.search_values
+    return None
 
 
 def _check(ok: bool, message: str) -> None:

@@ -24,9 +24,11 @@ from flywheel.objectives import (
     token_logprobs,
     truncated_importance_weight,
 )
+from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policy import LoraSettings, add_lora, load_policy
+from flywheel.value_head import ValueHead, prefix_values
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +131,25 @@ class TreeGRPOModule(L.LightningModule):
             self.reference.requires_grad_(False).eval()
             if self.packing:
                 enable_tree_attention(self.reference)
+        self.value_head = None
+        if objective.value_coef > 0:
+            if packing is True:
+                raise ValueError("--model.objective.value_coef > 0 reads the value head from one row per trajectory; "
+                                 "it does not take tree-packed batches: set --model.packing=auto or false")
+            self.packing = False  # `auto`: the value head's batches stay one row per trajectory
+            self.value_head = ValueHead(self.policy.config.hidden_size)
+
+    def search_values(self, prefixes: list[tuple[int, ...]]) -> list[float]:
+        """V(s) of search nodes (prompt + steps) from the value head: the driver's value function
+        for search.selection=puct_agents."""
+        assert self.value_head is not None
+        return prefix_values(self.policy, self.value_head, prefixes, pad_id=self.tokenizer.pad_token_id or 0)
+
+    def logprobs_and_values(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """[B, L-1] next-token log-probs and [B, L-1] V of the state before each target, one forward."""
+        out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
+        logprobs = token_logprobs(out.logits[:, :-1], batch["input_ids"][:, 1:])
+        return logprobs, self.value_head(out.hidden_states[-1][:, :-1])
 
     # ------------------------------------------------------------------ log-probs
     def sequence_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -183,7 +204,14 @@ class TreeGRPOModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         mask = batch["loss_mask"]  # [B, L-1]
-        logprobs = self.batch_logprobs(self.policy, batch)
+        values = None
+        if self.value_head is not None:
+            logprobs, values = self.logprobs_and_values(batch)
+        else:
+            logprobs = self.batch_logprobs(self.policy, batch)
+        advantages = batch["advantages"]
+        if self.objective.value_baseline:  # the search's one trajectory per tree: r - sg(V_old(s_t))
+            advantages = value_baseline_advantages(values, batch["rewards"], batch["step_ids"], mask)
         if batch.get("packed") and self._trainer is not None:  # tokens a flat pass would compute / computed
             self.log("compute/packed_token_ratio", float(batch["attention_mask"].sum()) / max(batch["packed"].tokens, 1),
                      batch_size=len(batch["input_ids"]))
@@ -192,13 +220,17 @@ class TreeGRPOModule(L.LightningModule):
         if self.objective.loss_type == "self_training":
             loss, stats = self._self_training_loss(batch, logprobs)
         else:
-            loss, stats = self._policy_loss(batch, logprobs)
+            loss, stats = self._policy_loss(batch, logprobs, advantages)
+        if values is not None:
+            v_loss = value_loss(values, batch["rewards"], batch["step_ids"], mask)
+            loss = loss + self.objective.value_coef * v_loss
+            stats["value_loss"] = v_loss.detach()
         n = int(batch["input_ids"].shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         for key, value in stats.items():
             self.log(f"train/{key}", value, batch_size=n)
         valid = mask.bool()
-        adv = batch["advantages"][valid]
+        adv = advantages[valid]
         if adv.numel():
             self.log_dict(
                 {
@@ -220,7 +252,7 @@ class TreeGRPOModule(L.LightningModule):
             kl_estimator=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"),
         )
 
-    def _policy_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
+    def _policy_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor, advantages: torch.Tensor):
         """Tree-GRPO / DAPO / CISPO: the clipped surrogate on the rows' advantages, plus the KL."""
         mask = batch["loss_mask"]
         weights = None
@@ -233,7 +265,7 @@ class TreeGRPOModule(L.LightningModule):
         loss, stats = policy_loss(
             logprobs,
             old,
-            batch["advantages"],
+            advantages,
             mask,
             clip_low=self.objective.clip_low,
             clip_high=self.objective.clip_high,
@@ -253,6 +285,8 @@ class TreeGRPOModule(L.LightningModule):
     def configure_optimizers(self):
         cfg = self.optimizer_config
         params = [p for p in self.policy.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
         optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
         warmup = cfg.warmup_steps
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)

@@ -12,7 +12,7 @@ from flywheel.module import TreeGRPOModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
-OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "quickstart_vllm.yaml"}
+OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "quickstart_vllm.yaml", "countdown_mcts.yaml"}
 GPU_RECIPES = {
     # Instantiated here with its GPU parts swapped for CPU ones (DeepSpeed and vLLM are GPU
     # extras); its DeepSpeed file is checked by tests/test_deepspeed_config.py.
@@ -89,6 +89,21 @@ def test_validate_and_test_report_pass_at_k(tmp_path):
         assert 0.0 <= float(metrics[f"{stage}/pass@1"]) <= float(metrics[f"{stage}/pass@2"]) <= 1.0
 
 
+def test_countdown_mcts_overlay_puts_the_seed_recipe_together():
+    base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
+    cli = main(base + ["--config", str(ROOT / "conf" / "countdown_mcts.yaml")], run=False)
+    quick = main(base, run=False)
+    search, objective = cli.datamodule.search, cli.model.objective
+    assert (search.selection, search.expansion_width, search.temperature, search.puct_c) == ("puct_agents", 4, 0.8, 0.5)
+    assert search.agents > 1 and cli.model.value_head is not None
+    assert (objective.loss_type, objective.kl_coef, objective.value_baseline) == ("cispo", 0.05, True)
+    assert cli.model.reference is not None  # the KL's frozen initial policy
+    assert cli.datamodule.task.reward == "dense" and quick.datamodule.task.reward == "binary"
+    assert cli.datamodule.task.numbers_count == quick.datamodule.task.numbers_count  # the quickstart's init_args kept
+    assert cli.model.optimizer_config.lr == quick.model.optimizer_config.lr  # scaled: the quickstart's lr
+    assert not cli.datamodule.replay_config.enabled and not cli.datamodule.drop_uniform_groups
+
+
 def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
     """An overlay that renames the run (dapo, best-of-N, CISPO, ReST-MCTS*) must not write into the
     quickstart's checkpoint folder, or a later `--ckpt_path last` of the quickstart would resume
@@ -96,7 +111,7 @@ def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
     base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
     save_dir = f"--trainer.logger.init_args.save_dir={tmp_path}"
     folders = {}
-    for overlay in (None, "dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml"):
+    for overlay in (None, "dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "countdown_mcts.yaml"):
         args = base + (["--config", str(ROOT / "conf" / overlay)] if overlay else []) + [save_dir]
         folders[overlay] = main(args, run=False).trainer.checkpoint_callback.dirpath
     assert folders[None] == str(tmp_path / "quickstart" / "checkpoints")

@@ -295,3 +295,15 @@ def test_never_raises_on_arbitrary_text(text, dense):
     assert verdict.reason in REASONS
     assert -1.0 <= verdict.reward <= 1.0
     assert verdict.correct == (verdict.reason == "correct")
+
+
+def test_dense_reward_function_by_hand():
+    from fractions import Fraction
+
+    from flywheel.rewards.countdown import dense_reward
+
+    assert dense_reward(24, Fraction(47, 2)) == pytest.approx(1 - 2 * (1 / 2) / 24)  # off by 1/2: 0.9583
+    assert dense_reward(24, Fraction(30)) == pytest.approx(0.5)  # off by 6 = a quarter of 24
+    assert dense_reward(24, Fraction(-24)) == -1.0  # off by 48: capped at 1
+    assert dense_reward(0, Fraction(1, 2)) == 0.0  # |t| = 1 at t = 0: 1 - 2 * 0.5
+    assert dense_reward(24, None) == -0.9 and dense_reward(24, Fraction(24), answered=False) == -1.0

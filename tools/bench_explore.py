@@ -235,6 +235,8 @@ def main() -> None:
 
         config = replace(config, prm_weight=args.oracle)
         value_fn = lambda prefixes: [prompt_value(tokenizer.decode(p, skip_special_tokens=True)) for p in prefixes]  # noqa: E731
+    elif config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
+        value_fn = module.search_values  # the policy's own value head, as fit's search uses it
     generator = dm.backend.build(module.policy, tokenizer)
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []

@@ -18,7 +18,8 @@ trajectory trained, solved trees stop early), its control that never forks below
 CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the quickstart's
 tree guided by the previous round's value model, the policy self-trained on the weighted
 correct paths with a KL to the round's start; its summary also holds the value model's
-held-out AUC per round, printed beside pass@k). The last line is
+held-out AUC per round, printed beside pass@k), and the seed's Countdown MCTS recipe (countdown_mcts:
+agents sharing one pUCT tree, a value head, one greedy trajectory per tree, CISPO, KL). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
 """
 
@@ -52,6 +53,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "bon": (["conf/best_of_n.yaml"], []),
     # ReST-MCTS*: value-guided search, the value model refitted every round, self-training
     "rest_mcts": (["conf/rest_mcts.yaml"], []),
+    "countdown_mcts": (["conf/countdown_mcts.yaml"], []),  # the seed's Countdown MCTS recipe
 }
 EVAL_SAMPLES, EVAL_K = 16, 8
 

@@ -65,6 +65,13 @@ class ObjectiveConfig:
         tis_cap: cap C of the truncated importance weight min(pi_old / pi_behaviour, C),
             used when the old log-probs come from the generator (see
             `truncated_importance_weight`).
+        value_coef: weight of the value loss mean (V(s_t) - r)^2 over the states each step starts
+            from; > 0 gives the module a value head (MLP + tanh on the policy's last hidden
+            state, flywheel.value_head), trained with the policy, saved in checkpoints, and used
+            by search.selection=puct_agents as the value of new nodes (the seed's Countdown MCTS).
+            0 = no value head.
+        value_baseline: replace the data's advantages by A_t = r - sg(V_old(s_t)) (the row's
+            reward minus the value head's V of the state its step starts from); needs value_coef > 0.
     """
 
     clip_low: float = 0.2
@@ -78,6 +85,8 @@ class ObjectiveConfig:
     tis_cap: float = 2.0
     loss_type: LossType = "ppo"
     kl_reference: KLReference = "base"
+    value_coef: float = 0.0
+    value_baseline: bool = False
 
     def __post_init__(self) -> None:
         def fail(field: str, why: str, fix: str) -> NoReturn:
@@ -118,6 +127,12 @@ class ObjectiveConfig:
         if self.kl_reference not in KL_REFERENCES:
             fail("kl_reference", f"it must be one of {KL_REFERENCES}",
                  "Set `kl_reference` to 'base' (the run's starting policy) or 'round'.")
+        if self.value_coef < 0.0:
+            fail("value_coef", "a negative weight would train the value head away from the rewards",
+                 "Set `--model.objective.value_coef` >= 0 (0 = no value head; the Countdown recipe: 0.5).")
+        if self.value_baseline and not self.value_coef > 0.0:
+            fail("value_baseline", "the baseline V(s_t) comes from the value head, which value_coef = 0 leaves out",
+                 "Set `--model.objective.value_coef` > 0 as well, or `--model.objective.value_baseline=false`.")
         if not self.tis_cap >= 1.0:
             fail("tis_cap", "a cap below 1 would down-weight even on-policy tokens",
                  "Set `tis_cap` >= 1, e.g. 2.0.")

@@ -32,6 +32,7 @@ __all__ = [
     "MAX_COMPLETION_CHARS",
     "MAX_DEPTH",
     "MAX_VALUE_BITS",
+    "dense_reward",
     "extract_answer",
     "verify",
 ]
@@ -83,6 +84,24 @@ def extract_answer(completion: str) -> str | None:
     return completion[start + len(_OPEN) : end].strip()
 
 
+def dense_reward(target: int, value: Fraction | None, *, answered: bool = True) -> float:
+    """The Countdown reference's shaped training reward (rest-mcts-and-countdown.md §B):
+    1 - 2 * min(|t - p| / |t|, 1) for a valid expression of value p, -0.9 for an answer that
+    uses invalid numbers or cannot be evaluated (`value` None), -1 for no answer (`answered`
+    False). |t| counts as 1 for a target of 0. Evaluation uses exact match, never this.
+
+    >>> dense_reward(24, Fraction(24)), dense_reward(24, Fraction(18)), dense_reward(24, Fraction(60))
+    (1.0, 0.5, -1.0)
+    >>> dense_reward(24, None), dense_reward(24, None, answered=False)
+    (-0.9, -1.0)
+    """
+    if not answered:
+        return -1.0
+    if value is None:
+        return INVALID_EXPRESSION_REWARD
+    return float(1 - 2 * min(abs(Fraction(target) - value) / (abs(target) or 1), 1))
+
+
 def verify(
     numbers: Sequence[int],
     target: int,
@@ -122,7 +141,7 @@ def verify(
         raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
 
     def reject(reason: str, answer: str | None) -> Verdict:
-        reward = INVALID_EXPRESSION_REWARD if dense and answer is not None else -1.0
+        reward = dense_reward(target, None, answered=answer is not None) if dense else -1.0
         return Verdict(correct=False, reward=reward, answer=answer, reason=reason)
 
     if len(completion) > MAX_COMPLETION_CHARS:
@@ -145,9 +164,7 @@ def verify(
         return reject(parser.failure, answer)
     if value == target:
         return Verdict(correct=True, reward=1.0, answer=answer, reason="correct")
-    reward = -1.0
-    if dense:
-        reward = float(1 - 2 * min(abs(Fraction(target) - value) / (abs(target) or 1), 1))
+    reward = dense_reward(target, value) if dense else -1.0
     return Verdict(correct=False, reward=reward, answer=answer, reason="wrong_value")
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Selection = Literal["frontier", "vanilla_uct", "puct"]
+Selection = Literal["frontier", "vanilla_uct", "puct", "puct_agents"]
 DepthBonus = Literal["sqrt", "linear", "log"]
 BackupRule = Literal["constrained", "vanilla"]
 GammaRule = Literal["paper", "code"]
@@ -20,7 +20,7 @@ Expansion = Literal["step", "rollout"]
 ForkRule = Literal["uct", "random", "root"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "selection": ("frontier", "vanilla_uct", "puct"),
+    "selection": ("frontier", "vanilla_uct", "puct", "puct_agents"),
     "depth_bonus": ("sqrt", "linear", "log"),
     "backup": ("constrained", "vanilla"),
     "gamma_rule": ("paper", "code"),
@@ -44,7 +44,15 @@ class SearchConfig:
         selection: "frontier" = local UCT while expansions produce no terminal, global frontier
             selection after one does (§5, the paper's default); "vanilla_uct" = restart UCT from
             the root after each terminal (Table 3 baseline); "puct" = descend from the root
-            every iteration by pUCT with sequence-level priors (the Countdown reference).
+            every iteration by pUCT with sequence-level priors (the Countdown reference);
+            "puct_agents" = the seed's Countdown MCTS (rest-mcts-and-countdown.md §B,
+            flywheel.search.agents): `agents` workers descend one shared tree by pUCT each
+            round with virtual loss, a new node's Q starts at its value (a value model's V(s),
+            a terminal's reward), an expansion backs up V of the expanded node, and after
+            `iterations_per_agent` rounds the most-visited path to a terminal is the tree's ONE
+            training trajectory (trajectories_per_tree is not used). One trajectory has no group
+            to be credited against: train it with the value baseline
+            (--model.objective.value_baseline=true, conf/countdown_mcts.yaml).
         uct_lambda: lambda of local UCT, Q(c) + lambda * sqrt(ln N(parent) / N(c)) (§5).
         uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
             softmax of the UCT scores).
@@ -103,6 +111,14 @@ class SearchConfig:
         stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
             many trajectories (rollout mode: rollouts) (0 = off: every tree runs to K). With K above it, the expansions a
             solved tree would have spent go to trees that have not found an answer yet.
+        agents: selection "puct_agents": workers descending the tree per round (the reference: 16);
+            each makes at most one expansion request per round, all of them in the driver's one
+            generator call.
+        iterations_per_agent: selection "puct_agents": M, rounds of selection per tree (the
+            reference: 100 per worker); max_expansions_per_tree still caps the expansions.
+        virtual_loss: selection "puct_agents": a pending selection counts on every node of its path
+            as a visit with value -virtual_loss until its expansion returns, so the other agents
+            of the round spread out (0 = a visit with value 0).
     """
 
     expansion_width: int = 8
@@ -139,6 +155,9 @@ class SearchConfig:
     max_children: int = 0
     train_all_terminals: bool = False
     stop_when_solved: int = 0
+    agents: int = 1
+    iterations_per_agent: int = 100
+    virtual_loss: float = 1.0
 
     def __post_init__(self) -> None:
         for name, allowed in _CHOICES.items():
@@ -175,6 +194,14 @@ class SearchConfig:
             raise ValueError(f"--data.search.temperature must be >= 0 (0 = greedy), got {self.temperature}; set it to 0 or more")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--data.search.top_p must be in (0, 1], got {self.top_p}; set 1.0 to turn nucleus sampling off")
+        for name in ("agents", "iterations_per_agent"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
+        if self.virtual_loss < 0:
+            raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
+        if self.selection == "puct_agents" and self.expansion != "step":
+            raise ValueError("search.selection='puct_agents' grows the tree one step per child; it cannot be combined "
+                             "with --data.search.expansion=rollout (set --data.search.expansion=step)")
         for name in ("max_children", "stop_when_solved"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")

@@ -1,7 +1,8 @@
 """The batched multi-tree driver: many DeepSearch trees in lock-step over one Generator.
 
-Every round: each live tree names the one leaf it wants expanded; ONE `generator.sample`
-call carries all of those expansions (n children each); then each tree adds its
+Every round: each live tree names the one leaf it wants expanded (with selection
+"puct_agents", one leaf per agent of the tree, flywheel.search.live_agents); ONE
+`generator.sample` call carries all of those expansions (n children each); then each tree adds its
 children, grades its new terminals, backs one up (§3-4) and selects its next leaf (§5).
 Finished trees leave and queued problems join at once (continuous batching), so the
 generator batch stays at `max_concurrent_trees` requests until the queue runs dry.
@@ -24,6 +25,7 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, check_outputs, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
 from flywheel.search.live import LiveTree
+from flywheel.search.live_agents import AgentTree
 from flywheel.search.outputs import TreeResult
 from flywheel.tasks.base import StepSpec
 
@@ -144,7 +146,7 @@ class SearchDriver:
             known = self._step_enders[token] = self.step.delimiter is not None and self.step.delimiter in self.decode([token])
         return known
 
-    def _score_new_nodes(self, trees: list[LiveTree]) -> None:
+    def _score_new_nodes(self, trees: list[LiveTree | AgentTree]) -> None:
         """One value-model call for the new non-terminal children of every live tree."""
         nodes = [(t, c) for t in trees for c in t.new_live_children()]
         if not nodes:
@@ -171,7 +173,7 @@ class SearchDriver:
         caller can persist it); the order is completion order, `TreeResult.index` is input order."""
         total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
         queue = enumerate(problems)
-        live: list[LiveTree] = []
+        live: list[LiveTree | AgentTree] = []
         stats = self.stats
         done = done_trajectories = 0
         start = last_log = time.perf_counter()
@@ -181,21 +183,26 @@ class SearchDriver:
                 item = next(queue, None)
                 if item is None:
                     return
-                live.append(LiveTree(item[0], item[1], self.config, self.step, self.ends_step))
+                kind = AgentTree if self.config.selection == "puct_agents" else LiveTree
+                live.append(kind(item[0], item[1], self.config, self.step, self.ends_step))
 
         refill()
         while live:
             round_start = time.perf_counter()
-            requests = [t.request(self.params) for t in live]
+            # One request per tree, or one per agent that reached a leaf (selection "puct_agents").
+            per_tree = [t.requests(self.params) for t in live]
+            requests = [r for tree_requests in per_tree for r in tree_requests]
             gen_start = time.perf_counter()
             outputs = self.generator.sample(requests)
             gen_seconds = time.perf_counter() - gen_start
             check_outputs(self.generator, requests, outputs)
             finished: list[TreeResult] = []
-            still: list[LiveTree] = []
-            for tree, completions in zip(live, outputs):
+            still: list[LiveTree | AgentTree] = []
+            first = 0
+            for tree, tree_requests in zip(live, per_tree):
                 before = tree.generated_tokens
-                tree.absorb(completions, self.decode, self.eos_token_ids)
+                tree.absorb_all(outputs[first : first + len(tree_requests)], self.decode, self.eos_token_ids)
+                first += len(tree_requests)
                 stats.generated_tokens += tree.generated_tokens - before
             if self.value_fn is not None:
                 self._score_new_nodes([t for t in live if t.status is None])

@@ -76,6 +76,15 @@ class LiveTree:
             affinity=self.index,
         )
 
+    def requests(self, params: SamplingParams) -> list[GenerationRequest]:
+        """This round's requests (one: the node the tree selected)."""
+        return [self.request(params)]
+
+    def absorb_all(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """`absorb` the one request's completions."""
+        (completions,) = outputs
+        self.absorb(completions, decode, eos_ids)
+
     def absorb(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
         """Expand `next_node` with `completions` and back up (or finish); `choose_next` then
         picks the next node, after a value model has scored the new children."""

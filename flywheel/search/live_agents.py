@@ -1,0 +1,162 @@
+"""One tree searched by several agents at once (selection "puct_agents", the seed's Countdown
+MCTS, rest-mcts-and-countdown.md §B): its state between the driver's rounds.
+
+A round: every agent descends by pUCT (flywheel.search.agents) with virtual loss on the paths
+already taken this round. An agent that reaches a terminal backs its reward up at once; one
+that reaches an unexpanded leaf asks for K sampled steps of it, and all of the tree's requests
+go into the driver's one generator call with every other tree's. When the steps return they
+become the leaf's children, terminals are graded, a value model scores the new non-terminal
+nodes (one call per round for every tree, in the driver), and the leaf's own value is backed
+up along its path while its virtual loss is removed. After `iterations_per_agent` rounds the
+most-visited path to a terminal is the tree's one training trajectory.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from flywheel.generation.base import Completion, GenerationRequest, SamplingParams
+from flywheel.rewards import Verdict
+from flywheel.search.agents import add_pending, agent_descend, back_up_value, greedy_terminal, initial_value
+from flywheel.search.config import SearchConfig
+from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, grade_terminal, step_end
+from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
+from flywheel.search.tree import ROOT, SearchTree
+from flywheel.tasks.base import StepSpec
+
+
+class AgentTree:
+    """One shared tree and its agents' pending selections (the driver's live-tree interface:
+    requests, absorb_all, new_live_children, choose_next, result)."""
+
+    def __init__(self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step=None) -> None:
+        # `ends_step` (rollout expansion's step splitter) is taken for LiveTree's signature; steps
+        # here end at the generator's stop string.
+        self.index = index
+        self.problem = problem
+        self.config = config
+        self.step = step
+        self.tree = SearchTree(problem.prompt_ids)
+        self.pending: list[int] = [0]
+        self.leaves: list[int] = [ROOT]
+        """This round's unexpanded leaves, one per agent that reached one (the first round: the root)."""
+        add_pending(self.tree, self.pending, ROOT, 1)
+        self.expansions = 0
+        self.selection_rounds = 1
+        """Rounds in which the agents selected (the first: the root); M of them per tree."""
+        self.rounds = 0
+        self.generated_tokens = 0
+        self.terminals = 0
+        self.first_correct_tokens: int | None = None
+        self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
+        self.trajectories: list[int] = []
+        self.status: str | None = None
+        self.started = time.perf_counter()
+        self._new_live: list[int] = []
+
+    def requests(self, params: SamplingParams) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(
+                prompt_ids=self.tree.prefix_ids(leaf),
+                n=self.config.expansion_width,
+                params=params,
+                seed=derive_seed(self.config.seed, self.index, self.expansions + i),
+                affinity=self.index,
+            )
+            for i, leaf in enumerate(self.leaves)
+        ]
+
+    def absorb_all(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """Hang each leaf's sampled steps below it and grade the new terminals; the backup waits
+        for the value model (`choose_next`)."""
+        cfg, tree = self.config, self.tree
+        self._new_live = []
+        for leaf, completions in zip(self.leaves, outputs, strict=True):
+            self.generated_tokens += sum(len(c.token_ids) for c in completions)
+            self.expansions += 1
+            tree.expanded[leaf] += 1
+            if cfg.merge_duplicate_steps:
+                completions = distinct_steps(completions)
+            depth = tree.depth[leaf] + 1
+            ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
+            children = tree.add_children(leaf, completions, [t for t, _ in ends], initial_visit=False)
+            for child, (is_terminal, is_eos) in zip(children, ends):
+                if is_terminal:
+                    grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
+                    self.terminals += 1
+                    if self.first_correct_tokens is None and tree.kind[child] == "correct":
+                        self.first_correct_tokens = self.generated_tokens
+                else:
+                    self._new_live.append(child)
+        self.rounds += 1
+
+    def new_live_children(self) -> list[int]:
+        """The non-terminal nodes this round added (what a value model scores)."""
+        return self._new_live
+
+    def choose_next(self) -> None:
+        """Back up this round's expansions, then let the agents select the next round's leaves;
+        finish after M rounds, at the expansion cap, or when nothing is left to expand."""
+        tree, cfg = self.tree, self.config
+        for leaf in self.leaves:
+            add_pending(tree, self.pending, leaf, -1)
+            back_up_value(tree, leaf, initial_value(tree, leaf))
+        self.pending.extend([0] * (len(tree) - len(self.pending)))
+        self.leaves = []
+        # A round is one descent per agent (M rounds: the reference's M iterations per worker).
+        # Rounds without any expansion (every agent revisited a terminal) cost no tokens: go on
+        # selecting until some agent reaches a leaf or the rounds run out.
+        while not self.leaves:
+            if self.selection_rounds >= cfg.iterations_per_agent:
+                self.status = "complete"
+            elif self.expansions >= cfg.max_expansions_per_tree:
+                self.status = "expansion_cap"
+            if self.status is not None:
+                return
+            moved = False
+            self.selection_rounds += 1
+            for _ in range(cfg.agents):
+                if self.expansions + len(self.leaves) >= cfg.max_expansions_per_tree:
+                    break
+                node = agent_descend(tree, self.pending, cfg.puct_c, cfg.virtual_loss)
+                if node is None:
+                    break
+                moved = True
+                if tree.terminal[node]:
+                    back_up_value(tree, node, initial_value(tree, node))
+                else:
+                    add_pending(tree, self.pending, node, 1)
+                    self.leaves.append(node)
+            if not moved:
+                self.status = "exhausted"
+                return
+
+    def result(self) -> TreeResult:
+        assert self.status is not None
+        tree = self.tree
+        terminal = greedy_terminal(tree)
+        trajectories = ()
+        if terminal is not None:
+            tree.backup_index[terminal] = 0
+            self.trajectories = [terminal]
+            trajectories = (build_trajectory(tree, terminal, self.config),)
+        return TreeResult(
+            index=self.index,
+            problem_id=self.problem.id,
+            prompt_ids=self.problem.prompt_ids,
+            trajectories=trajectories,
+            status=self.status,  # type: ignore[arg-type]
+            stats=TreeStats(
+                expansions=self.expansions,
+                nodes=len(tree),
+                generated_tokens=self.generated_tokens,
+                max_depth=max(tree.depth),
+                terminals=self.terminals,
+                rounds=self.rounds,
+                wall_seconds=time.perf_counter() - self.started,
+                tokens_to_first_correct=self.first_correct_tokens,
+            ),
+            config=self.config,
+            tree=tree,
+        )
