@@ -1,17 +1,18 @@
 """Training problems streamed with litdata, for problem files too large to hold or screen whole.
 
-`--data.streaming=true` turns `--data.train_files` into a litdata dataset once: every row is
-checked by the task exactly as `load_problems` checks it (bad rows name `file:line`, or are
-skipped and counted with `--data.skip_bad_rows`; duplicate ids are refused), then written as
-chunks under `<stream_cache>/<key>` where the key hashes the files' bytes, the task and the
-row rule, so a changed file is optimized again and an unchanged one never is. The folder is
-written beside its final name and renamed, so a killed optimization leaves nothing half-made.
+`optimize_files` turns problem files into a litdata dataset once: every row is checked by the
+task exactly as `load_problems` checks it (bad rows name `file:line`, or are skipped and
+counted with `skip_bad_rows`; duplicate ids are refused), then written as chunks under
+`<cache>/<key>` where the key hashes the files' bytes, the task and the row rule, so a
+changed file is optimized again and an unchanged one never is. The folder is written beside
+its final name and renamed, so a killed optimization leaves nothing half-made.
 
-Each pass over the data is one `litdata.StreamingDataset` epoch: chunk order and items within
-a chunk shuffled by (seed, pass) over rows permuted once when optimized,
-and sharded across ranks so that no two ranks draw the same problem. The position (pass and
-problems drawn in it) is part of the data module's state, so a resumed run draws exactly the
-problems the uninterrupted run would have drawn.
+`StreamingProblems` reads it: each pass over the data is one `litdata.StreamingDataset`
+epoch, chunk order and items within a chunk shuffled by (seed, pass) over rows permuted once
+when optimized, sharded across ranks so that no two ranks draw the same problem. Its position
+(pass and problems drawn in it) is a small state dict, so a resumed reader draws exactly the
+problems the uninterrupted one would have drawn. (SearchDataModule does not select it from
+the command line yet: the hard set screens the whole pool, which a stream never holds.)
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _require_litdata():
         import litdata
     except ImportError as err:
         raise ImportError(
-            "--data.streaming=true needs litdata: pip install 'flywheel[stream]' (on a CPU machine then "
+            "streaming problem files needs litdata: pip install 'flywheel[stream]' (on a CPU machine then "
             "`pip uninstall -y torchvision`: litdata pulls a CUDA torchvision that breaks `import lightning`)"
         ) from err
     return litdata
