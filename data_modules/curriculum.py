@@ -56,6 +56,10 @@ class Curriculum:
         """Problems of this round's shuffled hard-set stream consumed so far."""
 
     # ------------------------------------------------------------------ rounds
+    def round_starts(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the first epoch of a round."""
+        return epoch % self.epochs_per_round == 0
+
     def round_ends(self, epoch: int) -> bool:
         """Whether epoch `epoch` (0-based) is the last of a round: THE place that decides it."""
         return (epoch + 1) % self.epochs_per_round == 0

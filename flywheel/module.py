@@ -199,7 +199,7 @@ class TreeGRPOModule(L.LightningModule):
         # ReST-MCTS*'s KL reference "the policy before this round's training": refreshed at
         # each round's first epoch (restored from the checkpoint, as a submodule, on resume).
         dm = self.trainer.datamodule
-        if self.reference is not None and self.objective.kl_reference == "round" and self.current_epoch % dm.epochs_per_round == 0:
+        if self.reference is not None and self.objective.kl_reference == "round" and dm.curriculum.round_starts(self.current_epoch):
             self.reference.load_state_dict(self.policy.state_dict())
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:

@@ -101,7 +101,7 @@ def test_countdown_mcts_overlay_puts_the_seed_recipe_together():
     assert cli.datamodule.task.reward == "dense" and quick.datamodule.task.reward == "binary"
     assert cli.datamodule.task.numbers_count == quick.datamodule.task.numbers_count  # the quickstart's init_args kept
     assert cli.model.optimizer_config.lr == quick.model.optimizer_config.lr  # scaled: the quickstart's lr
-    assert not cli.datamodule.replay_config.enabled and not cli.datamodule.drop_uniform_groups
+    assert not cli.datamodule.curriculum.replay_config.enabled and not cli.datamodule.credit.drop_uniform_groups
 
 
 def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):

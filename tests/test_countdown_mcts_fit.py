@@ -26,7 +26,7 @@ def test_countdown_mcts_fit_trains_the_value_head_and_checkpoints_it(tmp_path):
     # The value head started at V = 0 (zero output layer) and was trained.
     assert module.value_head.out.weight.abs().sum() > 0
     assert dm.epoch_metrics["search/valued_nodes"] > 0  # the head valued the search's new nodes
-    results = dm.last_results
+    results = dm.epoch_results
     assert len(results) == 8 and all(len(r.trajectories) <= 1 for r in results)
     assert all(r.stats.expansions <= 1 + 3 * 2 for r in results)
     rewards = [t.reward for r in results for t in r.trajectories]

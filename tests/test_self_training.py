@@ -149,8 +149,9 @@ def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
     # The next round's rows: correct paths only, weighted by the value model's V(prompt + path),
     # each problem's weights averaging 1.
     dm, model = cli.datamodule, cli.model
-    problems = [p for p in dm.train_pool().values() if p.id not in dm.buffer][:16]
-    per_problem, results, _ = dm.rollouts(model, problems, epoch=7, rank=0)
+    problems = [p for p in dm.train_pool().values() if p.id not in dm.curriculum.buffer][:16]
+    dm.start_generator(model.policy, model.tokenizer)  # fit's end released it
+    per_problem = dm.rollouts(problems, model.tokenizer, epoch=7, rank=0).rows
     trained = [rows for rows in per_problem if rows]
     assert trained and all(row.correct for rows in trained for row in rows)
     for rows in trained:
