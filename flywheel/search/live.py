@@ -236,23 +236,28 @@ class LiveTree:
     def result(self) -> TreeResult:
         tree = self.tree
         assert self.status is not None
-        return TreeResult(
-            index=self.index,
-            problem_id=self.problem.id,
-            prompt_ids=self.problem.prompt_ids,
-            trajectories=tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()),
-            status=self.status,  # type: ignore[arg-type]
-            stats=TreeStats(
-                expansions=self.expansions,
-                nodes=len(tree),
-                generated_tokens=self.generated_tokens,
-                max_depth=max(tree.depth),
-                terminals=self.terminals,
-                rounds=self.rounds,
-                wall_seconds=time.perf_counter() - self.started,
-                tokens_to_first_correct=self.first_correct_tokens,
-            ),
-            config=self.config,
-            tree=tree,
-        )
+        return finished_result(self, tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()))
 
+
+def finished_result(live, trajectories: tuple) -> TreeResult:
+    """The TreeResult of a finished live tree (a LiveTree or an AgentTree: the same counters)."""
+    tree = live.tree
+    return TreeResult(
+        index=live.index,
+        problem_id=live.problem.id,
+        prompt_ids=live.problem.prompt_ids,
+        trajectories=trajectories,
+        status=live.status,  # type: ignore[arg-type]
+        stats=TreeStats(
+            expansions=live.expansions,
+            nodes=len(tree),
+            generated_tokens=live.generated_tokens,
+            max_depth=max(tree.depth),
+            terminals=live.terminals,
+            rounds=live.rounds,
+            wall_seconds=time.perf_counter() - live.started,
+            tokens_to_first_correct=live.first_correct_tokens,
+        ),
+        config=live.config,
+        tree=tree,
+    )

@@ -21,7 +21,8 @@ from flywheel.rewards import Verdict
 from flywheel.search.agents import add_pending, agent_descend, back_up_value, greedy_terminal, initial_value
 from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, grade_terminal, step_end
-from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
+from flywheel.search.live import finished_result
+from flywheel.search.outputs import TreeResult, build_trajectory
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
 
@@ -141,22 +142,4 @@ class AgentTree:
             tree.backup_index[terminal] = 0
             self.trajectories = [terminal]
             trajectories = (build_trajectory(tree, terminal, self.config),)
-        return TreeResult(
-            index=self.index,
-            problem_id=self.problem.id,
-            prompt_ids=self.problem.prompt_ids,
-            trajectories=trajectories,
-            status=self.status,  # type: ignore[arg-type]
-            stats=TreeStats(
-                expansions=self.expansions,
-                nodes=len(tree),
-                generated_tokens=self.generated_tokens,
-                max_depth=max(tree.depth),
-                terminals=self.terminals,
-                rounds=self.rounds,
-                wall_seconds=time.perf_counter() - self.started,
-                tokens_to_first_correct=self.first_correct_tokens,
-            ),
-            config=self.config,
-            tree=tree,
-        )
+        return finished_result(self, trajectories)
