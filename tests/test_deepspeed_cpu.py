@@ -40,7 +40,7 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 6
 def test_the_cli_checks_the_deepspeed_config_and_sets_the_logging_batch_size(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
     from flywheel.__main__ import main
-    from flywheel.deepspeed_config import DeepSpeedConfigError
+    from flywheel.preflight import PreflightError
 
     base = ["--config", str(ROOT / "conf" / "quickstart.yaml"), STRATEGY, f"--trainer.default_root_dir={tmp_path}"]
     cli = main([*base, f"--trainer.strategy.config={ROOT / 'conf' / 'deepspeed' / 'zero3.json'}"], run=False)
@@ -49,7 +49,8 @@ def test_the_cli_checks_the_deepspeed_config_and_sets_the_logging_batch_size(tmp
     assert cli.trainer.strategy.config["train_micro_batch_size_per_gpu"] == 1
     bad = tmp_path / "bad.json"
     bad.write_text('{"zero_optimisation": {"stage": 2}}')
-    with pytest.raises(DeepSpeedConfigError, match="zero_optimization"):
+    # Checked before anything runs, and reported as the CLI's one-line error naming the key.
+    with pytest.raises(PreflightError, match="unknown key 'zero_optimisation'; did you mean 'zero_optimization'"):
         main([*base, f"--trainer.strategy.config={bad}"], run=False)
 
 
