@@ -29,7 +29,7 @@ from typing import Any, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
 
-from flywheel.tasks.sources import _rows
+from flywheel.tasks.sources import checked_rows
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +59,14 @@ def dataset_key(task: Task, files: Sequence[str], skip_bad_rows: bool) -> str:
     return digest.hexdigest()[:16]
 
 
-def checked_rows(task: Task, files: Sequence[str], skip_bad_rows: bool) -> tuple[list[dict[str, Any]], int]:
+def usable_rows(task: Task, files: Sequence[str], skip_bad_rows: bool) -> tuple[list[dict[str, Any]], int]:
     """Every usable row as {"row": JSON text with its id, "where": file:line}, and the rows skipped."""
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     skipped = 0
     for file in files:
-        for where, row in _rows(Path(file)):
-            try:
-                if isinstance(row, Exception):
-                    raise ValueError(f"{where}: {row}")
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problem = task.problem_from_row(row, where)
-            except ValueError as err:
-                if not skip_bad_rows:
-                    raise ValueError(f"{err} (pass --data.skip_bad_rows=true to skip and count bad rows)") from None
+        for where, row, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows):
+            if problem is None:
                 skipped += 1
                 continue
             if problem.id in seen:
@@ -96,7 +88,7 @@ def optimize_files(task: Task, files: Sequence[str], cache: Path, skip_bad_rows:
     if (target / "index.json").is_file():
         return target
     litdata = _require_litdata()
-    items, skipped = checked_rows(task, files, skip_bad_rows)
+    items, skipped = usable_rows(task, files, skip_bad_rows)
     # litdata shuffles chunk order and items within a small window of a chunk, so rows that
     # sit together in the file (sorted by source or difficulty) would be drawn together:
     # the rows are permuted once here, with a fixed seed, before they are chunked.

@@ -53,24 +53,11 @@ the command's name of `skip_bad_rows`, for the error message."""
     problems: list[Problem] = []
     skipped = 0
     for file in files:
-        for where, row in _rows(Path(file)):
-            try:
-                if isinstance(row, Exception):
-                    raise ValueError(f"{where}: {row}")
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problem = task.problem_from_row(row, where)
-                if check is not None:
-                    try:
-                        check(problem)
-                    except ValueError as err:
-                        raise ValueError(f"{where}: {err}") from None
-                problems.append(problem)
-            except ValueError as err:
-                if not skip_bad_rows:
-                    raise ValueError(f"{err} (pass {skip_flag}=true to skip and count bad rows)") from None
+        for _, _, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, check=check, skip_flag=skip_flag):
+            if problem is None:
                 skipped += 1
-                log.warning("skipping bad problem row: %s", err)
+            else:
+                problems.append(problem)
             if limit and len(problems) >= limit:
                 break
     if skipped:
@@ -83,6 +70,38 @@ the command's name of `skip_bad_rows`, for the error message."""
     if not problems:
         raise ValueError(f"no usable problems in {', '.join(files)}")
     return LoadedProblems(tuple(problems), skipped)
+
+
+def checked_rows(
+    task: Task,
+    file: str,
+    *,
+    skip_bad_rows: bool = False,
+    check: Callable[[Problem], None] | None = None,
+    skip_flag: str = "--data.skip_bad_rows",
+) -> Iterator[tuple[str, object, Problem | None]]:
+    """(location, row, problem) for every row of `file`, each parsed by the task and passed
+    through `check`. A bad row raises ValueError naming its location and `skip_flag`, or with
+    `skip_bad_rows` is logged and yielded with problem None."""
+    for where, row in _rows(Path(file)):
+        try:
+            if isinstance(row, Exception):
+                raise ValueError(f"{where}: {row}")
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            problem = task.problem_from_row(row, where)
+            if check is not None:
+                try:
+                    check(problem)
+                except ValueError as err:
+                    raise ValueError(f"{where}: {err}") from None
+        except ValueError as err:
+            if not skip_bad_rows:
+                raise ValueError(f"{err} (pass {skip_flag}=true to skip and count bad rows)") from None
+            log.warning("skipping bad problem row: %s", err)
+            yield where, row, None
+            continue
+        yield where, row, problem
 
 
 def _rows(path: Path) -> Iterator[tuple[str, object]]:
