@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 class GenerationBudget(Callback):
     """Ends `fit` after the first epoch at which the training rollouts' generated tokens
     (evaluation and hard-set screening excluded) reach `max_tokens`. The epoch in progress
-    always completes.
+    always completes; when it does not end a round, the round protocol still evaluates the
+    policy it leaves (a partial round in summary.json, replaced by the whole round if the run
+    is resumed with a larger budget).
 
     Args:
         max_tokens: the training generation budget in tokens; None = no budget.
@@ -28,10 +30,12 @@ class GenerationBudget(Callback):
             raise ValueError(f"--budget.max_tokens must be >= 1 or null, got {max_tokens}")
         self.max_tokens = max_tokens
 
+    def reached(self, trainer: L.Trainer) -> bool:
+        """Whether the training rollouts have generated the whole budget."""
+        return self.max_tokens is not None and trainer.datamodule.generated_tokens >= self.max_tokens
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.max_tokens is None:
-            return
-        used = trainer.datamodule.generated_tokens
-        if used >= self.max_tokens:
-            log.info("generation budget reached: %d >= %d tokens; stopping", used, self.max_tokens)
+        if self.reached(trainer):
+            log.info("generation budget reached: %d >= %d tokens; stopping", trainer.datamodule.generated_tokens,
+                     self.max_tokens)
             trainer.should_stop = True

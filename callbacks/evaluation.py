@@ -56,10 +56,11 @@ class HeldOutEval(Callback):
             self.write_summary(trainer)
 
     def end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int,
-                  curriculum: dict[str, Any]) -> dict[str, float]:
+                  curriculum: dict[str, Any], partial: bool = False) -> dict[str, float]:
         """Evaluate at the end of round `round_index` (called by the round protocol,
         callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
-        round's summary row."""
+        round's summary row. `partial`: the run's budget ended it before the round's last
+        epoch (the row says so; a resumed run's whole-round row replaces it)."""
         result = self.run_eval(trainer, pl_module, f"round {round_index}")
         self._log(pl_module, result)
         self._log_round(trainer, round_index, result)
@@ -76,6 +77,7 @@ class HeldOutEval(Callback):
                 "generated_tokens": curriculum["generated_tokens"],
                 "wall_seconds": round(self.wall_seconds(), 1),
                 "config": config_file(trainer),  # the settings this round ran under (each resume has its own file)
+                **({"partial": True} if partial else {}),
             }
         )
         self.write_summary(trainer)

@@ -7,6 +7,10 @@ If the epoch ends a round (`Curriculum.round_ends`, the one place that decides i
   3. HardSetRefresh.end_round the trained policy re-measures the hard set; the replay buffer settles
   4. HeldOutEval.end_round    held-out pass@k, with the round's hard-set size and cache in its summary
   5. PRMUpdate.end_round      the value model is fitted and handed to the next round's search
+If the epoch instead ends the run on its token budget (`--budget.max_tokens`) inside a round:
+  4'. HeldOutEval.end_round   the policy the run leaves is evaluated as a partial round (no refresh,
+                              no value model: a resume with a larger budget continues the round,
+                              and its whole-round evaluation replaces this one)
 Then the epoch's data scalars (search/*, compute/*, data/*) are logged.
 
 The steps are callbacks too (for their own settings, hooks and checkpointed state), but none
@@ -18,6 +22,7 @@ from __future__ import annotations
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.budget import GenerationBudget
 from callbacks.evaluation import HeldOutEval
 from callbacks.hard_set import HardSetRefresh
 from callbacks.prm import PRMUpdate
@@ -32,14 +37,16 @@ class RoundProtocol(Callback):
         refresh: the hard-set refresh.
         evaluation: the held-out evaluation.
         value_model: the ReST-MCTS* value model (does nothing unless enabled).
+        budget: the token budget that may end the run inside a round (None: only max_epochs).
     """
 
     def __init__(self, weight_sync: WeightSync, refresh: HardSetRefresh, evaluation: HeldOutEval,
-                 value_model: PRMUpdate) -> None:
+                 value_model: PRMUpdate, budget: GenerationBudget | None = None) -> None:
         self.weight_sync = weight_sync
         self.refresh = refresh
         self.evaluation = evaluation
         self.value_model = value_model
+        self.budget = budget
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run's value model (restored from the checkpoint) scores the next search.
@@ -58,5 +65,11 @@ class RoundProtocol(Callback):
             })
             if self.value_model.end_round(trainer, pl_module, curriculum.round):
                 dm.use_value_model(self.value_model.value_fn(pl_module))
+        elif self.budget is not None and self.budget.reached(trainer):
+            curriculum = dm.curriculum
+            self.evaluation.end_round(trainer, pl_module, curriculum.round + 1, {
+                "hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
+                "cached": len(curriculum.buffer), "generated_tokens": dm.generated_tokens,
+            }, partial=True)
         if dm.epoch_metrics:
             pl_module.log_dict(dm.epoch_metrics)

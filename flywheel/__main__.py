@@ -142,6 +142,7 @@ def add_round_protocol(trainer) -> None:
     """WeightSync and the RoundProtocol that drives the end of every epoch and round, over the
     refresh, evaluation and value-model callbacks the parser built (`--hard_set_refresh.*`,
     `--eval.*`, `--prm_update.*`)."""
+    from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.hard_set import HardSetRefresh
     from callbacks.prm import PRMUpdate
@@ -163,7 +164,8 @@ def add_round_protocol(trainer) -> None:
     sync = WeightSync()
     steps = (one(HardSetRefresh), one(HeldOutEval), one(PRMUpdate))
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks[at:at] = [sync, RoundProtocol(sync, *steps)]
+    budget = next((c for c in callbacks if isinstance(c, GenerationBudget)), None)
+    callbacks[at:at] = [sync, RoundProtocol(sync, *steps, budget=budget)]
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \

@@ -3,6 +3,7 @@ run stops at the end of the first epoch whose training rollouts reach the budget
 one epoch of it), and the count is the training rollouts' alone: hard-set screening and
 held-out evaluation generate tokens that it does not include."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -62,3 +63,26 @@ def test_a_fit_stops_on_its_budget_counting_training_rollouts_only(tmp_path):
     assert dm.generated_tokens == epoch_tokens[0]
     assert dm.screening_tokens > 0
     assert [p.step for p in ea.Scalars("round/eval_pass@1")] == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_budget_that_ends_the_run_inside_a_round_still_evaluates_it_and_a_resume_completes_the_round(tmp_path):
+    # Rounds of 3 epochs; a budget of 1 token ends the run after epoch 1, inside round 1.
+    args = ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=3",
+            "--data.rollout=flat", "--data.flat_samples=2", "--data.problems_per_epoch=4", "--data.mini_batch_problems=4",
+            "--data.max_eval_problems=4", "--data.eval.samples=2", "--data.epochs_per_round=3",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"]
+    cli = main([*args, "--budget.max_tokens=1"])
+    assert cli.trainer.current_epoch == 1
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    (row,) = summary["rounds"]
+    assert row["round"] == 1 and row["epoch"] == 0 and row["partial"] is True
+    assert row["generated_tokens"] == cli.datamodule.generated_tokens > 0
+    # Resumed without the budget, the run finishes round 1, whose evaluation replaces the partial one.
+    resumed = main([*args, "--ckpt_path", "last"])
+    assert resumed.trainer.current_epoch == 3
+    summary = json.loads((Path(resumed.trainer.log_dir) / "summary.json").read_text())
+    (row,) = summary["rounds"]
+    assert row["round"] == 1 and row["epoch"] == 2 and "partial" not in row
+    assert summary["base_eval_pass1"] is not None
