@@ -67,14 +67,13 @@ def test_bench_prm_runs_both_arms():
 
 
 @pytest.mark.slow
-def test_compare_runs_each_method_to_its_token_budget(tmp_path):
+def test_compare_runs_each_method_to_its_token_budget_and_resumes_to_a_larger_one(tmp_path):
     out = tmp_path / "compare"
-    fields, text = run_tool(
-        "tools/compare.py", "--tokens", "1", "--methods", "deepsearch", "bon", "--numbers", "3", "--eval-split", "test",
-        "--epochs-per-round", "1", "--out", str(out), "--data.problems_per_epoch=4", "--data.max_eval_problems=4",
-        "--data.eval.samples=8", "--data.max_train_problems=8", "--data.hard_set.enabled=false",
-        "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2", "--data.flat_samples=2",
-    )
+    common = ["--numbers", "3", "--eval-split", "test", "--epochs-per-round", "1", "--out", str(out),
+              "--data.problems_per_epoch=4", "--data.max_eval_problems=4", "--data.eval.samples=8",
+              "--data.max_train_problems=8", "--data.hard_set.enabled=false", "--data.search.expansion_width=2",
+              "--data.search.trajectories_per_tree=2", "--data.flat_samples=2"]
+    fields, text = run_tool("tools/compare.py", "--tokens", "1", "--methods", "deepsearch", "bon", *common)
     assert fields["tokens"] == "1" and fields["seeds"] == "1"
     for method in ("deepsearch", "bon"):
         # A budget of 1 token: each run stops after its first epoch, one round evaluated.
@@ -85,6 +84,22 @@ def test_compare_runs_each_method_to_its_token_budget(tmp_path):
         assert float(fields[f"{method}_pass1_sd"]) == 0.0  # one seed: no spread
         assert 0.0 <= float(fields[f"{method}_pass8"]) <= 1.0
     assert "dapo_pass1" not in fields  # only the methods asked for ran
+
+    # A larger budget continues the finished run from its last.ckpt (one more epoch and round);
+    # the same command again, or --report, runs nothing and prints the same result.
+    first = json.loads((out / "deepsearch_seed0" / "version_0" / "summary.json").read_text())
+    budget = str(first["rounds"][0]["generated_tokens"] + 1)
+    fields, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)
+    assert "resuming from its last.ckpt" in text
+    grown = json.loads((out / "deepsearch_seed0" / "version_0" / "summary.json").read_text())  # a resume keeps its folder
+    assert [r["round"] for r in grown["rounds"]] == [1, 2] and grown["rounds"][0] == first["rounds"][0]
+    assert grown["base_eval_pass1"] == first["base_eval_pass1"]
+    assert float(fields["deepsearch_pass1"]) == pytest.approx(grown["rounds"][1]["eval_pass1"], abs=1e-4)
+    again, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)
+    assert "reused" in text and again == fields
+    assert not (out / "deepsearch_seed0" / "version_0" / "config.resume-2.yaml").exists()  # nothing ran
+    reported, _ = run_tool("tools/compare.py", "--report", "--tokens", budget, "--methods", "deepsearch", *common)
+    assert reported == fields
 
 
 def test_bench_generation_measures_the_in_process_batch_efficiency():

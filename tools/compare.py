@@ -13,7 +13,7 @@ pass@8, read from each run's summary.json.
 
 Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
-trajectory trained, solved trees stop early), its control that never forks below the root
+trajectory trained, solved trees stop early; rollout_mb16: the same in mini-batches of 16 problems), its control that never forks below the root
 (rollout_root: flat sampling under the same stopping rule and credit), the flat baselines DAPO (8 samples),
 CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the quickstart's
 tree guided by the previous round's value model, the policy self-trained on the weighted
@@ -21,6 +21,13 @@ correct paths with a KL to the round's start; its summary also holds the value m
 held-out AUC per round, printed beside pass@k), and the seed's Countdown MCTS recipe (countdown_mcts:
 agents sharing one pUCT tree, a value head, one greedy trajectory per tree, CISPO, KL). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
+
+A comparison is resumable and can grow: every run keeps its last.ckpt under OUT/<arm>_seed<s>/,
+so running the same command again skips the finished runs and resumes an interrupted one from
+its last epoch, and a larger `--tokens` (or `--seeds`) continues the finished runs from where
+they stopped (the same as one longer run: a run stopped by its budget inside a round evaluated
+the policy it left as a partial round, which the resumed run's whole round replaces).
+`--report` prints the tables of whatever has finished, running nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +37,10 @@ import json
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from flywheel.io import atomic_write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT = [
@@ -46,6 +55,8 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
     "deepsearch_paper": ([], ["--data.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "rollout": ([], ROLLOUT),
+    # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
+    "rollout_mb16": ([], ROLLOUT + ["--data.mini_batch_problems=16"]),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
     "rollout_outcome": ([], ROLLOUT + ["--data.advantage=outcome"]),  # the same trees, DAPO's credit
     "dapo": (["conf/dapo.yaml"], []),
@@ -58,19 +69,39 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
 EVAL_SAMPLES, EVAL_K = 16, 8
 
 
+def run_folder(args: argparse.Namespace, arm: str, seed: int) -> Path:
+    return args.out / f"{arm}_seed{seed}"
+
+
+def finished(folder: Path) -> dict | None:
+    """The record compare.py wrote when the run in `folder` ended (its budget and command)."""
+    done = folder / "done.json"
+    return json.loads(done.read_text()) if done.is_file() else None
+
+
+def latest_summary(folder: Path) -> dict:
+    """summary.json of the run's newest part (a resumed part carries every earlier round)."""
+    parts = sorted(folder.glob("version_*/summary.json"), key=lambda p: int(p.parent.name.split("_")[1]))
+    return json.loads(parts[-1].read_text())
+
+
 def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
+    """One arm's run at `args.tokens`: reused when it already ran that far, resumed from its
+    last.ckpt when it stopped earlier (interrupted, or finished on a smaller budget)."""
     overlays, overrides = ARMS[arm]
-    name = f"{arm}_seed{seed}"
+    folder = run_folder(args, arm, seed)
+    done = finished(folder)
+    if done is not None and done["tokens"] >= args.tokens:
+        print(f"  {folder.name}: finished earlier at {done['tokens']} tokens; reused", flush=True)
+        return latest_summary(folder)
     cmd = [sys.executable, "-m", "flywheel", "fit", "--config", "conf/quickstart.yaml"]
     for overlay in overlays:
         cmd += ["--config", overlay]
     cmd += overrides
     cmd += [
         f"--trainer.logger.init_args.save_dir={args.out}",
-        f"--trainer.logger.init_args.name={name}",
+        f"--trainer.logger.init_args.name={folder.name}",  # checkpoints: OUT/<name>/checkpoints
         "--trainer.max_epochs=100000",
-        "--trainer.enable_checkpointing=false",
-        "--trainer.callbacks=[]",
         f"--budget.max_tokens={args.tokens}",
         f"--data.epochs_per_round={args.epochs_per_round}",
         f"--data.eval_split={args.eval_split}",
@@ -81,19 +112,60 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
         f"--data.seed={seed}",
         *args.extra,
     ]
-    start = time.perf_counter()
-    log = args.out / f"{name}.log"
+    if (folder / "checkpoints" / "last.ckpt").is_file():
+        cmd += ["--ckpt_path", "last"]
+        print(f"  {folder.name}: resuming from its last.ckpt", flush=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = len(list(folder.glob("*.log")))
+    log = folder / f"fit-{parts}.log"
     with log.open("w") as fh:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
     if proc.returncode:
-        raise SystemExit(f"{name} failed (exit {proc.returncode}); see {log}")
-    summary = json.loads(sorted((args.out / name).glob("version_*/summary.json"))[-1].read_text())
-    summary["wall_seconds"] = time.perf_counter() - start
-    return summary
+        raise RuntimeError(f"{folder.name} failed (exit {proc.returncode}); see {log}")
+    atomic_write_json(folder / "done.json", {"tokens": args.tokens, "command": cmd[1:]})
+    return latest_summary(folder)
 
 
 def spread(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def last_round(summary: dict) -> dict | None:
+    return summary["rounds"][-1] if summary.get("rounds") else None
+
+
+def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens")
+    print(f"{'arm':<18} {'seed':>4} {'round':>7} {'tokens':>10} {'pass@1':>7} {f'pass@{EVAL_K}':>7} {'wall s':>7}")
+    for arm, runs in results.items():
+        for seed, summary in runs:
+            print(f"{arm:<18} {seed:>4} {'base':>7} {0:>10} {summary['base_eval_pass1']:7.4f} {summary['base_eval_passk']:7.4f}")
+            for r in summary["rounds"]:
+                label = f"{r['round']}{'*' if r.get('partial') else ''}"
+                auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
+                print(f"{arm:<18} {seed:>4} {label:>7} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
+                      f"{r['eval_passk']:7.4f} {r.get('wall_seconds', 0):7.0f}{auc}")
+    print("(* a partial round: the budget ended the run inside it)")
+    fields = []
+    print("\nlast evaluation, mean +- sd over the seeds that have one")
+    for arm, runs in results.items():
+        ends = [last_round(s) for _, s in runs if last_round(s) is not None]
+        if not ends:
+            continue
+        p1, pk = [r["eval_pass1"] for r in ends], [r["eval_passk"] for r in ends]
+        tokens = statistics.mean(r["generated_tokens"] for r in ends)
+        print(f"{arm:<18} pass@1 {statistics.mean(p1):.4f} +- {spread(p1):.4f}   pass@{EVAL_K} "
+              f"{statistics.mean(pk):.4f} +- {spread(pk):.4f}   {len(ends)} seed(s), {tokens:,.0f} tokens")
+        fields += [f"{arm}_pass1={statistics.mean(p1):.4f}", f"{arm}_pass1_sd={spread(p1):.4f}",
+                   f"{arm}_pass{EVAL_K}={statistics.mean(pk):.4f}", f"{arm}_seeds={len(ends)}"]
+    bases = [s for runs in results.values() for _, s in runs if s.get("base_eval_pass1") is not None]
+    if not bases:
+        print("RESULT none: no run has finished")
+        return
+    base1 = statistics.mean(s["base_eval_pass1"] for s in bases)
+    basek = statistics.mean(s["base_eval_passk"] for s in bases)
+    print(f"RESULT {' '.join(fields)} base_pass1={base1:.4f} base_pass{EVAL_K}={basek:.4f} tokens={args.tokens} "
+          f"seeds={args.seeds}")
 
 
 def main() -> None:
@@ -105,40 +177,30 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=1, help="runs per arm, seeds 0 .. seeds-1")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--arms", "--methods", nargs="+", default=list(ARMS), choices=list(ARMS))
+    parser.add_argument("--report", action="store_true", help="print the tables of the runs found in --out; run nothing")
     # Any other --key=value is passed to every run, e.g. --data.hard_set.enabled=false.
     args, args.extra = parser.parse_known_args()
+    args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
-    results: dict[str, list[dict]] = {}
+    results: dict[str, list[tuple[int, dict]]] = {}
+    failed = []
     for seed in range(args.seeds):  # seed-major: a stopped comparison still has every arm
         for arm in args.arms:
+            folder = run_folder(args, arm, seed)
+            if args.report:
+                if list(folder.glob("version_*/summary.json")):
+                    results.setdefault(arm, []).append((seed, latest_summary(folder)))
+                continue
             print(f"running {arm} seed {seed} ...", flush=True)
-            results.setdefault(arm, []).append(run(arm, seed, args))
-
-    print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens")
-    print(f"{'arm':<18} {'seed':>4} {'round':>5} {'tokens':>10} {'pass@1':>7} {f'pass@{EVAL_K}':>7} {'wall s':>7}")
-    for arm, runs in results.items():
-        for seed, summary in enumerate(runs):
-            print(f"{arm:<18} {seed:>4} {'base':>5} {0:>10} {summary['base_eval_pass1']:7.4f} {summary['base_eval_passk']:7.4f}")
-            for r in summary["rounds"]:
-                auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
-                print(f"{arm:<18} {seed:>4} {r['round']:>5} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
-                      f"{r['eval_passk']:7.4f}{auc}")
-            print(f"{arm:<18} {seed:>4} {'wall':>5} {summary['wall_seconds']:>37.0f}")
-    fields = []
-    print(f"\nlast round, mean +- sd over {args.seeds} seed(s)")
-    for arm, runs in results.items():
-        p1 = [s["rounds"][-1]["eval_pass1"] for s in runs]
-        pk = [s["rounds"][-1]["eval_passk"] for s in runs]
-        print(f"{arm:<18} pass@1 {statistics.mean(p1):.4f} +- {spread(p1):.4f}   pass@{EVAL_K} "
-              f"{statistics.mean(pk):.4f} +- {spread(pk):.4f}")
-        fields += [f"{arm}_pass1={statistics.mean(p1):.4f}", f"{arm}_pass1_sd={spread(p1):.4f}",
-                   f"{arm}_pass{EVAL_K}={statistics.mean(pk):.4f}"]
-    first = next(iter(results.values()))
-    base1 = statistics.mean(s["base_eval_pass1"] for s in first)
-    basek = statistics.mean(s["base_eval_passk"] for s in first)
-    print(f"RESULT {' '.join(fields)} base_pass1={base1:.4f} base_pass{EVAL_K}={basek:.4f} tokens={args.tokens} "
-          f"seeds={args.seeds}")
+            try:
+                results.setdefault(arm, []).append((seed, run(arm, seed, args)))
+            except RuntimeError as err:  # the other arms still run; the failure is listed at the end
+                print(f"  {err}", flush=True)
+                failed.append(folder.name)
+    report(results, args)
+    if failed:
+        raise SystemExit(f"failed runs: {', '.join(failed)} (their logs are in their folders)")
 
 
 if __name__ == "__main__":
