@@ -105,9 +105,7 @@ class LiveTree:
         children = tree.add_children(node, completions, terminal)
 
         new_terminals = [c for c, t in zip(children, terminal) if t]
-        for child, (_, is_eos) in zip(children, ends):
-            if tree.terminal[child]:
-                grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
+        grade_children(tree, node, children, ends, self.problem, decode, cfg, self.graded)
         self.terminals += len(new_terminals)
         if self.first_correct_tokens is None and any(tree.kind[c] == "correct" for c in new_terminals):
             self.first_correct_tokens = self.generated_tokens
@@ -237,6 +235,28 @@ class LiveTree:
         tree = self.tree
         assert self.status is not None
         return finished_result(self, tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()))
+
+
+def grade_children(
+    tree: SearchTree,
+    node: int,
+    children: Sequence[int],
+    ends: Sequence[tuple[bool, bool]],
+    problem: SearchProblem,
+    decode: Decode,
+    config: SearchConfig,
+    graded: dict[tuple[int, ...], tuple[str, Verdict]],
+) -> None:
+    """Grade the terminal children of one expansion of `node` (`ends`: their (terminal, EOS)
+    flags). Their responses are `node`'s response plus their own step, so the path to the
+    root is walked once per expansion, not once per child."""
+    base: tuple[int, ...] | None = None
+    for child, (is_terminal, is_eos) in zip(children, ends):
+        if is_terminal:
+            if base is None:
+                base = tuple(tree.response_ids(node))
+            ids = base + tuple(tree.tokens[child])
+            grade_terminal(tree, child, problem, decode, is_eos, config, graded, ids=ids)
 
 
 def finished_result(live, trajectories: tuple) -> TreeResult:
