@@ -61,10 +61,11 @@ def vanilla_update(q_old: float, reward: float, gamma: float) -> float:
 def backup_trajectory(tree: SearchTree, terminal: int, reward: float, config: SearchConfig) -> None:
     """Back `reward` up from `terminal` to the root: N += 1 and q <- update(q, r, gamma(i, l)) (Eq. 3, 5)."""
     update = constrained_update if config.backup == "constrained" else vanilla_update
-    length = tree.depth[terminal]
+    gamma_min, rule = config.gamma_min, config.gamma_rule
+    depth, visits, value, parent = tree.depth, tree.visits, tree.value, tree.parent
+    length = depth[terminal]
     node = terminal
     while node >= 0:
-        gamma = time_decay_weight(tree.depth[node], length, config.gamma_min, config.gamma_rule)
-        tree.visits[node] += 1
-        tree.value[node] = update(tree.value[node], reward, gamma)
-        node = tree.parent[node]
+        visits[node] += 1
+        value[node] = update(value[node], reward, time_decay_weight(depth[node], length, gamma_min, rule))
+        node = parent[node]

@@ -19,7 +19,6 @@ from flywheel.search.expansion import (
     emitted_eos,
     grade_terminal,
     rollout_sampling_params,
-    step_end,
 )
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
 from flywheel.search.rollout import insert_path, select_fork, split_steps
@@ -100,7 +99,9 @@ class LiveTree:
             return
         if cfg.merge_duplicate_steps:
             completions = distinct_steps(completions)
-        ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
+        # step_end for the whole expansion: a child is terminal if it emitted EOS or sits at d_T (§1).
+        at_max_depth = depth >= cfg.max_depth
+        ends = [(at_max_depth or eos, eos) for eos in [emitted_eos(c, eos_ids) for c in completions]]
         terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
 
@@ -249,14 +250,23 @@ def grade_children(
 ) -> None:
     """Grade the terminal children of one expansion of `node` (`ends`: their (terminal, EOS)
     flags). Their responses are `node`'s response plus their own step, so the path to the
-    root is walked once per expansion, not once per child."""
+    root is walked once per expansion, not once per child; siblings that sampled the same
+    step (and EOS flag) share one grading: the same text, verdict, kind and reward."""
     base: tuple[int, ...] | None = None
+    twins: dict[tuple[tuple[int, ...], bool], int] = {}
     for child, (is_terminal, is_eos) in zip(children, ends):
-        if is_terminal:
-            if base is None:
-                base = tuple(tree.response_ids(node))
-            ids = base + tuple(tree.tokens[child])
-            grade_terminal(tree, child, problem, decode, is_eos, config, graded, ids=ids)
+        if not is_terminal:
+            continue
+        step = tuple(tree.tokens[child])
+        twin = twins.get((step, is_eos))
+        if twin is not None:
+            tree.texts[child], tree.verdicts[child] = tree.texts[twin], tree.verdicts[twin]
+            tree.kind[child], tree.reward[child] = tree.kind[twin], tree.reward[twin]
+            continue
+        twins[step, is_eos] = child
+        if base is None:
+            base = tuple(tree.response_ids(node))
+        grade_terminal(tree, child, problem, decode, is_eos, config, graded, ids=base + step)
 
 
 def finished_result(live, trajectories: tuple) -> TreeResult:
