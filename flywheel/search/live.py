@@ -104,8 +104,10 @@ class LiveTree:
         ends = [(at_max_depth or eos, eos) for eos in [emitted_eos(c, eos_ids) for c in completions]]
         terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
-
-        new_terminals = [c for c, t in zip(children, terminal) if t]
+        new_terminals: list[int] = []
+        self._new_live = []
+        for child, is_terminal in zip(children, terminal):
+            (new_terminals if is_terminal else self._new_live).append(child)
         grade_children(tree, node, children, ends, self.problem, decode, cfg, self.graded)
         self.terminals += len(new_terminals)
         if self.first_correct_tokens is None and any(tree.kind[c] == "correct" for c in new_terminals):
@@ -113,7 +115,6 @@ class LiveTree:
         if new_terminals:
             self._back_up(new_terminals)
         self._expanded, self._produced_terminal = node, bool(new_terminals)
-        self._new_live = [c for c in children if not tree.terminal[c]]
         self._check_stop()
 
     def _absorb_rollouts(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
