@@ -236,7 +236,10 @@ class LiveTree:
     def result(self) -> TreeResult:
         tree = self.tree
         assert self.status is not None
-        return finished_result(self, tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()))
+        shared: dict = {}  # node id -> StepRecord: trajectories share their common prefix's records
+        return finished_result(
+            self, tuple(build_trajectory(tree, t, self.config, shared_steps=shared) for t in self._trained_terminals())
+        )
 
 
 def grade_children(
