@@ -203,7 +203,7 @@ class _Parser:
     """
 
     def __init__(self, tokens: list[str]) -> None:
-        self.tokens = tokens
+        self.tokens = [*tokens, ""]  # "" ends the input: peeking past the last token needs no bounds check
         self.pos = 0
         self.depth = 0
         self.literals: list[int] = []
@@ -211,12 +211,9 @@ class _Parser:
 
     def parse(self) -> Value:
         value = self.expression()
-        if self.pos != len(self.tokens):
+        if self.tokens[self.pos]:  # tokens left after a complete expression
             raise _Reject("parse_error")
         return value
-
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
 
     def fail(self, reason: str) -> Value:
         if self.failure is None:
@@ -239,7 +236,7 @@ class _Parser:
 
     def expression(self) -> Value:
         value = self.term()
-        while (op := self.peek()) in ("+", "-"):
+        while (op := self.tokens[self.pos]) in ("+", "-"):
             self.pos += 1
             right = self.term()
             value = self.bounded(value + right if op == "+" else value - right)
@@ -247,7 +244,7 @@ class _Parser:
 
     def term(self) -> Value:
         value = self.unary()
-        while (op := self.peek()) in ("*", "/"):
+        while (op := self.tokens[self.pos]) in ("*", "/"):
             self.pos += 1
             right = self.unary()
             if op == "*":
@@ -259,27 +256,29 @@ class _Parser:
         return value
 
     def unary(self) -> Value:
+        if self.tokens[self.pos] != "-":
+            return self.primary()
         negations = 0
-        while self.peek() == "-":  # a loop, not recursion: "----1" costs no depth
+        while self.tokens[self.pos] == "-":  # a loop, not recursion: "----1" costs no depth
             self.pos += 1
             negations += 1
         value = self.primary()
         return -value if negations % 2 else value
 
     def primary(self) -> Value:
-        token = self.peek()
+        token = self.tokens[self.pos]
         if token == "(":
             self.pos += 1
             self.descend()
             value = self.expression()
-            if self.peek() != ")":
+            if self.tokens[self.pos] != ")":
                 raise _Reject("parse_error")
             self.pos += 1
             self.depth -= 1
             return value
-        if token is None or token[0] not in _DIGITS:
+        if not token or token[0] not in _DIGITS:
             raise _Reject("parse_error")
         self.pos += 1
         literal = int(token)
         self.literals.append(literal)
-        return self.bounded(literal)
+        return literal if literal.bit_length() <= MAX_VALUE_BITS else self.fail("too_big")
