@@ -131,12 +131,15 @@ class SearchTree:
         length = self.path_length[node]
         live: list[int] = []
         for child, completion, is_terminal in zip(new_ids, completions, terminal):
-            lp_sum, lp_count = _finite_sum(completion.logprobs)
+            logprobs = completion.logprobs
+            lp_sum, lp_count = sum(logprobs, 0.0), len(logprobs)
+            if lp_sum != lp_sum:  # a NaN among them: _finite_sum skips it (the common case needs no call)
+                lp_sum, lp_count = _finite_sum(logprobs)
             ent = completion.entropies
             e_sum, e_count = _finite_sum(ent) if ent is not None else (0.0, 0)
             self.visits.append(1 if (initial_visit and not is_terminal) else 0)
             self.tokens.append(completion.token_ids)
-            self.logprobs.append(completion.logprobs)
+            self.logprobs.append(logprobs)
             self.entropies.append(ent)
             self.finish.append(completion.finish_reason)
             self.step_logprob_sum.append(lp_sum)
