@@ -8,7 +8,7 @@ The completion is untrusted model output, so the rule is narrow and every bound 
   `+ - * /`, unary minus, parentheses and ASCII whitespace; everything else (`**`, `//`, `%`,
   `^`, `=`, unicode digits or operators, names, calls, LaTeX) is a parse error;
 - a hand-written recursive-descent parser evaluates it exactly: over Python integers, and
-  over `fractions.Fraction` from the first division on, so a route through fractions
+  over `fractions.Fraction` from the first inexact division on, so a route through fractions
   (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
 - the literals must be the given numbers as a multiset: each exactly once, or with
   `each_number="at_most_once"` each at most once;
@@ -62,8 +62,8 @@ _TOKEN = re.compile(r"[0-9]+|[-+*/()]")
 _LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
 
 Value = int | Fraction
-"""An exact value: an int until a division makes it a Fraction (ints are several times
-cheaper, and every search grades thousands of answers, issue 18)."""
+"""An exact value: an int until a division leaves a remainder, then a Fraction (ints are
+several times cheaper, and every search grades thousands of answers, issue 18)."""
 
 
 class _Reject(Exception):
@@ -251,8 +251,10 @@ class _Parser:
                 value = self.bounded(value * right)
             elif right == 0:
                 value = self.fail("div_by_zero")
+            elif type(value) is int and type(right) is int:  # exact: int / int would be a float
+                value = self.bounded(value // right if value % right == 0 else Fraction(value, right))
             else:
-                value = self.bounded(Fraction(value) / right)  # exact: int / int is a float
+                value = self.bounded(Fraction(value) / right)
         return value
 
     def unary(self) -> Value:
