@@ -194,10 +194,12 @@ def part_c(quick: bool) -> dict[str, float]:
         f"growth_total_per_expansion_{depth_key}": ratio("total_us_per_expansion", shallow, deep),
         f"growth_prefix_tokens_{depth_key}": ratio("prefix_tokens", shallow, deep),
     }
-    print(f"{lo['live']} -> {hi['live']} live trees: bookkeeping per expansion x{out[f'growth_per_expansion_{live_key}']:.2f}, "
-          f"total x{out[f'growth_total_per_expansion_{live_key}']:.2f} (the work per expansion is the same)")
-    print(f"d_T {shallow['depth']} -> {deep['depth']}: bookkeeping per expansion x{out[f'growth_per_expansion_{depth_key}']:.2f}, "
-          f"total x{out[f'growth_total_per_expansion_{depth_key}']:.2f}; the work, prefix tokens per request, "
+    by_live_ratio = out[f"growth_per_expansion_{live_key}"], out[f"growth_total_per_expansion_{live_key}"]
+    by_depth_ratio = out[f"growth_per_expansion_{depth_key}"], out[f"growth_total_per_expansion_{depth_key}"]
+    print(f"{lo['live']} -> {hi['live']} live trees: bookkeeping per expansion x{by_live_ratio[0]:.2f}, "
+          f"total x{by_live_ratio[1]:.2f} (the work per expansion is the same)")
+    print(f"d_T {shallow['depth']} -> {deep['depth']}: bookkeeping per expansion x{by_depth_ratio[0]:.2f}, "
+          f"total x{by_depth_ratio[1]:.2f}; the work, prefix tokens per request, "
           f"x{out[f'growth_prefix_tokens_{depth_key}']:.2f}")
     return out
 

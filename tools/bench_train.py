@@ -198,10 +198,11 @@ def growth_lines(args, measured: dict[int, dict]) -> dict[str, float]:
         f"growth_packed_cpu_per_token_{tag}": per_token[hi]["packed_cpu"] / per_token[lo]["packed_cpu"],
         f"growth_row_length_{tag}": row_length(args, hi) / row_length(args, lo),
     }
-    print(f"depth {lo} -> {hi}: time per trained token x{out[f'growth_flat_per_token_{tag}']:.2f} flat, "
-          f"x{out[f'growth_packed_per_token_{tag}']:.2f} packed (CPU time x{out[f'growth_flat_cpu_per_token_{tag}']:.2f}, "
-          f"x{out[f'growth_packed_cpu_per_token_{tag}']:.2f}); a trajectory's length, what each token attends "
-          f"to, grows x{out[f'growth_row_length_{tag}']:.2f}")
+    wall = out[f"growth_flat_per_token_{tag}"], out[f"growth_packed_per_token_{tag}"]
+    cpu = out[f"growth_flat_cpu_per_token_{tag}"], out[f"growth_packed_cpu_per_token_{tag}"]
+    print(f"depth {lo} -> {hi}: time per trained token x{wall[0]:.2f} flat, x{wall[1]:.2f} packed (CPU time "
+          f"x{cpu[0]:.2f}, x{cpu[1]:.2f}); a trajectory's length, what each token attends to, grows "
+          f"x{out[f'growth_row_length_{tag}']:.2f}")
     return out
 
 
