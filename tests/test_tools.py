@@ -32,15 +32,22 @@ def test_bench_search_runs_both_parts():
     fields, out = run_tool("tools/bench_search.py", "--quick", "--problems", "2", "--concurrency", "2")
     assert float(fields["us_per_expansion_1"]) > 0 and float(fields["big_tree_nodes"]) >= 1000
     assert 0 <= float(fields["overhead_pct"]) <= 100  # part (b) ran: a real percentage, not nan
+    # Part (c), --quick sizes: 16 -> 256 live trees and d_T 4 -> 64; d_T 64 requests carry longer prefixes.
+    assert float(fields["growth_per_expansion_16_to_256"]) > 0 and float(fields["growth_per_expansion_d4_to_d64"]) > 0
+    assert float(fields["growth_prefix_tokens_d4_to_d64"]) > 1
     assert "policy: tiny-countdown; 2 trees" in out
 
 
 def test_bench_train_measures_packed_against_flat_with_equal_losses():
     fields, out = run_tool("tools/bench_train.py", "--models", "tiny", "--depths", "3", "--trees", "1", "--k", "3",
-                           "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1", "--threads", "1")
+                           "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1", "--threads", "1",
+                           "--growth-depths", "3", "6")
     # K = 3 trajectories branch off each other: the flat form computes shared prefixes again.
     assert float(fields["token_ratio"]) > 1.0 and float(fields["speedup"]) > 0 and float(fields["cpu_speedup"]) > 0
     assert fields["model"] == "tiny" and fields["depth"] == "3"
+    # Growth lines, depth 3 -> 6: a trajectory of 4 + 3 * 4 = 16 tokens becomes 4 + 6 * 4 = 28 (x1.75).
+    assert fields["growth_row_length_d3_to_d6"] == "1.75"
+    assert float(fields["growth_flat_per_token_d3_to_d6"]) > 0 and float(fields["growth_packed_per_token_d3_to_d6"]) > 0
 
 
 def test_bench_verifier_scores_a_hand_checked_corpus(tmp_path):

@@ -6,12 +6,19 @@
     backup, building requests (prefix rebuild) and results; the generator's time is
     measured separately and excluded.
 (b) With the tiny Countdown policy through HFGenerator on CPU: the share of wall time the
-    driver spends outside generator calls (target <= 2%; the paper measured < 0.4%).
+    driver spends outside generator calls (target <= 0.5% at 64 live trees, issue 18; the paper measured < 0.4%).
     Skipped, with a note, when HFGenerator or the policy folder is not available; pass
     --untrained to measure with a randomly initialised tiny model instead.
+(c) Growth: bookkeeping and total (bookkeeping + generator) CPU time per expansion with the
+    scripted generator, from 16 to 1,024 live trees (d_T = 16) and from d_T = 4 to 64 (64 live
+    trees), one line per size, then the last/first ratios (`growth_per_expansion_16_to_1024`,
+    `growth_per_expansion_d4_to_d64`, ... and `growth_prefix_tokens_d4_to_d64`, the growth of
+    the work: the prefix tokens a request carries). --quick: 16 to 256 live trees, 16 live
+    trees on the depth axis.
 
-    python tools/bench_search.py                       # both parts
-    python tools/bench_search.py --skip-hf --quick     # part (a) only, smaller
+    python tools/bench_search.py                       # all three parts
+    python tools/bench_search.py --problems 64 --concurrency 64 --skip-growth   # (b) at 64 live trees
+    python tools/bench_search.py --skip-hf --quick     # parts (a) and (c) only, smaller
 
 The last line is machine-readable: `RESULT key=value ...`.
 """
@@ -97,6 +104,106 @@ def part_a(quick: bool) -> dict[str, float]:
     return out
 
 
+class CPUTimedGenerator:
+    """A generator whose calls' CPU time is counted (process time: steady on a shared machine)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.stats = inner.stats
+        self.cpu_seconds = 0.0
+
+    def sample(self, requests):
+        start = time.process_time()
+        out = self.inner.sample(requests)
+        self.cpu_seconds += time.process_time() - start
+        return out
+
+
+def growth_run(live: int, depth: int, trees: int, *, step_tokens: int = 16, seed: int = 0) -> dict:
+    """`trees` toy problems, `live` at a time, d_T = `depth`, EOS with probability 1 / depth per step
+    (trajectories end near d_T). Costs are CPU time of the full rounds only (every one of the
+    `live` slots expanding; not the ramp-down once the queue is dry): a round's CPU time is read
+    between two progress calls, the generator's own CPU time is taken out for bookkeeping.
+    Finished trees are dropped as they come (memory stays bounded)."""
+    cfg = SearchConfig(seed=seed, max_depth=depth, max_expansions_per_tree=4096)
+    gen = CPUTimedGenerator(HashGenerator(eos_prob=1.0 / depth, correct_prob=0.2, salt=seed))
+    problems = [SearchProblem((0, 10 + i % 50, i), toy_score, id=str(i)) for i in range(trees)]
+    full = {"rounds": 0, "expansions": 0, "cpu": 0.0, "generator": 0.0, "prefix": 0}
+
+    def clocks() -> dict:
+        return {"expansions": driver.stats.expansions, "cpu": time.process_time(), "generator": gen.cpu_seconds,
+                "prefix": gen.stats.prompt_tokens}
+
+    def after_round(_progress) -> None:
+        now = clocks()
+        if now["expansions"] - last["expansions"] == live:
+            full["rounds"] += 1
+            for key in last:
+                full[key] += now[key] - last[key]
+        last.update(now)
+
+    driver = SearchDriver(gen, cfg, step=StepSpec(step_tokens), decode=toy_decode, max_concurrent_trees=live,
+                          progress=after_round)
+    last = clocks()
+    for _ in driver.iter_run(problems):
+        pass
+    if not full["rounds"]:
+        raise RuntimeError(f"no full round with {live} live trees: pass more than {trees} trees")
+    n = full["expansions"]
+    return {
+        "live": live,
+        "trees": trees,
+        "depth": depth,
+        "expansions": n,
+        "rounds": full["rounds"],
+        "prefix_tokens": full["prefix"] / (n * cfg.expansion_width),
+        "us_per_expansion": 1e6 * (full["cpu"] - full["generator"]) / n,
+        "total_us_per_expansion": 1e6 * full["cpu"] / n,
+    }
+
+
+def part_c(quick: bool) -> dict[str, float]:
+    """How one expansion's cost grows with the live trees (d_T = 16) and with d_T (64 live trees; 16
+    with --quick), each row twice as many trees as live slots."""
+    print("== (c) growth of the time per expansion, zero-cost scripted generator (n=8, K=8, 16-token steps)")
+    lives = (16, 64, 256) if quick else (16, 64, 256, 1024)
+    depths = (4, 16, 64) if quick else (4, 8, 16, 32, 64)
+    depth_live = 16 if quick else 64
+
+    def best(live: int, depth: int) -> dict:  # the same work twice: the faster run (a shared machine)
+        runs = [growth_run(live, depth, 2 * live) for _ in range(2)]
+        return min(runs, key=lambda r: r["us_per_expansion"])
+
+    by_live = [best(n, 16) for n in lives]
+    by_depth = [best(depth_live, d) for d in depths]
+    print(f"{'live':>6} {'trees':>6} {'d_T':>4} {'expansions':>10} {'rounds':>6} {'prefix tok':>10} "
+          f"{'bookkeeping us/exp':>18} {'total us/exp':>12}   (CPU time, full rounds)")
+    for r in by_live + by_depth:
+        print(f"{r['live']:>6} {r['trees']:>6} {r['depth']:>4} {r['expansions']:>10} {r['rounds']:>6} "
+              f"{r['prefix_tokens']:>10.0f} {r['us_per_expansion']:>18.1f} {r['total_us_per_expansion']:>12.1f}")
+    lo, hi, shallow, deep = by_live[0], by_live[-1], by_depth[0], by_depth[-1]
+
+    def ratio(key: str, a: dict, b: dict) -> float:
+        return b[key] / a[key]
+
+    live_key, depth_key = f"{lo['live']}_to_{hi['live']}", f"d{shallow['depth']}_to_d{deep['depth']}"
+    out = {
+        f"growth_per_expansion_{live_key}": ratio("us_per_expansion", lo, hi),
+        f"growth_total_per_expansion_{live_key}": ratio("total_us_per_expansion", lo, hi),
+        f"growth_per_expansion_{depth_key}": ratio("us_per_expansion", shallow, deep),
+        f"growth_total_per_expansion_{depth_key}": ratio("total_us_per_expansion", shallow, deep),
+        f"growth_prefix_tokens_{depth_key}": ratio("prefix_tokens", shallow, deep),
+    }
+    by_live_ratio = out[f"growth_per_expansion_{live_key}"], out[f"growth_total_per_expansion_{live_key}"]
+    by_depth_ratio = out[f"growth_per_expansion_{depth_key}"], out[f"growth_total_per_expansion_{depth_key}"]
+    print(f"{lo['live']} -> {hi['live']} live trees: bookkeeping per expansion x{by_live_ratio[0]:.2f}, "
+          f"total x{by_live_ratio[1]:.2f} (the work per expansion is the same)")
+    print(f"d_T {shallow['depth']} -> {deep['depth']}: bookkeeping per expansion x{by_depth_ratio[0]:.2f}, "
+          f"total x{by_depth_ratio[1]:.2f}; the work, prefix tokens per request, "
+          f"x{out[f'growth_prefix_tokens_{depth_key}']:.2f}")
+    return out
+
+
 def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dict[str, float] | None:
     print("== (b) share of wall time outside generator calls, tiny policy through HFGenerator (CPU)")
     try:
@@ -175,10 +282,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=16, help="trees live at once in part (b)")
     parser.add_argument("--untrained", action="store_true", help="part (b) with a random tiny model if no policy")
     parser.add_argument("--skip-hf", action="store_true", help="run part (a) only")
-    parser.add_argument("--quick", action="store_true", help="smaller part (a)")
+    parser.add_argument("--quick", action="store_true", help="smaller parts (a) and (c)")
+    parser.add_argument("--skip-growth", action="store_true", help="skip part (c)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     result = part_a(args.quick)
+    if not args.skip_growth:
+        result.update(part_c(args.quick))
     hf = None if args.skip_hf else part_b(args.policy, args.problems, args.concurrency, args.untrained)
     if hf is None:
         result["overhead_pct"] = float("nan")

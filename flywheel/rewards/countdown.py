@@ -7,8 +7,9 @@ The completion is untrusted model output, so the rule is narrow and every bound 
 - the expression may hold ASCII non-negative integer literals without leading zeros, binary
   `+ - * /`, unary minus, parentheses and ASCII whitespace; everything else (`**`, `//`, `%`,
   `^`, `=`, unicode digits or operators, names, calls, LaTeX) is a parse error;
-- a hand-written recursive-descent parser evaluates it over `fractions.Fraction`, so a route
-  through fractions (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
+- a hand-written recursive-descent parser evaluates it exactly: over Python integers, and
+  over `fractions.Fraction` from the first inexact division on, so a route through fractions
+  (6/(1-3/4) = 24) counts and nothing is ever handed to eval();
 - the literals must be the given numbers as a multiset: each exactly once, or with
   `each_number="at_most_once"` each at most once;
 - bounds: the completion length, the answer length, the nesting depth (explicit counter
@@ -19,6 +20,7 @@ The completion is untrusted model output, so the rule is narrow and every bound 
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from fractions import Fraction
 from typing import Sequence
@@ -54,9 +56,14 @@ INVALID_EXPRESSION_REWARD = -0.9
 """Dense reward of an answer that is present but unusable (§B: invalid numbers, unevaluable)."""
 
 _OPEN, _CLOSE = "<answer>", "</answer>"
-_WHITESPACE = frozenset(" \t\r\n")
-_SYMBOLS = frozenset("+-*/()")
 _DIGITS = frozenset("0123456789")  # ASCII only: str.isdigit() would accept '٣'
+_ALLOWED = re.compile(r"[0-9+\-*/() \t\r\n]*")  # ASCII digits, the operators, ASCII whitespace
+_TOKEN = re.compile(r"[0-9]+|[-+*/()]")
+_LEADING_ZERO = re.compile(r"(?<![0-9])0[0-9]")
+
+Value = int | Fraction
+"""An exact value: an int until a division leaves a remainder, then a Fraction (ints are
+several times cheaper, and every search grades thousands of answers, issue 18)."""
 
 
 class _Reject(Exception):
@@ -139,57 +146,47 @@ def verify(
     """
     if each_number not in EACH_NUMBER_RULES:
         raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
-
-    def reject(reason: str, answer: str | None) -> Verdict:
-        reward = dense_reward(target, None, answered=answer is not None) if dense else -1.0
-        return Verdict(correct=False, reward=reward, answer=answer, reason=reason)
-
     if len(completion) > MAX_COMPLETION_CHARS:
-        return reject("too_long", None)
+        return _rejected(target, dense, "too_long", None)
     answer = extract_answer(completion)
     if answer is None:
-        return reject("no_answer", None)
+        return _rejected(target, dense, "no_answer", None)
     if len(answer) > MAX_ANSWER_CHARS:
-        return reject("too_long", answer[:MAX_ANSWER_CHARS])
+        return _rejected(target, dense, "too_long", answer[:MAX_ANSWER_CHARS])
     try:
         parser = _Parser(_tokenize(answer))
         value = parser.parse()
     except _Reject as err:
-        return reject(err.reason, answer)
+        return _rejected(target, dense, err.reason, answer)
 
-    used, given = Counter(parser.literals), Counter(numbers)
-    if not (used == given if each_number == "exactly_once" else used <= given):
-        return reject("bad_numbers", answer)
+    if each_number == "exactly_once":
+        numbers_ok = sorted(parser.literals) == sorted(numbers)  # equal multisets
+    else:
+        numbers_ok = Counter(parser.literals) <= Counter(numbers)
+    if not numbers_ok:
+        return _rejected(target, dense, "bad_numbers", answer)
     if parser.failure is not None:
-        return reject(parser.failure, answer)
+        return _rejected(target, dense, parser.failure, answer)
     if value == target:
         return Verdict(correct=True, reward=1.0, answer=answer, reason="correct")
-    reward = dense_reward(target, value) if dense else -1.0
+    reward = dense_reward(target, Fraction(value)) if dense else -1.0
     return Verdict(correct=False, reward=reward, answer=answer, reason="wrong_value")
 
 
+def _rejected(target: int, dense: bool, reason: str, answer: str | None) -> Verdict:
+    reward = dense_reward(target, None, answered=answer is not None) if dense else -1.0
+    return Verdict(correct=False, reward=reward, answer=answer, reason=reason)
+
+
 def _tokenize(text: str) -> list[str]:
-    """Split into integer literals and single-character symbols; anything else is rejected."""
-    tokens: list[str] = []
-    i, n = 0, len(text)
-    while i < n:
-        char = text[i]
-        if char in _WHITESPACE:
-            i += 1
-        elif char in _SYMBOLS:
-            tokens.append(char)
-            i += 1
-        elif char in _DIGITS:
-            j = i + 1
-            while j < n and text[j] in _DIGITS:
-                j += 1
-            if text[i] == "0" and j - i > 1:
-                raise _Reject("parse_error")  # leading zero: "07" is not a given number
-            tokens.append(text[i:j])
-            i = j
-        else:
-            raise _Reject("parse_error")
-    return tokens
+    """Split into integer literals and single-character symbols; anything else is rejected.
+
+    >>> _tokenize("(12 +3)\t/ 4")
+    ['(', '12', '+', '3', ')', '/', '4']
+    """
+    if _ALLOWED.fullmatch(text) is None or _LEADING_ZERO.search(text) is not None:
+        raise _Reject("parse_error")  # a foreign character, or a leading zero ("07" is no given number)
+    return _TOKEN.findall(text)
 
 
 class _Parser:
@@ -206,28 +203,29 @@ class _Parser:
     """
 
     def __init__(self, tokens: list[str]) -> None:
-        self.tokens = tokens
+        self.tokens = [*tokens, ""]  # "" ends the input: peeking past the last token needs no bounds check
         self.pos = 0
         self.depth = 0
         self.literals: list[int] = []
         self.failure: str | None = None
 
-    def parse(self) -> Fraction:
+    def parse(self) -> Value:
         value = self.expression()
-        if self.pos != len(self.tokens):
+        if self.tokens[self.pos]:  # tokens left after a complete expression
             raise _Reject("parse_error")
         return value
 
-    def peek(self) -> str | None:
-        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
-
-    def fail(self, reason: str) -> Fraction:
+    def fail(self, reason: str) -> Value:
         if self.failure is None:
             self.failure = reason
-        return Fraction(0)
+        return 0
 
-    def bounded(self, value: Fraction) -> Fraction:
-        if max(value.numerator.bit_length(), value.denominator.bit_length()) > MAX_VALUE_BITS:
+    def bounded(self, value: Value) -> Value:
+        if type(value) is int:  # an int's denominator is 1: its own bit length decides
+            bits = value.bit_length()
+        else:
+            bits = max(value.numerator.bit_length(), value.denominator.bit_length())
+        if bits > MAX_VALUE_BITS:
             return self.fail("too_big")
         return value
 
@@ -236,49 +234,53 @@ class _Parser:
         if self.depth > MAX_DEPTH:
             raise _Reject("too_deep")
 
-    def expression(self) -> Fraction:
+    def expression(self) -> Value:
         value = self.term()
-        while (op := self.peek()) in ("+", "-"):
+        while (op := self.tokens[self.pos]) in ("+", "-"):
             self.pos += 1
             right = self.term()
             value = self.bounded(value + right if op == "+" else value - right)
         return value
 
-    def term(self) -> Fraction:
+    def term(self) -> Value:
         value = self.unary()
-        while (op := self.peek()) in ("*", "/"):
+        while (op := self.tokens[self.pos]) in ("*", "/"):
             self.pos += 1
             right = self.unary()
             if op == "*":
                 value = self.bounded(value * right)
             elif right == 0:
                 value = self.fail("div_by_zero")
+            elif type(value) is int and type(right) is int:  # exact: int / int would be a float
+                value = self.bounded(value // right if value % right == 0 else Fraction(value, right))
             else:
-                value = self.bounded(value / right)
+                value = self.bounded(Fraction(value) / right)
         return value
 
-    def unary(self) -> Fraction:
+    def unary(self) -> Value:
+        if self.tokens[self.pos] != "-":
+            return self.primary()
         negations = 0
-        while self.peek() == "-":  # a loop, not recursion: "----1" costs no depth
+        while self.tokens[self.pos] == "-":  # a loop, not recursion: "----1" costs no depth
             self.pos += 1
             negations += 1
         value = self.primary()
         return -value if negations % 2 else value
 
-    def primary(self) -> Fraction:
-        token = self.peek()
+    def primary(self) -> Value:
+        token = self.tokens[self.pos]
         if token == "(":
             self.pos += 1
             self.descend()
             value = self.expression()
-            if self.peek() != ")":
+            if self.tokens[self.pos] != ")":
                 raise _Reject("parse_error")
             self.pos += 1
             self.depth -= 1
             return value
-        if token is None or token[0] not in _DIGITS:
+        if not token or token[0] not in _DIGITS:
             raise _Reject("parse_error")
         self.pos += 1
         literal = int(token)
         self.literals.append(literal)
-        return self.bounded(Fraction(literal))
+        return literal if literal.bit_length() <= MAX_VALUE_BITS else self.fail("too_big")

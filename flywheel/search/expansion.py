@@ -87,12 +87,15 @@ def grade_terminal(
     eos: bool,
     config: SearchConfig,
     graded: dict[tuple[int, ...], tuple[str, Verdict]] | None = None,
+    ids: tuple[int, ...] | None = None,
 ) -> None:
     """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2).
 
     `graded` memoises (text, verdict) by response token ids within one tree: siblings often
-    repeat a response exactly, and decoding and grading are pure."""
-    ids = tuple(tree.response_ids(node))
+    repeat a response exactly, and decoding and grading are pure. `ids`: the response token
+    ids when the caller already has them (siblings share their parent's)."""
+    if ids is None:
+        ids = tuple(tree.response_ids(node))
     if graded is not None and ids in graded:
         text, verdict = graded[ids]
     else:

@@ -19,7 +19,6 @@ from flywheel.search.expansion import (
     emitted_eos,
     grade_terminal,
     rollout_sampling_params,
-    step_end,
 )
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
 from flywheel.search.rollout import insert_path, select_fork, split_steps
@@ -100,21 +99,22 @@ class LiveTree:
             return
         if cfg.merge_duplicate_steps:
             completions = distinct_steps(completions)
-        ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
+        # step_end for the whole expansion: a child is terminal if it emitted EOS or sits at d_T (§1).
+        at_max_depth = depth >= cfg.max_depth
+        ends = [(at_max_depth or eos, eos) for eos in [emitted_eos(c, eos_ids) for c in completions]]
         terminal = [t for t, _ in ends]
         children = tree.add_children(node, completions, terminal)
-
-        new_terminals = [c for c, t in zip(children, terminal) if t]
-        for child, (_, is_eos) in zip(children, ends):
-            if tree.terminal[child]:
-                grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
+        new_terminals: list[int] = []
+        self._new_live = []
+        for child, is_terminal in zip(children, terminal):
+            (new_terminals if is_terminal else self._new_live).append(child)
+        grade_children(tree, node, children, ends, self.problem, decode, cfg, self.graded)
         self.terminals += len(new_terminals)
         if self.first_correct_tokens is None and any(tree.kind[c] == "correct" for c in new_terminals):
             self.first_correct_tokens = self.generated_tokens
         if new_terminals:
             self._back_up(new_terminals)
         self._expanded, self._produced_terminal = node, bool(new_terminals)
-        self._new_live = [c for c in children if not tree.terminal[c]]
         self._check_stop()
 
     def _absorb_rollouts(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
@@ -236,7 +236,41 @@ class LiveTree:
     def result(self) -> TreeResult:
         tree = self.tree
         assert self.status is not None
-        return finished_result(self, tuple(build_trajectory(tree, t, self.config) for t in self._trained_terminals()))
+        shared: dict = {}  # node id -> StepRecord: trajectories share their common prefix's records
+        return finished_result(
+            self, tuple(build_trajectory(tree, t, self.config, shared_steps=shared) for t in self._trained_terminals())
+        )
+
+
+def grade_children(
+    tree: SearchTree,
+    node: int,
+    children: Sequence[int],
+    ends: Sequence[tuple[bool, bool]],
+    problem: SearchProblem,
+    decode: Decode,
+    config: SearchConfig,
+    graded: dict[tuple[int, ...], tuple[str, Verdict]],
+) -> None:
+    """Grade the terminal children of one expansion of `node` (`ends`: their (terminal, EOS)
+    flags). Their responses are `node`'s response plus their own step, so the path to the
+    root is walked once per expansion, not once per child; siblings that sampled the same
+    step (and EOS flag) share one grading: the same text, verdict, kind and reward."""
+    base: tuple[int, ...] | None = None
+    twins: dict[tuple[tuple[int, ...], bool], int] = {}
+    for child, (is_terminal, is_eos) in zip(children, ends):
+        if not is_terminal:
+            continue
+        step = tuple(tree.tokens[child])
+        twin = twins.get((step, is_eos))
+        if twin is not None:
+            tree.texts[child], tree.verdicts[child] = tree.texts[twin], tree.verdicts[twin]
+            tree.kind[child], tree.reward[child] = tree.kind[twin], tree.reward[twin]
+            continue
+        twins[step, is_eos] = child
+        if base is None:
+            base = tuple(tree.response_ids(node))
+        grade_terminal(tree, child, problem, decode, is_eos, config, graded, ids=base + step)
 
 
 def finished_result(live, trajectories: tuple) -> TreeResult:

@@ -20,8 +20,8 @@ from flywheel.generation.base import Completion, GenerationRequest, SamplingPara
 from flywheel.rewards import Verdict
 from flywheel.search.agents import add_pending, agent_descend, back_up_value, greedy_terminal, initial_value
 from flywheel.search.config import SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, grade_terminal, step_end
-from flywheel.search.live import finished_result
+from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, step_end
+from flywheel.search.live import finished_result, grade_children
 from flywheel.search.outputs import TreeResult, build_trajectory
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
@@ -82,9 +82,9 @@ class AgentTree:
             depth = tree.depth[leaf] + 1
             ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
             children = tree.add_children(leaf, completions, [t for t, _ in ends], initial_visit=False)
-            for child, (is_terminal, is_eos) in zip(children, ends):
+            grade_children(tree, leaf, children, ends, self.problem, decode, cfg, self.graded)
+            for child, (is_terminal, _) in zip(children, ends):
                 if is_terminal:
-                    grade_terminal(tree, child, self.problem, decode, is_eos, cfg, self.graded)
                     self.terminals += 1
                     if self.first_correct_tokens is None and tree.kind[child] == "correct":
                         self.first_correct_tokens = self.generated_tokens

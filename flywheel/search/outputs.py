@@ -138,19 +138,34 @@ def node_soft_value(tree: SearchTree, node: int, config: SearchConfig, mode: str
     return soft_clip(tree.value[node], config.soft_clip_eps, config.soft_clip_qmax)
 
 
-def build_trajectory(tree: SearchTree, terminal: int, config: SearchConfig, mode: str = "search") -> Trajectory:
-    """Read one backed-up trajectory out of a finished tree."""
+def step_record(tree: SearchTree, node: int, config: SearchConfig, mode: str = "search") -> StepRecord:
+    """The record of one node of a finished tree."""
+    return StepRecord(
+        node_id=node,
+        depth=tree.depth[node],
+        token_ids=tree.tokens[node],
+        logprobs=tree.logprobs[node],
+        q=tree.value[node],
+        q_soft=node_soft_value(tree, node, config, mode),
+        visits=tree.visits[node],
+        finish_reason=tree.finish[node] or "",
+    )
+
+
+def build_trajectory(
+    tree: SearchTree,
+    terminal: int,
+    config: SearchConfig,
+    mode: str = "search",
+    shared_steps: dict[int, StepRecord] | None = None,
+) -> Trajectory:
+    """Read one backed-up trajectory out of a finished tree. `shared_steps` (node id -> its
+    record) lets the trajectories of one finished tree share the records of their common
+    prefix instead of building them once per trajectory (the tree no longer changes)."""
     steps = tuple(
-        StepRecord(
-            node_id=node,
-            depth=tree.depth[node],
-            token_ids=tree.tokens[node],
-            logprobs=tree.logprobs[node],
-            q=tree.value[node],
-            q_soft=node_soft_value(tree, node, config, mode),
-            visits=tree.visits[node],
-            finish_reason=tree.finish[node] or "",
-        )
+        step_record(tree, node, config, mode)
+        if shared_steps is None
+        else shared_steps.get(node) or shared_steps.setdefault(node, step_record(tree, node, config, mode))
         for node in tree.path(terminal)[1:]
     )
     penalty = 0.0

@@ -48,12 +48,16 @@ def local_uct_select(tree: SearchTree, node: int, config: SearchConfig, rng: ran
 
     Terminal children (and expanded children with nothing left below) are never chosen.
     """
-    candidates = [c for c in tree.children[node] if not tree.dead[c]]
+    dead = tree.dead
+    candidates = [c for c in tree.children[node] if not dead[c]]
     if not candidates:
         return None
-    parent_visits = tree.visits[node]
-    scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], config.uct_lambda) + prm_term(tree, c, config)
-              for c in candidates]
+    parent_visits, lam = tree.visits[node], config.uct_lambda
+    if config.prm_weight:
+        scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], lam) + prm_term(tree, c, config)
+                  for c in candidates]
+    else:  # prm_term is 0.0 for every child
+        scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], lam) + 0.0 for c in candidates]
     return candidates[_pick(scores, config.uct_sampling, rng)]
 
 

@@ -63,6 +63,12 @@ def confidence_key(value: float) -> float:
     return math.inf if value != value else value
 
 
+def _choice_key(row: tuple[int, str, float]) -> tuple[int, float, int]:
+    """(kind rank, confidence, node id) of a (node, kind, uncertainty) row: §3's order."""
+    node, kind, uncertainty = row
+    return KIND_RANK[kind], confidence_key(uncertainty), node
+
+
 def choose_terminals(
     node_ids: Sequence[int],
     kinds: Sequence[str],
@@ -93,8 +99,8 @@ def choose_terminals(
         keyed = [(KIND_RANK[kind], rng.random(), node) for node, kind in zip(node_ids, kinds)]
         order = [node for _, _, node in sorted(keyed)]
     else:
-        ranked = sorted(
-            zip(node_ids, kinds, uncertainty), key=lambda t: (KIND_RANK[t[1]], confidence_key(t[2]), t[0])
-        )
-        order = [node for node, _, _ in ranked]
+        rows = zip(node_ids, kinds, uncertainty)
+        if not back_up_all:  # the first of the sorted order (node ids: no ties), without sorting
+            return [min(rows, key=_choice_key)[0]]
+        order = [node for node, _, _ in sorted(rows, key=_choice_key)]
     return order if back_up_all else order[:1]

@@ -106,39 +106,49 @@ class SearchTree:
             raise ValueError(f"node {node} is already expanded; only leaves are expanded")
         if self.terminal[node]:
             raise ValueError(f"node {node} is terminal and cannot be expanded")
-        depth = self.depth[node] + 1
-        new_ids: list[int] = []
+        k = len(completions)
+        if len(terminal) != k:
+            raise ValueError(f"{k} completions but {len(terminal)} terminal flags")
+        first = len(self.parent)
+        new_ids = list(range(first, first + k))
+        # Fields every new child starts with the same value: one extend each (this runs for
+        # every expansion of every live tree, issue 18).
+        self.parent.extend([node] * k)
+        self.children.extend([()] * k)
+        self.depth.extend([self.depth[node] + 1] * k)
+        self.value.extend([0.0] * k)
+        self.prm_value.extend([math.nan] * k)
+        self.kind.extend([None] * k)
+        self.reward.extend([None] * k)
+        self.backup_index.extend([-1] * k)
+        self.expanded.extend([0] * k)
+        self.live_children.extend([0] * k)
+        self.terminal.extend(terminal)
+        self.dead.extend(terminal)
+        # Per-child fields: the step, its log-prob sums, and the running sums from the root.
+        nll, nll_n = self.path_nll_sum[node], self.path_nll_count[node]
+        ent_sum, ent_n = self.path_entropy_sum[node], self.path_entropy_count[node]
+        length = self.path_length[node]
         live: list[int] = []
-        for completion, is_terminal in zip(completions, terminal, strict=True):
-            child = len(self.parent)
-            new_ids.append(child)
-            lp_sum, lp_count = _finite_sum(completion.logprobs)
+        for child, completion, is_terminal in zip(new_ids, completions, terminal):
+            logprobs = completion.logprobs
+            lp_sum, lp_count = sum(logprobs, 0.0), len(logprobs)
+            if lp_sum != lp_sum:  # a NaN among them: _finite_sum skips it (the common case needs no call)
+                lp_sum, lp_count = _finite_sum(logprobs)
             ent = completion.entropies
-            ent_sum, ent_count = _finite_sum(ent) if ent is not None else (0.0, 0)
-            self.parent.append(node)
-            self.children.append(())
-            self.depth.append(depth)
+            e_sum, e_count = _finite_sum(ent) if ent is not None else (0.0, 0)
             self.visits.append(1 if (initial_visit and not is_terminal) else 0)
-            self.value.append(0.0)
-            self.prm_value.append(math.nan)
             self.tokens.append(completion.token_ids)
-            self.logprobs.append(completion.logprobs)
+            self.logprobs.append(logprobs)
             self.entropies.append(ent)
             self.finish.append(completion.finish_reason)
             self.step_logprob_sum.append(lp_sum)
             self.step_logprob_count.append(lp_count)
-            self.path_nll_sum.append(self.path_nll_sum[node] - lp_sum)
-            self.path_nll_count.append(self.path_nll_count[node] + lp_count)
-            self.path_entropy_sum.append(self.path_entropy_sum[node] + ent_sum)
-            self.path_entropy_count.append(self.path_entropy_count[node] + ent_count)
-            self.path_length.append(self.path_length[node] + len(completion.token_ids))
-            self.terminal.append(is_terminal)
-            self.kind.append(None)
-            self.reward.append(None)
-            self.backup_index.append(-1)
-            self.expanded.append(0)
-            self.dead.append(is_terminal)
-            self.live_children.append(0)
+            self.path_nll_sum.append(nll - lp_sum)
+            self.path_nll_count.append(nll_n + lp_count)
+            self.path_entropy_sum.append(ent_sum + e_sum)
+            self.path_entropy_count.append(ent_n + e_count)
+            self.path_length.append(length + len(completion.token_ids))
             if not is_terminal:
                 live.append(child)
         had_children = bool(self.children[node])
