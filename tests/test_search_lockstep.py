@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from types import SimpleNamespace
 
 import pytest
 
@@ -97,3 +98,51 @@ def test_flat_outputs_and_call_order_are_pinned(n, depth, concurrent, expected):
                             max_concurrent_problems=concurrent, stats=stats, progress=done.append)
     assert stats.rounds == gen.calls == len(done) and done[-1] == 7
     assert digest(gen, results, stats) == expected
+
+
+class Countdown:
+    """A member that asks for `width` one-sample requests per round for `rounds` rounds."""
+
+    def __init__(self, index: int, rounds: int, width: int = 1) -> None:
+        self.index, self.left, self.width, self.absorbed = index, rounds, width, []
+
+    def requests(self):
+        from flywheel.generation.base import GenerationRequest, SamplingParams
+
+        return [GenerationRequest((self.index,), 1, SamplingParams(max_new_tokens=2), seed=i) for i in range(self.width)]
+
+    def absorb(self, outputs):
+        assert len(outputs) == self.width
+        self.absorbed.append(outputs)
+        self.left -= 1
+
+    @property
+    def done(self):
+        return self.left == 0
+
+    def result(self):
+        return SimpleNamespace(index=self.index, trajectories=(None,) * (self.index + 1))
+
+
+def test_lockstep_admits_as_members_leave_and_counts_every_round():
+    from flywheel.search.lockstep import Lockstep
+
+    gen = Recording(HashGenerator(0.0))
+    sizes = []
+    gen_sample = gen.sample
+    gen.sample = lambda requests: sizes.append([r.prompt_ids[0] for r in requests]) or gen_sample(requests)
+    members = [Countdown(0, 3), Countdown(1, 1, width=2), Countdown(2, 2), Countdown(3, 1)]
+    settled, rounds = [], []
+    stats = DriverStats()
+    loop = Lockstep(gen, members, max_live=2, stats=stats, settle=lambda live: settled.append([m.index for m in live]),
+                    on_round=lambda live, ended: rounds.append(([m.index for m in live], [m.index for m in ended])))
+    out = list(loop)
+    # Round 1: members 0 and 1 (two requests); 1 ends and 2 joins. Round 2: 0, 2. Round 3: 0
+    # and 2 end, 3 joins. Round 4: 3 alone.
+    assert sizes == [[0, 1, 1], [0, 2], [0, 2], [3]]
+    assert settled == [[0, 1], [0, 2], [0, 2], [3]]
+    assert rounds == [([0, 2], [1]), ([0, 2], []), ([3], [0, 2]), ([], [3])]
+    assert [r.index for r in out] == [1, 0, 2, 3]
+    assert (stats.rounds, stats.requests, stats.expansions, stats.trees_done, stats.trajectories) == (4, 8, 8, 4, 10)
+    # HashGenerator without stop strings: every sample is max_new_tokens = 2 filler tokens.
+    assert stats.generated_tokens == 2 * 8
