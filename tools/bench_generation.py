@@ -60,18 +60,8 @@ class Timed:
         self.wall = self.cpu = 0.0
 
     def sample(self, requests):
-        return self._timed(self.generator.sample, requests)
-
-    def continuous(self):
-        """The generator's continuous batch, its `step` calls timed."""
-        batch = self.generator.continuous()
-        step = batch.step
-        batch.step = lambda: self._timed(step)
-        return batch
-
-    def _timed(self, call, *args):
         wall, cpu = time.perf_counter(), time.process_time()
-        out = call(*args)
+        out = self.generator.sample(requests)
         self.wall += time.perf_counter() - wall
         self.cpu += time.process_time() - cpu
         return out
@@ -107,9 +97,6 @@ def main() -> None:
                              "random terminal choice")
     parser.add_argument("--flat-max-new-tokens", type=int, default=96,
                         help="cap of a flat sample (a complete Countdown solution is shorter)")
-    parser.add_argument("--continuous", action="store_true",
-                        help="the in-process arm's search with the continuous batch (SearchDriver(continuous=True)): "
-                             "trees' expansions join the running decode batch as others finish")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
                              "jobs on the machine barely change (its wall time they do)")
@@ -136,11 +123,10 @@ def main() -> None:
                           max_expansions_per_tree=args.max_expansions, **quickstart)
     decode = functools.partial(tok.decode, skip_special_tokens=True)
 
-    def search(generator, continuous: bool = False):
-        # Timed forwards `continuous()` so the driver's continuous mode reaches the generator.
+    def search(generator):
         timed = Timed(generator)
         driver = SearchDriver(timed, config, step=task.step, decode=decode, max_concurrent_trees=64,
-                              eos_token_ids=[tok.eos_token_id], continuous=continuous)
+                              eos_token_ids=[tok.eos_token_id])
         start = time.perf_counter()
         driver.run(problems)
         return time.perf_counter() - start, driver.stats.generated_tokens, timed
@@ -153,7 +139,7 @@ def main() -> None:
 
     rows = {}
     hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
-    seconds, tokens, timed = search(hf, args.continuous)
+    seconds, tokens, timed = search(hf)
     s = hf.stats
     rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1),
                   *efficiency(hf, tokens, timed))
@@ -185,8 +171,7 @@ def report(args, rows: dict, startup: float | None) -> None:
 
     servers = "no vLLM server" if startup is None else f"{args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)"
     print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
-          f"policy {args.policy}; {servers}; {args.threads} torch thread(s); in-process search "
-          f"{'continuous' if args.continuous else 'lock-step'}")
+          f"policy {args.policy}; {servers}; {args.threads} torch thread(s)")
     print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9} "
           f"{'eff wall':>9} {'eff cpu':>8}")
     for name, (sec, tok_count, prompt, computed, rate, eff_wall, eff_cpu) in rows.items():

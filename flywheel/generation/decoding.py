@@ -95,8 +95,7 @@ class _StopRules:
             setattr(self, name, getattr(self, name).to(device))
 
     def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
-        """Finish code per batch position after step t ([B]; _ACTIVE = goes on). `t` is one
-        step for the whole batch, or each position's own step [B] (continuous batching)."""
+        """Finish code per batch position after step t ([B]; _ACTIVE = goes on)."""
         is_eos = self.eos[new] & active
         is_stop = self.stop_ids[self.id_group[slots], new] & active & ~is_eos
         if self.has_strings:
@@ -104,8 +103,7 @@ class _StopRules:
             check = self.string_candidate[group, new] & active & ~is_eos & ~is_stop
             for b in check.nonzero().squeeze(1).tolist():
                 matcher = self.matchers[int(group[b])]
-                end = (t if isinstance(t, int) else int(t[b])) + 1
-                tail = tokens[int(slots[b]), max(0, end - matcher.window) : end].tolist()
+                tail = tokens[int(slots[b]), max(0, t + 1 - matcher.window) : t + 1].tolist()
                 if matcher.hit(tokenizer, tail):
                     is_stop[b] = True
         is_length = (self.max_new[slots] <= t + 1) & active
@@ -128,31 +126,26 @@ class _Record:
         self.length = torch.zeros(n, dtype=torch.long, device=device)
         self.reason = torch.full((n,), _ACTIVE, dtype=torch.long, device=device)
 
-    def add(self, t, slots, active, new, logits) -> None:
-        """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V];
-        `t` is one step for the batch or each position's own step [B]."""
+    def add(self, t: int, slots, active, new, logits) -> None:
+        """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V]."""
         live = slots[active]
-        at = t if isinstance(t, int) else t[active]
         log_z = torch.logsumexp(logits, dim=-1)  # [B]
-        self.tokens[live, at] = new[active]
-        self.logprobs[live, at] = (logits.gather(1, new[:, None]).squeeze(1) - log_z)[active]
+        self.tokens[live, t] = new[active]
+        self.logprobs[live, t] = (logits.gather(1, new[:, None]).squeeze(1) - log_z)[active]
         if self.entropies is not None:
             expected_logit = (torch.softmax(logits, dim=-1) * logits).sum(-1)  # E_p[logit]
-            self.entropies[live, at] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
+            self.entropies[live, t] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
 
-    def finish(self, t, slots, reason) -> None:
+    def finish(self, t: int, slots, reason) -> None:
         done = reason != _ACTIVE
-        self.length[slots[done]] = t + 1 if isinstance(t, int) else (t + 1)[done]
+        self.length[slots[done]] = t + 1
         self.reason[slots[done]] = reason[done]
 
-    def completions(self, rows: list, indices: list[int] | None = None) -> list[Completion]:
-        """The completions of record rows `indices` (every row by default); `rows[k]` is record row k's."""
+    def completions(self, rows: list) -> list[Completion]:
         tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()
         entropies = self.entropies.cpu() if self.entropies is not None else None
-        lengths, reasons = self.length.tolist(), self.reason.tolist()
         out = []
-        for k in range(len(rows)) if indices is None else indices:
-            row, n, why = rows[k], lengths[k], reasons[k]
+        for k, (row, n, why) in enumerate(zip(rows, self.length.tolist(), self.reason.tolist())):
             ent = None
             if row.params.top_logprobs > 0 and entropies is not None:
                 ent = tuple(entropies[k, :n].tolist())

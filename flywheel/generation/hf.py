@@ -204,12 +204,6 @@ class HFGenerator:
 
     # -- the seam ----------------------------------------------------------------------------
 
-    def continuous(self):
-        """A decode batch that requests join as its rows finish (flywheel.generation.continuous)."""
-        from flywheel.generation.continuous import ContinuousBatch
-
-        return ContinuousBatch(self)
-
     def sample(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
         """`result[i]` holds `requests[i].n` completions of `requests[i].prompt_ids`, in order."""
         start = time.perf_counter()

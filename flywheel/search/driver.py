@@ -68,11 +68,6 @@ class SearchDriver:
             response) -> values in [0, 1]; called once per round for every new non-terminal
             node of every live tree; the values enter selection with weight
             `config.prm_weight` (rest-mcts-and-countdown.md §A).
-        continuous: let each tree's next expansion join the generator's running batch as
-            soon as its last one is complete, instead of waiting for every tree's
-            (flywheel.search.lockstep; the in-process HFGenerator only). Off by default: it
-            keeps the generator batch fuller, but a tree's samples then match the lock-step
-            ones only up to float noise, and the value model is called per group of trees.
     """
 
     def __init__(
@@ -87,7 +82,6 @@ class SearchDriver:
         progress: Callable[[SearchProgress], None] | None = None,
         log_every_seconds: float = 30.0,
         value_fn: Callable[[list[tuple[int, ...]]], Sequence[float]] | None = None,
-        continuous: bool = False,
     ) -> None:
         if max_concurrent_trees < 1:
             raise ValueError(f"max_concurrent_trees must be >= 1, got {max_concurrent_trees}")
@@ -100,7 +94,6 @@ class SearchDriver:
         self.progress = progress
         self.log_every_seconds = log_every_seconds
         self.value_fn = value_fn
-        self.continuous = continuous
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
         self._step_enders: dict[int, bool] = {}
@@ -175,7 +168,7 @@ class SearchDriver:
 
         yield from Lockstep(
             self.generator, trees, max_live=self.max_concurrent_trees, stats=self.stats,
-            settle=self._settle, on_round=on_round, continuous=self.continuous,
+            settle=self._settle, on_round=on_round,
         )
 
     def _settle(self, live: list[_TreeMember]) -> None:

@@ -100,13 +100,6 @@ class Lockstep(Generic[M]):
             finished ones leave.
         on_round: called after every round with the members still live and those that
             finished in it (before their results are yielded).
-        continuous: instead of one `sample` call per round, run the generator's continuous
-            batch (`generator.continuous()`, the in-process HFGenerator's): a member's
-            requests join the decode batch as soon as its previous ones are complete, so
-            the batch stays full while other members' samples are still decoding. A
-            "round" is then one return of the continuous batch, `settle` sees only the
-            members it completed, and the samples equal the lock-step ones up to float
-            noise from a different batch composition.
     """
 
     def __init__(
@@ -118,14 +111,7 @@ class Lockstep(Generic[M]):
         stats: DriverStats,
         settle: Callable[[list[M]], None] | None = None,
         on_round: Callable[[list[M], list[M]], None] | None = None,
-        continuous: bool = False,
     ) -> None:
-        if continuous and not callable(getattr(generator, "continuous", None)):
-            raise ValueError(
-                f"continuous batching needs a generator with a continuous batch (the in-process HFGenerator); "
-                f"{type(generator).__name__} has none: search with continuous=False"
-            )
-        self.continuous = continuous
         self.generator = generator
         self.queue = iter(members)
         self.max_live = max_live
@@ -143,9 +129,6 @@ class Lockstep(Generic[M]):
 
     def __iter__(self) -> Iterator[TreeResult]:
         """Run to the end, yielding each result in the round its member finishes."""
-        if self.continuous:
-            yield from self._continuous()
-            return
         stats, live = self.stats, self.live
         self._refill()
         while live:
@@ -171,61 +154,6 @@ class Lockstep(Generic[M]):
             stats.rounds += 1
             stats.requests += len(requests)
             stats.expansions += len(requests)
-            stats.trees_done += len(results)
-            stats.trajectories += sum(len(r.trajectories) for r in results)
-            stats.total_seconds += time.perf_counter() - round_start
-            if self.on_round is not None:
-                self.on_round(live, ended)
-            yield from results
-
-    def _continuous(self) -> Iterator[TreeResult]:
-        """The continuous mode (see the class docstring): members move on one by one."""
-        stats, live = self.stats, self.live
-        batch = self.generator.continuous()  # type: ignore[attr-defined]
-        owner: dict[int, tuple[M, int]] = {}  # ticket -> (member, its request's position)
-        waiting: dict[int, tuple[list[GenerationRequest], list]] = {}  # id(member) -> requests, outputs
-
-        def submit(member: M) -> None:
-            requests = member.requests()
-            waiting[id(member)] = (requests, [None] * len(requests))
-            for i, ticket in enumerate(batch.submit(requests)):
-                owner[ticket] = (member, i)
-            stats.requests += len(requests)
-            stats.expansions += len(requests)
-
-        def admit() -> None:
-            while len(live) < self.max_live:
-                member = next(self.queue, None)
-                if member is None:
-                    return
-                live.append(member)
-                submit(member)
-
-        admit()
-        while live:
-            round_start = time.perf_counter()
-            gen_start = time.perf_counter()
-            complete = batch.step()
-            stats.generator_seconds += time.perf_counter() - gen_start
-            for ticket, completions in complete:
-                member, i = owner.pop(ticket)
-                waiting[id(member)][1][i] = completions
-            ready = [m for m in live if all(out is not None for out in waiting[id(m)][1])]
-            for member in ready:
-                requests, outputs = waiting.pop(id(member))
-                check_outputs(self.generator, requests, outputs)
-                member.absorb(outputs)
-                stats.generated_tokens += sum(len(c.token_ids) for comps in outputs for c in comps)
-            if ready and self.settle is not None:
-                self.settle(ready)
-            ended = [m for m in ready if m.done]
-            results = [m.result() for m in ended]
-            live[:] = [m for m in live if not (m in ended)]
-            for member in ready:
-                if not member.done:
-                    submit(member)
-            admit()
-            stats.rounds += 1
             stats.trees_done += len(results)
             stats.trajectories += sum(len(r.trajectories) for r in results)
             stats.total_seconds += time.perf_counter() - round_start
