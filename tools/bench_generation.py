@@ -18,8 +18,10 @@ full as flat sampling does; trees finishing at different rounds, short steps and
 of different sizes make it lower. The in-process arm's `batch_efficiency` counts this
 process's CPU seconds (`--threads 1` by default), `batch_efficiency_wall` wall seconds: on a
 machine shared with other jobs the wall-time ratio moved from 0.2 to 1.3 between two runs of
-the same code, the CPU-time ratio stays within a few hundredths. The sidecar arm's generator
-is another process, so both of its numbers are wall-time ratios.
+the same code, the CPU-time ratio by about +-0.05. The sidecar arm's generator is another
+process, so both of its numbers are wall-time ratios. `--profile` prints, for the search and
+the flat batches, the decode passes, their mean batch and the KV width per row
+(docs/performance.md explains the gap with them).
 
     python tools/bench_generation.py --quickstart --skip-sidecar   # the quickstart's search, in-process
 
@@ -67,6 +69,29 @@ class Timed:
         return out
 
 
+class DecodeShapes:
+    """The model's forward passes with one new token per row (decode steps): how many, their
+    mean batch, and the mean attention width per row (columns of the padded KV cache, and
+    the real ones among them)."""
+
+    def __init__(self, model) -> None:
+        self.passes = self.rows = self.width = self.real = 0
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is not None and mask is not None and ids.shape[1] == 1:
+            self.passes += 1
+            self.rows += ids.shape[0]
+            self.width += mask.numel()
+            self.real += int(mask.sum())
+
+    def __str__(self) -> str:
+        rows = max(self.rows, 1)
+        return (f"{self.passes} decode passes, mean batch {self.rows / max(self.passes, 1):.0f} rows, "
+                f"KV width {self.width / rows:.1f} ({self.real / rows:.1f} real)")
+
+
 def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> tuple[float, float]:
     """Generated tokens per wall second and per CPU second of `generator` sampling `width`
     complete samples of every prompt in one call, repeated until at least `tokens` tokens came out."""
@@ -97,9 +122,11 @@ def main() -> None:
                              "random terminal choice")
     parser.add_argument("--flat-max-new-tokens", type=int, default=96,
                         help="cap of a flat sample (a complete Countdown solution is shorter)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the in-process arm's decode passes, mean batch and KV width, search and flat")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
-                             "jobs on the machine barely change (its wall time they do)")
+                             "jobs on the machine change far less than its wall time")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.quickstart:
@@ -139,10 +166,18 @@ def main() -> None:
 
     rows = {}
     hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
+    shapes = DecodeShapes(model) if args.profile else None
     seconds, tokens, timed = search(hf)
     s = hf.stats
-    rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1),
-                  *efficiency(hf, tokens, timed))
+    submitted, computed = s.prompt_tokens, s.prefill_tokens  # the search's: flat sampling adds to them
+    searched = str(shapes)
+    if shapes is not None:
+        shapes.handle.remove()
+        shapes = DecodeShapes(model)
+    rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1), *efficiency(hf, tokens, timed))
+    if shapes is not None:
+        shapes.handle.remove()
+        print(f"in-process search: {searched}\nin-process flat:   {shapes}")
     if args.skip_sidecar:
         report(args, rows, startup=None)
         return

@@ -2,9 +2,8 @@
 
 n independent responses per problem, each grown step by step (one generator call per
 round for every unfinished response of every live problem: flywheel.search.lockstep's loop,
-shared with the tree search). A response ends
-at EOS or after `config.max_depth` steps; with `StepSpec(max_tokens=budget)` and
-max_depth=1 a response is one call. The result is a TreeResult (mode "flat") whose root has
+shared with the tree search). A response ends at EOS or after `config.max_depth` steps;
+with `StepSpec(max_tokens=budget)` and max_depth=1 a response is one call. The result is a TreeResult (mode "flat") whose root has
 n chains; every node's value is its chain's terminal reward, which is what DAPO trains on
 (§6: replacing q~(s_j) by q(s_end) turns Tree-GRPO into DAPO).
 """
