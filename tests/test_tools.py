@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -115,6 +116,18 @@ def test_bench_generation_measures_the_in_process_batch_efficiency():
     # Generated tokens/s of the search over the same generator's flat sampling: a real ratio.
     assert 0.0 < float(fields["batch_efficiency"]) < 10.0 and float(fields["hf_seconds"]) > 0
     assert "vllm_seconds" not in fields and "policy tiny-countdown; no vLLM server" in out
+
+
+def test_bench_generation_profiles_the_decode_batches():
+    fields, out = run_tool("tools/bench_generation.py", "--quickstart", "--skip-sidecar", "--problems", "2",
+                           "--width", "2", "--k", "2", "--max-expansions", "4", "--profile")
+    assert "1 torch thread(s)" in out and 0.0 < float(fields["batch_efficiency"]) < 10.0
+    # One line per phase: decode passes, mean batch (at most 2 trees x 2 samples in the search), KV width.
+    search, flat = (re.search(rf"in-process {phase}: +(\d+) decode passes, mean batch (\d+) rows, KV width "
+                              rf"([\d.]+) \(([\d.]+) real\)", out) for phase in ("search", "flat"))
+    assert search and flat, out
+    assert int(search[1]) > 0 and 1 <= int(search[2]) <= 4 and float(search[3]) >= float(search[4]) > 0
+    assert int(flat[1]) > 0 and float(flat[3]) >= float(flat[4]) > 0
 
 
 @pytest.mark.vllm

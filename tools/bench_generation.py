@@ -15,11 +15,18 @@ fraction of the same generator sampling at least as many tokens as flat batches 
 problem's prompt, `--width` complete samples each, all problems in one call, repeated), run
 right after the search in the same process. 1.0 = the search keeps the generator batch as
 full as flat sampling does; trees finishing at different rounds, short steps and expansions
-of different sizes make it lower.
+of different sizes make it lower. The in-process arm's `batch_efficiency` counts this
+process's CPU seconds (`--threads 1` by default), `batch_efficiency_wall` wall seconds: on a
+machine shared with other jobs the wall-time ratio moved from 0.2 to 1.3 between two runs of
+the same code, the CPU-time ratio by about +-0.05. The sidecar arm's generator is another
+process, so both of its numbers are wall-time ratios. `--profile` prints, for the search and
+the flat batches, the decode passes, their mean batch and the KV width per row
+(docs/performance.md explains the gap with them).
 
     python tools/bench_generation.py --quickstart --skip-sidecar   # the quickstart's search, in-process
 
-Last line: RESULT ... batch_efficiency=<in-process arm> (and vllm_batch_efficiency=...).
+Last line: RESULT ... batch_efficiency=<in-process arm, CPU time> batch_efficiency_wall=...
+(and vllm_batch_efficiency=...).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
 from flywheel.evaluation import encode_prompt  # noqa: E402
 from flywheel.generation.base import GenerationRequest, SamplingParams  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
@@ -44,19 +53,56 @@ from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
-def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> float:
-    """Generated tokens / s of `generator` sampling `width` complete samples of every prompt in
-    one call, repeated until at least `tokens` tokens came out."""
+class Timed:
+    """A generator whose `sample` calls are timed: wall seconds and this process's CPU seconds."""
+
+    def __init__(self, generator) -> None:
+        self.generator = generator
+        self.stats = generator.stats
+        self.wall = self.cpu = 0.0
+
+    def sample(self, requests):
+        wall, cpu = time.perf_counter(), time.process_time()
+        out = self.generator.sample(requests)
+        self.wall += time.perf_counter() - wall
+        self.cpu += time.process_time() - cpu
+        return out
+
+
+class DecodeShapes:
+    """The model's forward passes with one new token per row (decode steps): how many, their
+    mean batch, and the mean attention width per row (columns of the padded KV cache, and
+    the real ones among them)."""
+
+    def __init__(self, model) -> None:
+        self.passes = self.rows = self.width = self.real = 0
+        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, module, args, kwargs) -> None:
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if ids is not None and mask is not None and ids.shape[1] == 1:
+            self.passes += 1
+            self.rows += ids.shape[0]
+            self.width += mask.numel()
+            self.real += int(mask.sum())
+
+    def __str__(self) -> str:
+        rows = max(self.rows, 1)
+        return (f"{self.passes} decode passes, mean batch {self.rows / max(self.passes, 1):.0f} rows, "
+                f"KV width {self.width / rows:.1f} ({self.real / rows:.1f} real)")
+
+
+def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> tuple[float, float]:
+    """Generated tokens per wall second and per CPU second of `generator` sampling `width`
+    complete samples of every prompt in one call, repeated until at least `tokens` tokens came out."""
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
-    done, seconds, call = 0, 0.0, 0
+    timed = Timed(generator)
+    done, call = 0, 0
     while done < tokens:
         requests = [GenerationRequest(tuple(p), width, params, seed=call * len(prompts) + i) for i, p in enumerate(prompts)]
-        start = time.perf_counter()
-        results = generator.sample(requests)
-        seconds += time.perf_counter() - start
-        done += sum(len(c.token_ids) for r in results for c in r)
+        done += sum(len(c.token_ids) for r in timed.sample(requests) for c in r)
         call += 1
-    return done / seconds
+    return done / timed.wall, done / timed.cpu
 
 
 def main() -> None:
@@ -76,7 +122,13 @@ def main() -> None:
                              "random terminal choice")
     parser.add_argument("--flat-max-new-tokens", type=int, default=96,
                         help="cap of a flat sample (a complete Countdown solution is shorter)")
+    parser.add_argument("--profile", action="store_true",
+                        help="also print the in-process arm's decode passes, mean batch and KV width, search and flat")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
+                             "jobs on the machine change far less than its wall time")
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     if args.quickstart:
         args.policy, args.max_expansions = "tiny-countdown", 64
 
@@ -99,23 +151,33 @@ def main() -> None:
     decode = functools.partial(tok.decode, skip_special_tokens=True)
 
     def search(generator):
-        driver = SearchDriver(generator, config, step=task.step, decode=decode, max_concurrent_trees=64,
+        timed = Timed(generator)
+        driver = SearchDriver(timed, config, step=task.step, decode=decode, max_concurrent_trees=64,
                               eos_token_ids=[tok.eos_token_id])
         start = time.perf_counter()
         driver.run(problems)
-        return time.perf_counter() - start, driver.stats.generated_tokens, driver.stats.generator_seconds
+        return time.perf_counter() - start, driver.stats.generated_tokens, timed
 
-    def efficiency(generator, tokens: int, generator_seconds: float) -> float:
-        flat = flat_tokens_per_second(generator, [p.prompt_ids for p in problems], args.width, tokens,
-                                      args.flat_max_new_tokens)
-        return tokens / generator_seconds / flat
+    def efficiency(generator, tokens: int, timed: Timed) -> tuple[float, float]:
+        """(by wall time, by CPU time): the search's tokens/s over flat sampling's."""
+        flat_wall, flat_cpu = flat_tokens_per_second(generator, [p.prompt_ids for p in problems], args.width, tokens,
+                                                     args.flat_max_new_tokens)
+        return tokens / timed.wall / flat_wall, tokens / timed.cpu / flat_cpu
 
     rows = {}
     hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
-    seconds, tokens, in_generator = search(hf)
+    shapes = DecodeShapes(model) if args.profile else None
+    seconds, tokens, timed = search(hf)
     s = hf.stats
-    rows["hf"] = (seconds, tokens, s.prompt_tokens, s.prefill_tokens, 1 - s.prefill_tokens / max(s.prompt_tokens, 1),
-                  efficiency(hf, tokens, in_generator))
+    submitted, computed = s.prompt_tokens, s.prefill_tokens  # the search's: flat sampling adds to them
+    searched = str(shapes)
+    if shapes is not None:
+        shapes.handle.remove()
+        shapes = DecodeShapes(model)
+    rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1), *efficiency(hf, tokens, timed))
+    if shapes is not None:
+        shapes.handle.remove()
+        print(f"in-process search: {searched}\nin-process flat:   {shapes}")
     if args.skip_sidecar:
         report(args, rows, startup=None)
         return
@@ -128,11 +190,13 @@ def main() -> None:
         search(generator)  # warm-up: first requests pay one-off costs
         before = sidecar.prefix_cache_counters() or (0.0, 0.0)
         submitted_before = generator.stats.prompt_tokens
-        seconds, tokens, in_generator = search(generator)
+        seconds, tokens, timed = search(generator)
         after = sidecar.prefix_cache_counters() or (0.0, 0.0)
         queries, hits = after[0] - before[0], after[1] - before[1]
+        # The server computes in another process: only the wall-time ratio means something here.
+        wall_efficiency = efficiency(generator, tokens, timed)[0]
         rows["vllm"] = (seconds, tokens, generator.stats.prompt_tokens - submitted_before, queries - hits,
-                        hits / queries if queries else 0.0, efficiency(generator, tokens, in_generator))
+                        hits / queries if queries else 0.0, wall_efficiency, wall_efficiency)
     finally:
         sidecar.close()
     report(args, rows, startup)
@@ -142,13 +206,15 @@ def report(args, rows: dict, startup: float | None) -> None:
 
     servers = "no vLLM server" if startup is None else f"{args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)"
     print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
-          f"policy {args.policy}; {servers}")
-    print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9} {'batch eff':>9}")
-    for name, (sec, tok_count, prompt, computed, rate, eff) in rows.items():
-        print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f} {eff:9.3f}")
+          f"policy {args.policy}; {servers}; {args.threads} torch thread(s)")
+    print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9} "
+          f"{'eff wall':>9} {'eff cpu':>8}")
+    for name, (sec, tok_count, prompt, computed, rate, eff_wall, eff_cpu) in rows.items():
+        print(f"{name:<8} {sec:8.2f} {tok_count / sec:10.0f} {prompt:11d} {int(computed):9d} {rate:9.3f} "
+              f"{eff_wall:9.3f} {eff_cpu:8.3f}")
     hf_row = rows["hf"]
     line = (f"RESULT hf_seconds={hf_row[0]:.2f} hf_tok_per_s={hf_row[1] / hf_row[0]:.0f} hf_hit_rate={hf_row[4]:.3f} "
-            f"batch_efficiency={hf_row[5]:.3f}")
+            f"batch_efficiency={hf_row[6]:.3f} batch_efficiency_wall={hf_row[5]:.3f}")
     if "vllm" in rows:
         v_row = rows["vllm"]
         line += (f" vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "

@@ -10,8 +10,8 @@ the Generator seam. No torch, no Lightning, no I/O.
 Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selection
 (local UCT, frontier score, vanilla UCT, pUCT), terminal (Eq. 2, 4), values (soft clip,
 overlong), expansion (what every expansion rule shares: seeds, sampling, grading), live (one
-tree between rounds), rollout (rollout expansion and forking), driver (the batched
-multi-tree driver), flat (baseline rollouts), outputs
+tree between rounds), rollout (rollout expansion and forking), lockstep (the batching loop
+and DriverStats), driver (the batched multi-tree driver), flat (baseline rollouts), outputs
 (records and the JSON dump), scripted (fake generators for tests and benchmarks).
 """
 

@@ -5,13 +5,14 @@ Every round: each live tree names the one leaf it wants expanded (with selection
 `generator.sample` call carries all of those expansions (n children each); then each tree adds its
 children, grades its new terminals, backs one up (§3-4) and selects its next leaf (§5).
 Finished trees leave and queued problems join at once (continuous batching), so the
-generator batch stays at `max_concurrent_trees` requests until the queue runs dry.
+generator batch stays at `max_concurrent_trees` requests until the queue runs dry. The loop
+itself is flywheel.search.lockstep's, shared with the flat rollouts; a tree enters it as a
+`_TreeMember`.
 
 A tree's evolution depends only on its own generator outputs, its index in the input
 and the config seed (per-request seeds and its rng are derived from them), so the same
 seed and the same generator outputs give an identical tree at any concurrency.
 """
-
 
 from __future__ import annotations
 
@@ -20,12 +21,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
-from flywheel.generation.base import Generator
+from flywheel.generation.base import Completion, GenerationRequest, Generator
 from flywheel.search.config import SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, check_outputs, step_sampling_params
+from flywheel.search.expansion import Decode, SearchProblem, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
 from flywheel.search.live import LiveTree
 from flywheel.search.live_agents import AgentTree
+from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult
 from flywheel.tasks.base import StepSpec
 
@@ -46,49 +48,6 @@ class SearchProgress:
     generated_tokens: int
     rounds: int
     elapsed_seconds: float
-
-
-@dataclass
-class DriverStats:
-    """Cumulative accounting of one driver (logged under search/)."""
-
-    rounds: int = 0
-    requests: int = 0
-    expansions: int = 0
-    generated_tokens: int = 0
-    trees_done: int = 0
-    trajectories: int = 0
-    generator_seconds: float = 0.0
-    total_seconds: float = 0.0
-    value_calls: int = 0
-    valued_nodes: int = 0
-    value_sum: float = 0.0
-    value_seconds: float = 0.0
-    """Time in the value model (a model call like the generator's, not bookkeeping)."""
-
-    @property
-    def bookkeeping_seconds(self) -> float:
-        """Everything that is not a model call: selection, grading, backup, batching."""
-        return self.total_seconds - self.generator_seconds - self.value_seconds
-
-    @property
-    def overhead_pct(self) -> float:
-        """Share of the driver's wall time spent outside generator calls (paper: < 0.4%)."""
-        return 100.0 * self.bookkeeping_seconds / self.total_seconds if self.total_seconds else 0.0
-
-    def as_dict(self) -> dict[str, float]:
-        return {
-            "rounds": float(self.rounds),
-            "requests": float(self.requests),
-            "expansions": float(self.expansions),
-            "generated_tokens": float(self.generated_tokens),
-            "trees_done": float(self.trees_done),
-            "trajectories": float(self.trajectories),
-            "generator_seconds": self.generator_seconds,
-            "bookkeeping_seconds": self.bookkeeping_seconds,
-            "overhead_pct": self.overhead_pct,
-        }
-
 
 
 class SearchDriver:
@@ -172,79 +131,77 @@ class SearchDriver:
         """Search every problem, yielding each TreeResult as soon as its tree finishes (so the
         caller can persist it); the order is completion order, `TreeResult.index` is input order."""
         total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
-        queue = enumerate(problems)
-        live: list[LiveTree | AgentTree] = []
-        stats = self.stats
+        kind = AgentTree if self.config.selection == "puct_agents" else LiveTree
+        trees = (
+            _TreeMember(kind(index, problem, self.config, self.step, self.ends_step), self)
+            for index, problem in enumerate(problems)
+        )
         done = done_trajectories = 0
         start = last_log = time.perf_counter()
 
-        def refill() -> None:
-            while len(live) < self.max_concurrent_trees:
-                item = next(queue, None)
-                if item is None:
-                    return
-                kind = AgentTree if self.config.selection == "puct_agents" else LiveTree
-                live.append(kind(item[0], item[1], self.config, self.step, self.ends_step))
-
-        refill()
-        while live:
-            round_start = time.perf_counter()
-            # One request per tree, or one per agent that reached a leaf (selection "puct_agents").
-            per_tree = [t.requests(self.params) for t in live]
-            requests = [r for tree_requests in per_tree for r in tree_requests]
-            gen_start = time.perf_counter()
-            outputs = self.generator.sample(requests)
-            gen_seconds = time.perf_counter() - gen_start
-            check_outputs(self.generator, requests, outputs)
-            finished: list[TreeResult] = []
-            still: list[LiveTree | AgentTree] = []
-            first = 0
-            for tree, tree_requests in zip(live, per_tree):
-                before = tree.generated_tokens
-                tree.absorb_all(outputs[first : first + len(tree_requests)], self.decode, self.eos_token_ids)
-                first += len(tree_requests)
-                stats.generated_tokens += tree.generated_tokens - before
-            if self.value_fn is not None:
-                self._score_new_nodes([t for t in live if t.status is None])
-            for tree in live:
-                tree.choose_next()
-                if tree.status is None:
-                    still.append(tree)
-                else:
-                    finished.append(tree.result())
-                    done_trajectories += len(tree.trajectories)
-            live[:] = still
-            refill()
+        def on_round(live: list[_TreeMember], finished: list[_TreeMember]) -> None:
+            nonlocal done, done_trajectories, last_log
             done += len(finished)
-            stats.rounds += 1
-            stats.requests += len(requests)
-            stats.expansions += len(requests)
-            stats.trees_done += len(finished)
-            stats.trajectories += sum(len(r.trajectories) for r in finished)
-            stats.generator_seconds += gen_seconds
+            done_trajectories += sum(len(m.tree.trajectories) for m in finished)
             now = time.perf_counter()
-            stats.total_seconds += now - round_start
-            if self.progress is not None or now - last_log >= self.log_every_seconds:
-                snapshot = SearchProgress(
-                    trees_done=done,
-                    trees_live=len(live),
-                    trees_total=total,
-                    trajectories=done_trajectories + sum(len(t.trajectories) for t in live),
-                    expansions=stats.expansions,
-                    generated_tokens=stats.generated_tokens,
-                    rounds=stats.rounds,
-                    elapsed_seconds=now - start,
+            if self.progress is None and now - last_log < self.log_every_seconds:
+                return
+            snapshot = SearchProgress(
+                trees_done=done,
+                trees_live=len(live),
+                trees_total=total,
+                trajectories=done_trajectories + sum(len(m.tree.trajectories) for m in live),
+                expansions=self.stats.expansions,
+                generated_tokens=self.stats.generated_tokens,
+                rounds=self.stats.rounds,
+                elapsed_seconds=now - start,
+            )
+            if self.progress is not None:
+                self.progress(snapshot)
+            if now - last_log >= self.log_every_seconds:
+                last_log = now
+                log.info(
+                    "search: %d/%s trees done, %d live, %d trajectories, %d expansions, %d tokens, %.0f s",
+                    done, total if total is not None else "?", len(live), snapshot.trajectories,
+                    snapshot.expansions, snapshot.generated_tokens, snapshot.elapsed_seconds,
                 )
-                if self.progress is not None:
-                    self.progress(snapshot)
-                if now - last_log >= self.log_every_seconds:
-                    last_log = now
-                    log.info(
-                        "search: %d/%s trees done, %d live, %d trajectories, %d expansions, %d tokens, %.0f s",
-                        done, total if total is not None else "?", len(live), snapshot.trajectories,
-                        snapshot.expansions, snapshot.generated_tokens, snapshot.elapsed_seconds,
-                    )
-            yield from finished
+
+        yield from Lockstep(
+            self.generator, trees, max_live=self.max_concurrent_trees, stats=self.stats,
+            settle=self._settle, on_round=on_round,
+        )
+
+    def _settle(self, live: list[_TreeMember]) -> None:
+        """After a round: one value-model call for every live tree's new nodes, then each tree
+        picks its next node (§5) or finishes."""
+        if self.value_fn is not None:
+            self._score_new_nodes([m.tree for m in live if m.tree.status is None])
+        for member in live:
+            member.tree.choose_next()
+
+
+class _TreeMember:
+    """A live tree as a member of the lock-step loop (flywheel.search.lockstep)."""
+
+    __slots__ = ("tree", "driver")
+
+    def __init__(self, tree: LiveTree | AgentTree, driver: SearchDriver) -> None:
+        self.tree = tree
+        self.driver = driver
+
+    def requests(self) -> list[GenerationRequest]:
+        # One request per tree, or one per agent that reached a leaf (selection "puct_agents").
+        return self.tree.requests(self.driver.params)
+
+    def absorb(self, outputs: Sequence[Sequence[Completion]]) -> None:
+        self.tree.absorb_all(outputs, self.driver.decode, self.driver.eos_token_ids)
+
+    @property
+    def done(self) -> bool:
+        return self.tree.status is not None
+
+    def result(self) -> TreeResult:
+        return self.tree.result()
 
 
 def run_search(

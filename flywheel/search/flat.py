@@ -1,9 +1,9 @@
 """Flat rollouts for the baselines (DAPO / GRPO, best-of-N) in the search's output format.
 
 n independent responses per problem, each grown step by step (one generator call per
-round for every unfinished response of every live problem, in lock-step). A response ends
-at EOS or after `config.max_depth` steps; with `StepSpec(max_tokens=budget)` and
-max_depth=1 a response is one call. The result is a TreeResult (mode "flat") whose root has
+round for every unfinished response of every live problem: flywheel.search.lockstep's loop,
+shared with the tree search). A response ends at EOS or after `config.max_depth` steps;
+with `StepSpec(max_tokens=budget)` and max_depth=1 a response is one call. The result is a TreeResult (mode "flat") whose root has
 n chains; every node's value is its chain's terminal reward, which is what DAPO trains on
 (§6: replacing q~(s_j) by q(s_end) turns Tree-GRPO into DAPO).
 """
@@ -13,36 +13,65 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable, Sequence
 
-from flywheel.generation.base import Completion, GenerationRequest, Generator
+from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
 from flywheel.search.config import SearchConfig
-from flywheel.search.driver import DriverStats
-from flywheel.search.expansion import (
-    Decode,
-    SearchProblem,
-    check_outputs,
-    derive_seed,
-    grade_terminal,
-    step_end,
-    step_sampling_params,
-)
+from flywheel.search.expansion import Decode, SearchProblem, derive_seed, grade_terminal, step_end, step_sampling_params
+from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
 
 
 class _FlatProblem:
-    def __init__(self, index: int, problem: SearchProblem) -> None:
+    """One problem's n responses, a member of the lock-step loop (flywheel.search.lockstep)."""
+
+    def __init__(
+        self, index: int, problem: SearchProblem, n: int, params: SamplingParams, config: SearchConfig,
+        decode: Decode, eos_ids: frozenset[int],
+    ) -> None:
         self.index = index
         self.problem = problem
+        self.n = n
+        self.params = params
+        self.config = config
+        self.decode = decode
+        self.eos_ids = eos_ids
         self.tree = SearchTree(problem.prompt_ids)
         self.leaves: list[int] = []  # chain j's current last node; ROOT before the first round
+        self.chains: list[list[int]] = []  # per request of this round: the chains it feeds
         self.rounds = 0
-        self.requests = 0
+        self.requests_made = 0
         self.generated_tokens = 0
         self.started = time.perf_counter()
 
     def open_chains(self) -> list[int]:
         return [j for j, leaf in enumerate(self.leaves) if not self.tree.terminal[leaf]]
+
+    def requests(self) -> list[GenerationRequest]:
+        cfg, tree = self.config, self.tree
+        if not self.leaves:  # first round: n samples of the prompt in one request
+            self.chains = [list(range(self.n))]
+            return [GenerationRequest(tree.prompt_ids, self.n, self.params, derive_seed(cfg.seed, self.index, 0),
+                                      affinity=self.index)]
+        self.chains = [[j] for j in self.open_chains()]
+        return [
+            GenerationRequest(tree.prefix_ids(self.leaves[j]), 1, self.params,
+                              derive_seed(cfg.seed, self.index, tree.depth[self.leaves[j]], j), affinity=self.index)
+            for (j,) in self.chains
+        ]
+
+    def absorb(self, outputs: Sequence[Sequence[Completion]]) -> None:
+        for chains, comps in zip(self.chains, outputs, strict=True):
+            self.requests_made += 1
+            _extend(self, chains, comps, self.config, self.decode, self.eos_ids)
+        self.rounds += 1
+
+    @property
+    def done(self) -> bool:
+        return not self.open_chains()
+
+    def result(self) -> TreeResult:
+        return _result(self, self.config)
 
 
 def flat_rollouts(
@@ -75,61 +104,18 @@ def flat_rollouts(
         raise ValueError(f"max_concurrent_problems must be >= 1, got {max_concurrent_problems}")
     params = step_sampling_params(step, config)
     eos_ids = frozenset(eos_token_ids)
-    stats = stats if stats is not None else DriverStats()
-    queue = enumerate(problems)
-    live: list[_FlatProblem] = []
-    results: list[TreeResult] = []
+    groups = (_FlatProblem(i, p, n, params, config, decode, eos_ids) for i, p in enumerate(problems))
+    finished = 0
 
-    def refill() -> None:
-        while len(live) < max_concurrent_problems:
-            item = next(queue, None)
-            if item is None:
-                return
-            live.append(_FlatProblem(*item))
-
-    refill()
-    while live:
-        round_start = time.perf_counter()
-        requests: list[GenerationRequest] = []
-        owners: list[tuple[_FlatProblem, list[int]]] = []  # per request: problem, chains it feeds
-        for fp in live:
-            if not fp.leaves:  # first round: n samples of the prompt in one request
-                seed = derive_seed(config.seed, fp.index, 0)
-                requests.append(GenerationRequest(fp.tree.prompt_ids, n, params, seed, affinity=fp.index))
-                owners.append((fp, list(range(n))))
-                continue
-            for j in fp.open_chains():
-                leaf = fp.leaves[j]
-                seed = derive_seed(config.seed, fp.index, fp.tree.depth[leaf], j)
-                requests.append(GenerationRequest(fp.tree.prefix_ids(leaf), 1, params, seed, affinity=fp.index))
-                owners.append((fp, [j]))
-        gen_start = time.perf_counter()
-        outputs = generator.sample(requests)
-        stats.generator_seconds += time.perf_counter() - gen_start
-        check_outputs(generator, requests, outputs)
-        for (fp, chains), comps in zip(owners, outputs):
-            fp.requests += 1
-            _extend(fp, chains, comps, config, decode, eos_ids)
-            stats.generated_tokens += sum(len(c.token_ids) for c in comps)
-        still = []
-        for fp in live:
-            fp.rounds += 1
-            if fp.open_chains():
-                still.append(fp)
-            else:
-                results.append(_result(fp, config))
-                stats.trees_done += 1
-                stats.trajectories += n
-        live[:] = still
-        refill()
-        stats.rounds += 1
-        stats.requests += len(requests)
-        stats.expansions += len(requests)
-        stats.total_seconds += time.perf_counter() - round_start
+    def on_round(live: list[_FlatProblem], ended: list[_FlatProblem]) -> None:
+        nonlocal finished
+        finished += len(ended)
         if progress is not None:
-            progress(len(results))
-    results.sort(key=lambda r: r.index)
-    return results
+            progress(finished)
+
+    loop = Lockstep(generator, groups, max_live=max_concurrent_problems,
+                    stats=stats if stats is not None else DriverStats(), on_round=on_round)
+    return sorted(loop, key=lambda r: r.index)
 
 
 def _extend(
@@ -176,7 +162,7 @@ def _result(fp: _FlatProblem, config: SearchConfig) -> TreeResult:
         trajectories=tuple(build_trajectory(tree, leaf, config, mode="flat") for leaf in fp.leaves),
         status="complete",
         stats=TreeStats(
-            expansions=fp.requests,
+            expansions=fp.requests_made,
             nodes=len(tree),
             generated_tokens=fp.generated_tokens,
             max_depth=max(tree.depth),
