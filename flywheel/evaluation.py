@@ -31,6 +31,8 @@ class EvalConfig:
         seed: seed of the evaluation samples; the same for every round (common random
             numbers make round-to-round differences less noisy).
         problems_per_batch: problems per generator call.
+        at_start: `fit` also evaluates the policy before the first update (the run's
+            baseline in summary.json); the rounds' evaluations follow either way.
     """
 
     samples: int = 4
@@ -39,6 +41,7 @@ class EvalConfig:
     top_p: float = 1.0
     seed: int = 1234
     problems_per_batch: int = 256
+    at_start: bool = True
 
     def __post_init__(self) -> None:
         if self.samples < 1:

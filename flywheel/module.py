@@ -186,11 +186,11 @@ class TreeGRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ training
     def on_fit_start(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        advantage = getattr(dm, "advantage", None)
+        credit = getattr(getattr(self.trainer, "datamodule", None), "credit", None)
+        advantage = getattr(credit, "advantage", None)
         if advantage is not None and (advantage == "self_training") != (self.objective.loss_type == "self_training"):
             raise ValueError(
-                f"--data.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
+                f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
                 "go together: the self-training loss needs path weights, not advantages, and the other losses need "
                 "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
             )
@@ -245,7 +245,7 @@ class TreeGRPOModule(L.LightningModule):
         return loss
 
     def _self_training_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
-        """ReST-MCTS*: the rows' advantages are their path weights (`--data.advantage=self_training`)."""
+        """ReST-MCTS*: the rows' advantages are their path weights (`--data.credit.advantage=self_training`)."""
         ref = self.batch_logprobs(self.reference, batch).detach() if self.reference is not None else None
         return self_training_loss(
             logprobs, batch["advantages"], batch["loss_mask"], ref, kl_coef=self.objective.kl_coef,

@@ -575,9 +575,9 @@ def test_filter_applies_to_negatives_only_and_can_be_off():
 
 
 def test_filter_config_names_the_flag():
-    with pytest.raises(ValueError, match="--data.degenerate_filter.max_repeat_fraction"):
+    with pytest.raises(ValueError, match="--data.credit.degenerate_filter.max_repeat_fraction"):
         DegenerateFilter(max_repeat_fraction=2.0)
-    with pytest.raises(ValueError, match="--data.degenerate_filter.max_period"):
+    with pytest.raises(ValueError, match="--data.credit.degenerate_filter.max_period"):
         DegenerateFilter(max_period=0)
 
 

@@ -45,9 +45,9 @@ def test_a_budget_below_one_token_is_refused_with_the_flag_named():
 @pytest.mark.slow
 def test_a_fit_stops_on_its_budget_counting_training_rollouts_only(tmp_path):
     cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=5",
-                "--data.problems_per_epoch=8", "--data.mini_batch_problems=4", "--data.max_eval_problems=8",
+                "--data.batching.problems_per_epoch=8", "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=8",
                 "--data.eval.samples=2", "--data.search.expansion_width=4", "--data.search.trajectories_per_tree=4",
-                "--data.epochs_per_round=1", "--data.hard_set.enabled=true", "--data.max_train_problems=16",
+                "--data.epochs_per_round=1", "--data.hard_set.enabled=true", "--data.problems.max_train_problems=16",
                 "--budget.max_tokens=1", f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     dm, trainer = cli.datamodule, cli.trainer

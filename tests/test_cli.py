@@ -81,7 +81,7 @@ def test_help_lists_subcommands_and_documents_options():
 
 
 def test_validate_and_test_report_pass_at_k(tmp_path):
-    args = ["--config", str(ROOT / "conf" / "quickstart.yaml"), "--data.max_eval_problems=8",
+    args = ["--config", str(ROOT / "conf" / "quickstart.yaml"), "--data.problems.max_eval_problems=8",
             "--data.eval.samples=2", f"--trainer.logger.init_args.save_dir={tmp_path}"]
     for sub, stage in (("validate", "eval"), ("test", "test")):
         cli = main([sub, *args])

@@ -83,7 +83,7 @@ def test_bad_rows_name_their_line_or_are_skipped_and_counted(tmp_path):
     path = write_rows(tmp_path / "rows.jsonl", 5)
     with path.open("a") as fh:
         fh.write('{"id": "bad", "numbers": [1, 2], "target": "x"}\n')
-    with pytest.raises(ValueError, match=r"rows\.jsonl:6.*--data\.skip_bad_rows=true"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl:6.*--data\.problems\.skip_bad_rows=true"):
         optimize_files(CountdownTask(), [str(path)], tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     directory = optimize_files(CountdownTask(), [str(path)], tmp_path / "cache", skip_bad_rows=True)

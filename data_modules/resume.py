@@ -1,0 +1,37 @@
+"""The data module's part of a checkpoint: the curriculum (hard set, replay buffer, round,
+cursor) and the run's token counters, under a format tag. Lightning stores it in every
+checkpoint and restores it before the first `train_dataloader()` of a resumed run."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from data_modules.curriculum import Curriculum
+
+STATE_FORMAT = "flywheel.search_data_module/v1"
+
+
+def data_state(curriculum: Curriculum, generated_tokens: int, screening_tokens: int) -> dict[str, Any]:
+    return {"format": STATE_FORMAT, **curriculum.state_dict(), "generated_tokens": generated_tokens,
+            "screening_tokens": screening_tokens}
+
+
+def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum, source: str | None) -> tuple[int, int]:
+    """Load `state` into `curriculum`; returns (generated_tokens, screening_tokens). Raises
+    ValueError naming the checkpoint `source` and the way out when the state is from another
+    version or malformed (then nothing was restored)."""
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"the checkpoint's SearchDataModule state has format {state.get('format')!r}, expected "
+            f"{STATE_FORMAT!r}: it was written by another flywheel version; start a new run without --ckpt_path"
+        )
+    try:
+        counters = int(state["generated_tokens"]), int(state["screening_tokens"])
+        curriculum.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(
+            f"the SearchDataModule state in checkpoint {source or '(unknown file)'} is malformed "
+            f"({type(err).__name__}: {err}); nothing was restored. Way out: resume from another checkpoint of "
+            "the run (--ckpt_path FILE), or start again without --ckpt_path"
+        ) from err
+    return counters
