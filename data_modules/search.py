@@ -1,12 +1,13 @@
 """SearchDataModule: every epoch, the current policy searches this epoch's problems and the
 finished trees become the epoch's training data (DESIGN.md, "Data flow of one epoch").
 
-Thin glue over plain parts: the `Curriculum` (hard set, replay buffer, round, cursor:
-data_modules.curriculum), the epoch's `rollout` (data_modules.rollout), the mini-batches
-(data_modules.examples), the run files (data_modules.run_files) and the epoch's scalars
-(data_modules.epoch_metrics). The curriculum is data-module state, saved in every checkpoint
-and restored by `--ckpt_path`. Callbacks drive the epoch's end (callbacks.rounds): weight
-sync, then at a round's end the hard-set refresh, the held-out evaluation and the value model.
+Thin glue over plain parts: the settings' sections (data_modules.settings), the problems
+(data_modules.pool), the `Curriculum` (hard set, replay buffer, round, cursor:
+data_modules.curriculum), the epoch's `rollout` (data_modules.rollout), the mini-batches with
+pi_old (data_modules.examples), the run files (data_modules.run_files), the epoch's scalars
+(data_modules.epoch_metrics) and the checkpointed state (data_modules.resume). Callbacks drive
+the epoch's end (callbacks.rounds): weight sync, then at a round's end the hard-set refresh,
+the held-out evaluation and the value model.
 """
 
 from __future__ import annotations
@@ -20,15 +21,15 @@ from typing import Any, Sequence
 
 import lightning as L
 from torch.utils.data import DataLoader
-from tqdm.auto import tqdm
 
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
 from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
+from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
 from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
-from data_modules.run_files import write_state, write_trees
+from data_modules.run_files import write_run_files
 from data_modules.screening import screen as screen_pass1
 from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
@@ -36,13 +37,14 @@ from flywheel.distributed import all_gather, all_sum
 from flywheel.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
-from flywheel.preemption import SIGTERMException, stop_point
+from flywheel.preemption import SIGTERMException
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 
 log = logging.getLogger(__name__)
+
 
 class SearchDataModule(L.LightningDataModule):
     """Regenerates the training data every epoch with the current policy.
@@ -159,11 +161,10 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        module = trainer.lightning_module
+        trainer, module = self.trainer, self.trainer.lightning_module
         tokenizer = module.tokenizer
-        progress = trainer.fit_loop.epoch_progress.current
-        if progress.processed > progress.completed:
+        done = trainer.fit_loop.epoch_progress.current
+        if done.processed > done.completed:
             # Resuming from an end-of-epoch checkpoint: Lightning builds this loader for the
             # finished epoch and never iterates it; don't search for it (lightning-cpu.md §2).
             # It must not be empty, or the fit loop stops at once ("No training batches").
@@ -188,14 +189,11 @@ class SearchDataModule(L.LightningDataModule):
                                score=module.score_batch)
         self.generated_tokens += all_sum(out.stats.generated_tokens)
         curriculum = self.curriculum
-        self.epoch_metrics = {**epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator),
-                              "data/hard_set_size": float(len(curriculum.hard)), "data/cached": float(len(curriculum.buffer)),
-                              "data/uniform_groups_dropped": float(out.uniform_groups),
+        self.epoch_metrics = {**epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator,
+                                              hard_set_size=len(curriculum.hard), cached=len(curriculum.buffer),
+                                              uniform_groups_dropped=out.uniform_groups),
                               "compute/screening_tokens": float(self.screening_tokens)}
-        self.persist()
-        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
-        if trainer.is_global_zero and log_dir:
-            write_trees(log_dir, epoch, out.results, decoder(tokenizer), self.save_trees)
+        write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees))
         log.info(
             "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
             epoch, len(problems), sum(p.id in curriculum.buffer for p in problems), sum(len(g) for g in out.rows),
@@ -205,17 +203,13 @@ class SearchDataModule(L.LightningDataModule):
 
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
         """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
-        bar = tqdm(total=len(problems), desc=f"epoch {epoch} {self.rollout}", unit="problem", leave=False, disable=rank != 0)
-        try:
+        with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance:
             return rollout(
                 problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
-                search=self.effective_search_config(epoch, rank),
-                flat_samples=self.batching.flat_samples, max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
-                cached=self.curriculum.cached, value_fn=self.value_fn,
-                node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=lambda done, tokens: _advance(bar, done, tokens, self.trainer),
+                search=self.effective_search_config(epoch, rank), flat_samples=self.batching.flat_samples,
+                max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit, cached=self.curriculum.cached,
+                value_fn=self.value_fn, node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
             )
-        finally:
-            bar.close()
 
     def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
         """The search config of one (epoch, rank): a fresh seed, all else as configured."""
@@ -230,11 +224,10 @@ class SearchDataModule(L.LightningDataModule):
         """Pass1@K of `ids` under the current policy, the same on every rank (collective)."""
         trainer, pool = self.trainer, self.train_pool()
         shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
-        bar = tqdm(total=len(shard), desc=f"screen {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
-                               config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
-                               progress=lambda d: _advance(bar, d, None, trainer))
-        bar.close()
+        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance:
+            rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
+                                         config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
+                                         progress=advance)
         self.screening_tokens += tokens
         return rates
 
@@ -253,17 +246,8 @@ class SearchDataModule(L.LightningDataModule):
             raise RuntimeError("a round ended before the first epoch screened the hard set")
         enabled = curriculum.hard_set_config.enabled
         change = curriculum.end_round(self.screen(tokenizer, curriculum.hard.ids, f"round {curriculum.round + 1}") if enabled else {})
-        self.persist()
+        write_run_files(self.trainer, curriculum.hard, curriculum.buffer)
         return {"round/hard_set_size": float(change.after), "round/cached": float(len(curriculum.buffer))}
-
-    def persist(self) -> None:
-        """Write the hard set and the replay buffer to the run directory (rank 0, atomically)."""
-        trainer = self.trainer
-        if trainer is None:
-            return
-        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
-        if trainer.is_global_zero and log_dir:
-            write_state(log_dir, self.curriculum.hard, self.curriculum.buffer)
 
     # ------------------------------------------------------------------ validate / test
     def val_dataloader(self) -> DataLoader:
@@ -295,9 +279,3 @@ def _value_head_fn(module, config: SearchConfig):
         return module.search_values
     return None
 
-
-def _advance(bar: tqdm, done: int, tokens: int | None, trainer: L.Trainer | None) -> None:
-    stop_point(trainer)  # after every search round: a SIGTERM stops here (flywheel.preemption)
-    bar.update(done - bar.n)
-    if tokens is not None:
-        bar.set_postfix(tokens=tokens, refresh=False)
