@@ -81,6 +81,13 @@ class Curriculum:
             log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
                      len(self.hard), len(ids), cfg.k, "<" if cfg.comparison == "lt" else "<=", cfg.delta)
 
+    def start_streaming(self) -> None:
+        """Problems streamed from files (`--data.problems.stream`): no pool to screen, so the
+        hard set stays empty and each epoch's draw is screened instead."""
+        self.hard = HardSet.initial([], {}, self.hard_set_config)
+        log.info("problems streamed: each epoch's draw is %s", "screened, the hard ones searched"
+                 if self.hard_set_config.enabled else "searched whole (hard set off)")
+
     def end_round(self, rates: Mapping[str, float]) -> RoundChange:
         """Shrink the hard set with the trained policy's rates (Eq. 9), settle the replay
         buffer's candidates against the same rates, and start the next round's stream."""

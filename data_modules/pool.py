@@ -2,13 +2,16 @@
 
 The training pool is a seeded subset when `max_train_problems` is set (the hard set is
 screened from it); the held-out problems are the first `max_eval_problems`. flywheel.preflight
-sets `row_check` and reads both before the first search, so a bad file fails early.
+sets `row_check` and reads both before the first search, so a bad file fails early. With
+`stream`, the training files are a litdata stream instead (data_modules.streaming): `draw`
+takes each epoch's problems from it, and its position is part of the checkpoint.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Callable
+from pathlib import Path
+from typing import Any, Callable
 
 from data_modules.settings import ProblemsConfig
 from flywheel.tasks import Problem, Task
@@ -34,9 +37,17 @@ class ProblemPool:
         """Malformed training rows skipped (`--data.problems.skip_bad_rows`)."""
         self._train: dict[str, Problem] | None = None
         self._held_out: tuple[Problem, ...] | None = None
+        self._stream = None
+        self._directory: Path | None = None
+        self._stream_position: dict[str, int] | None = None
 
     def train(self) -> dict[str, Problem]:
-        """Training problems by id (a seeded subset when `max_train_problems` is set)."""
+        """Training problems by id (a seeded subset when `max_train_problems` is set). With
+        `stream`: the files are optimized (every row checked, once) and this is the
+        problems drawn so far."""
+        if self._train is None and self.config.stream:
+            self._stream_directory()
+            self._train = {}
         if self._train is None:
             cfg = self.config
             loaded = load_problems(self.task, cfg.train_files, cfg.train_split, skip_bad_rows=cfg.skip_bad_rows,
@@ -56,3 +67,38 @@ class ProblemPool:
                                            limit=cfg.max_eval_problems, check=self.row_check,
                                            skip_flag=SKIP_FLAG).problems
         return self._held_out
+
+    # ------------------------------------------------------------------ stream
+    def draw(self, count: int, rank: int, world: int) -> list[Problem]:
+        """Rank `rank`'s share of the next `count` problems of the stream (`count` over all
+        ranks, split as `problems[rank::world]` would split them); every rank draws from
+        its own shard, so no problem is drawn twice in a pass."""
+        if self._stream is None:
+            from data_modules.streaming import StreamingProblems
+
+            self._stream = StreamingProblems(self.task, self._stream_directory(), self.seed, rank, world)
+            if self._stream_position is not None:
+                self._stream.load_state_dict(self._stream_position)
+        problems = self._stream.take(len(range(rank, count, world)))
+        self.train().update((p.id, p) for p in problems)
+        return problems
+
+    def stream_position(self) -> dict[str, int] | None:
+        """The stream's position (pass, drawn in it), the same on every rank; None without a stream."""
+        if self._stream is not None:
+            return self._stream.state_dict()
+        return self._stream_position
+
+    def load_stream_position(self, position: dict[str, Any] | None) -> None:
+        """Continue the stream from `position` (from `stream_position`)."""
+        self._stream_position = {k: int(v) for k, v in position.items()} if position is not None else None
+        if self._stream is not None and position is not None:
+            self._stream.load_state_dict(self._stream_position)
+
+    def _stream_directory(self) -> Path:
+        from data_modules.streaming import optimize_files
+
+        if self._directory is None:
+            cfg = self.config
+            self._directory = optimize_files(self.task, cfg.train_files, Path(cfg.cache_folder), cfg.skip_bad_rows)
+        return self._directory

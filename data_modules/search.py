@@ -97,6 +97,9 @@ class SearchDataModule(L.LightningDataModule):
             raise ValueError(f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
         if save_trees < 0:
             raise ValueError(f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
+        if problems.stream and replay.enabled:
+            raise ValueError("--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer "
+                             "re-screens its problems at every round's end, and a stream keeps no pool to find them in")
         if rollout != "search" and credit.advantage not in ("node", "self_training"):
             log.warning("--data.credit.advantage=%s is not used with --data.rollout=%s: flat groups are credited "
                         "DAPO-style (reward minus the group mean); remove --data.credit.advantage or use "
@@ -174,8 +177,7 @@ class SearchDataModule(L.LightningDataModule):
         at_start = self.state_dict()
         try:
             self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
-            self.ensure_hard_set(tokenizer)
-            problems = self.next_problems(self.batching.problems_per_epoch)[rank::world]
+            problems = self.epoch_problems(tokenizer, rank, world)
             out = self.rollouts(problems, tokenizer, epoch, rank)
         except SIGTERMException:  # stopped between search rounds: the checkpoint restarts this epoch
             self.load_state_dict(at_start)
@@ -201,6 +203,21 @@ class SearchDataModule(L.LightningDataModule):
         )
         return DataLoader(batches, batch_size=None, shuffle=False)
 
+    def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
+        """This rank's problems of the epoch: its share of the round's hard-set stream, or with
+        `--data.problems.stream` its draw from the file stream, screened (Eq. 8 on the draw)."""
+        count, curriculum = self.batching.problems_per_epoch, self.curriculum
+        if not self.pool.config.stream:
+            self.ensure_hard_set(tokenizer)
+            return self.next_problems(count)[rank::world]
+        if not curriculum.started:
+            curriculum.start_streaming()
+        drawn = self.pool.draw(count, rank, world)
+        if not curriculum.hard_set_config.enabled:
+            return drawn
+        rates = self.screen_shard(tokenizer, drawn, "draw")
+        return [p for p in drawn if curriculum.hard_set_config.is_hard(rates[p.id])]
+
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
         """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
         with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance:
@@ -223,7 +240,11 @@ class SearchDataModule(L.LightningDataModule):
     def screen(self, tokenizer: Any, ids: Sequence[str], label: str) -> dict[str, float]:
         """Pass1@K of `ids` under the current policy, the same on every rank (collective)."""
         trainer, pool = self.trainer, self.train_pool()
-        shard = [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]]
+        return self.screen_shard(tokenizer, [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]], label)
+
+    def screen_shard(self, tokenizer: Any, shard: Sequence[Problem], label: str) -> dict[str, float]:
+        """Pass1@K of every rank's `shard` (each rank its own), the same on every rank (collective)."""
+        trainer = self.trainer
         with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance:
             rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
                                          config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
@@ -266,11 +287,12 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return data_state(self.curriculum, self.generated_tokens, self.screening_tokens)
+        return data_state(self.curriculum, self.generated_tokens, self.screening_tokens, self.pool.stream_position())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         source = getattr(self.trainer, "ckpt_path", None)
-        self.generated_tokens, self.screening_tokens = restore_data_state(state, self.curriculum, source)
+        self.generated_tokens, self.screening_tokens, stream = restore_data_state(state, self.curriculum, source)
+        self.pool.load_stream_position(stream)
 
 
 def _value_head_fn(module, config: SearchConfig):

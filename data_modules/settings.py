@@ -12,6 +12,7 @@ next to the code that reads them. Flags of the flat layout these sections replac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from data_modules.examples import PathWeighting
@@ -40,6 +41,14 @@ class ProblemsConfig:
         eval_split: built-in held-out split.
         max_eval_problems: evaluate on the first this many held-out problems (None = all).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
+        stream: read `train_files` as a litdata stream instead of loading them (the `stream`
+            extra; for files too large to hold or screen whole): optimized once into
+            `stream_cache`, each epoch's problems drawn from it, shuffled, sharded across
+            ranks without duplicates, its position saved in every checkpoint. The hard set
+            then screens each epoch's draw with the current policy and searches the hard
+            ones; the replay buffer must be off (it re-screens a pool a stream does not keep).
+        stream_cache: folder of the optimized dataset (default: `.flywheel_stream` beside the
+            first training file); a changed file is optimized again, an unchanged one never.
     """
 
     train_files: list[str] | None = None
@@ -49,12 +58,24 @@ class ProblemsConfig:
     eval_split: str = "test"
     max_eval_problems: int | None = None
     skip_bad_rows: bool = False
+    stream: bool = False
+    stream_cache: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_train_problems", "max_eval_problems"):
             value = getattr(self, name)
             _check(value is None or value >= 1,
                    f"--data.problems.{name}={value}: must be >= 1, or null to use every problem")
+        if self.stream:
+            _check(bool(self.train_files), "--data.problems.stream=true streams --data.problems.train_files, which "
+                   "is empty: give the files (--data.problems.train_files=[big.jsonl]) or set --data.problems.stream=false")
+            _check(self.max_train_problems is None, "--data.problems.max_train_problems takes a subset of a loaded "
+                   "pool; a stream draws from every row: leave it out (null) with --data.problems.stream=true")
+
+    @property
+    def cache_folder(self) -> str:
+        """Where the streamed dataset is optimized (`stream_cache` or beside the first file)."""
+        return self.stream_cache or str(Path(self.train_files[0]).parent / ".flywheel_stream")
 
 
 @dataclass(frozen=True)
