@@ -30,7 +30,7 @@ from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
 from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_run_files
-from data_modules.screening import screen as screen_pass1
+from data_modules.screening import Screening
 from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.distributed import all_gather, all_sum
@@ -115,9 +115,10 @@ class SearchDataModule(L.LightningDataModule):
         self.live = LiveGenerator(self.backend)
         self.value_fn: ValueFn | None = None
         """The value model scoring new search nodes (handed over by the round protocol)."""
+        self.screening = Screening(self.pool, self.curriculum, self.task)
+        """Pass1@K screening: the hard set, its refresh, a stream's draws."""
         self.generated_tokens = 0
         """Tokens generated for training over the run, all ranks (evaluation and screening excluded)."""
-        self.screening_tokens = 0
         self.epoch_metrics: dict[str, float] = {}
         """This epoch's search and compute scalars (logged by the round protocol)."""
         self.epoch_results: list = []
@@ -205,18 +206,12 @@ class SearchDataModule(L.LightningDataModule):
 
     def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
         """This rank's problems of the epoch: its share of the round's hard-set stream, or with
-        `--data.problems.stream` its draw from the file stream, screened (Eq. 8 on the draw)."""
-        count, curriculum = self.batching.problems_per_epoch, self.curriculum
-        if not self.pool.config.stream:
-            self.ensure_hard_set(tokenizer)
-            return self.next_problems(count)[rank::world]
-        if not curriculum.started:
-            curriculum.start_streaming()
-        drawn = self.pool.draw(count, rank, world)
-        if not curriculum.hard_set_config.enabled:
-            return drawn
-        rates = self.screen_shard(tokenizer, drawn, "draw")
-        return [p for p in drawn if curriculum.hard_set_config.is_hard(rates[p.id])]
+        `--data.problems.stream` its screened draw from the file stream (collective)."""
+        run = {"trainer": self.trainer, "generator": self.generator, "tokenizer": tokenizer}
+        if self.pool.config.stream:
+            return self.screening.draw(self.batching.problems_per_epoch, **run)
+        self.screening.start(**run)
+        return self.next_problems(self.batching.problems_per_epoch)[rank::world]
 
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
         """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
@@ -237,36 +232,16 @@ class SearchDataModule(L.LightningDataModule):
         self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out.results)) for o in part)
 
     # ------------------------------------------------------------------ hard set
-    def screen(self, tokenizer: Any, ids: Sequence[str], label: str) -> dict[str, float]:
-        """Pass1@K of `ids` under the current policy, the same on every rank (collective)."""
-        trainer, pool = self.trainer, self.train_pool()
-        return self.screen_shard(tokenizer, [pool[i] for i in ids[trainer.global_rank :: trainer.world_size]], label)
-
-    def screen_shard(self, tokenizer: Any, shard: Sequence[Problem], label: str) -> dict[str, float]:
-        """Pass1@K of every rank's `shard` (each rank its own), the same on every rank (collective)."""
-        trainer = self.trainer
-        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance:
-            rates, tokens = screen_pass1(shard, generator=self.generator, tokenizer=tokenizer, task=self.task,
-                                         config=self.curriculum.hard_set_config, seed=self.curriculum.screening_seed(),
-                                         progress=advance)
-        self.screening_tokens += tokens
-        return rates
-
-    def ensure_hard_set(self, tokenizer: Any) -> None:
-        """D_hard(0): screen the training pool with the policy as it starts (Eq. 8)."""
-        curriculum = self.curriculum
-        if not curriculum.started:
-            ids = list(self.train_pool())
-            curriculum.start(ids, self.screen(tokenizer, ids, "base") if curriculum.hard_set_config.enabled else {})
+    @property
+    def screening_tokens(self) -> int:
+        """Tokens generated for Pass1@K screening over the run, this rank."""
+        return self.screening.tokens
 
     def end_round(self, tokenizer: Any) -> dict[str, float]:
         """A flywheel round's end: re-measure the hard set with the trained policy and shrink
         it (Eq. 9); settle the replay buffer's candidates against the same rates."""
+        change = self.screening.end_round(trainer=self.trainer, generator=self.generator, tokenizer=tokenizer)
         curriculum = self.curriculum
-        if curriculum.hard is None:
-            raise RuntimeError("a round ended before the first epoch screened the hard set")
-        enabled = curriculum.hard_set_config.enabled
-        change = curriculum.end_round(self.screen(tokenizer, curriculum.hard.ids, f"round {curriculum.round + 1}") if enabled else {})
         write_run_files(self.trainer, curriculum.hard, curriculum.buffer)
         return {"round/hard_set_size": float(change.after), "round/cached": float(len(curriculum.buffer))}
 
@@ -287,11 +262,11 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return data_state(self.curriculum, self.generated_tokens, self.screening_tokens, self.pool.stream_position())
+        return data_state(self.curriculum, self.generated_tokens, self.screening.tokens, self.pool.stream_position())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         source = getattr(self.trainer, "ckpt_path", None)
-        self.generated_tokens, self.screening_tokens, stream = restore_data_state(state, self.curriculum, source)
+        self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source)
         self.pool.load_stream_position(stream)
 
 

@@ -124,20 +124,20 @@ def test_fit_streams_its_problems_screens_each_draw_and_resumes_the_stream(tmp_p
     """`--data.problems.stream=true`: each epoch draws its problems from the litdata stream,
     the hard set screens that draw (not the 60-problem file), and a resumed run draws on
     where the stream stopped."""
-    import data_modules.search as search_module
+    import data_modules.screening as screening_module
     from data_modules.pool import ProblemPool
     from data_modules.settings import ProblemsConfig
     from flywheel.__main__ import main
 
     files = [str(write_rows(tmp_path / "train.jsonl", 60))]
     screened: list[list[str]] = []
-    real_screen = search_module.screen_pass1
+    real_screen = screening_module.screen
 
     def spy(shard, **kwargs):  # the real screening, its problems recorded
         screened.append(ids(shard))
         return real_screen(shard, **kwargs)
 
-    monkeypatch.setattr(search_module, "screen_pass1", spy)
+    monkeypatch.setattr(screening_module, "screen", spy)
     root = Path(__file__).resolve().parents[1]
     args = ["fit", "--config", str(root / "conf" / "quickstart.yaml"), f"--data.problems.train_files=[{files[0]}]",
             "--data.problems.stream=true", "--data.replay.enabled=false", "--data.hard_set.enabled=true",
