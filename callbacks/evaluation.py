@@ -24,16 +24,12 @@ log = logging.getLogger(__name__)
 
 
 class HeldOutEval(Callback):
-    """Evaluates the policy on the data module's held-out problems (settings: `--data.eval.*`)
-    before the first update and at the end of every flywheel round (called by the round
-    protocol, callbacks.rounds).
+    """Evaluates the policy on the data module's held-out problems before the first update
+    (`--data.eval.at_start`) and at the end of every flywheel round (called by the round
+    protocol, callbacks.rounds). Its settings are the data module's, all under `--data.eval.*`
+    (how) and `--data.problems.*` (which problems)."""
 
-    Args:
-        at_start: evaluate the policy before the first update (the run's baseline).
-    """
-
-    def __init__(self, at_start: bool = True) -> None:
-        self.at_start = at_start
+    def __init__(self) -> None:
         self.base: dict[str, float] | None = None
         self.rounds: list[dict[str, Any]] = []
         self.extras: dict[int, dict[str, float]] = {}
@@ -49,7 +45,7 @@ class HeldOutEval(Callback):
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._started = time.perf_counter()
-        if self.at_start and self.base is None:
+        if trainer.datamodule.eval.at_start and self.base is None:
             self.base = self.run_eval(trainer, pl_module, "base")
             self._log(pl_module, self.base)
             self._log_round(trainer, 0, self.base)

@@ -8,6 +8,7 @@ every checkpoint (`state_dict`) and the round protocol (callbacks.rounds) ends i
 
 from __future__ import annotations
 
+import logging
 import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
@@ -15,6 +16,8 @@ from typing import Any, Iterable, Mapping, Sequence
 from flywheel.adaptive import CachedSolution, HardSet, HardSetConfig, ReplayBuffer, ReplayConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem
+
+log = logging.getLogger(__name__)
 
 SearchOutcome = tuple[str, list[tuple[tuple[int, ...], str]], int]
 """One finished search as the replay buffer sees it: (problem id, the correct responses as
@@ -70,7 +73,20 @@ class Curriculum:
 
     def start(self, ids: Sequence[str], rates: Mapping[str, float]) -> None:
         """D_hard(0) from the base policy's Pass1@K rates (Eq. 8); every id when screening is off."""
-        self.hard = HardSet.initial(list(ids), rates, self.hard_set_config)
+        cfg = self.hard_set_config
+        self.hard = HardSet.initial(list(ids), rates, cfg)
+        if not cfg.enabled:
+            log.info("hard set off: training on all %d problems", len(ids))
+        else:
+            log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
+                     len(self.hard), len(ids), cfg.k, "<" if cfg.comparison == "lt" else "<=", cfg.delta)
+
+    def start_streaming(self) -> None:
+        """Problems streamed from files (`--data.problems.stream`): no pool to screen, so the
+        hard set stays empty and each epoch's draw is screened instead."""
+        self.hard = HardSet.initial([], {}, self.hard_set_config)
+        log.info("problems streamed: each epoch's draw is %s", "screened, the hard ones searched"
+                 if self.hard_set_config.enabled else "searched whole (hard set off)")
 
     def end_round(self, rates: Mapping[str, float]) -> RoundChange:
         """Shrink the hard set with the trained policy's rates (Eq. 9), settle the replay
@@ -83,6 +99,8 @@ class Curriculum:
         self.buffer.retain(self.hard.ids)
         self.round += 1
         self.cursor = 0
+        log.info("round %d: hard set %d -> %d, %d newly cached, %d problems in the replay buffer",
+                 self.round, before, len(self.hard), len(registered), len(self.buffer))
         return RoundChange(before, len(self.hard), len(registered))
 
     def screening_seed(self) -> int:

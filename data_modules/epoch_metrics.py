@@ -11,9 +11,10 @@ from flywheel.search.outputs import TreeResult
 
 
 def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: float, cumulative_tokens: int,
-                  generator: Generator | None) -> dict[str, float]:
+                  generator: Generator | None, **data: float) -> dict[str, float]:
     """`results`: the epoch's trees and flat groups on this rank; `stats`: their driver
-    counters; `cumulative_tokens`: training tokens generated over the run, all ranks."""
+    counters; `cumulative_tokens`: training tokens generated over the run, all ranks;
+    `data`: the curriculum's and the credit's counts, logged as `data/<name>`."""
     searched = [r for r in results if r.mode == "search"]
     trajectories = [t for r in results for t in r.trajectories]
     metrics = {
@@ -31,6 +32,7 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
         "search/valued_nodes": float(stats.valued_nodes),
         "compute/generated_tokens": float(cumulative_tokens),
         "compute/epoch_generated_tokens": float(stats.generated_tokens),
+        **{f"data/{name}": float(value) for name, value in data.items()},
     }
     if stats.valued_nodes:
         metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes

@@ -45,7 +45,7 @@ class TrainingRow:
 
 @dataclass(frozen=True)
 class PathWeighting:
-    """How `--data.advantage=self_training` weights each path of a problem's tree (ReST-MCTS*
+    """How `--data.credit.advantage=self_training` weights each path of a problem's tree (ReST-MCTS*
     self-training, `flywheel.objectives.self_training`): w_i = n_kept * softmax(score_i /
     temperature) over the problem's kept paths, 0 for the others.
 
@@ -68,10 +68,10 @@ class PathWeighting:
 
     def __post_init__(self) -> None:
         if self.source not in ("outcome", "value"):
-            raise ValueError(f"--data.path_weights.source={self.source!r}: choose 'value' (the value model's "
+            raise ValueError(f"--data.credit.path_weights.source={self.source!r}: choose 'value' (the value model's "
                              "estimate of each path) or 'outcome' (its verified reward)")
         if not self.temperature > 0:
-            raise ValueError(f"--data.path_weights.temperature must be > 0, got {self.temperature}; "
+            raise ValueError(f"--data.credit.path_weights.temperature must be > 0, got {self.temperature}; "
                              "1.0 is the seed's reward temperature")
 
 

@@ -9,39 +9,22 @@ No Lightning: the generator, the task, the tokenizer and the settings are argume
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from data_modules.examples import PathWeighting, TrainingRow, mixed_rows, rows_from_result, weight_paths
-from flywheel.adaptive import CachedSolution, DegenerateFilter, direct_samples_needed
+from data_modules.examples import TrainingRow, mixed_rows, rows_from_result, weight_paths
+from data_modules.settings import Credit
+from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.evaluation import encode_prompt
 from flywheel.generation.base import Generator
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem
 from flywheel.search.flat import flat_rollouts
-from flywheel.search.outputs import Trajectory, TreeResult
+from flywheel.search.outputs import TreeResult
 from flywheel.tasks import Problem, Task
 
 Rollout = Literal["search", "flat", "best_of_n"]
-Advantage = Literal["node", "outcome", "subtree", "self_training"]
 ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
-
-
-@dataclass(frozen=True)
-class Credit:
-    """How trajectories become training rows (`--data.advantage`, `--data.normalize_std`,
-    `--data.drop_uniform_groups`, `--data.degenerate_filter.*`; see SearchDataModule)."""
-
-    advantage: Advantage = "node"
-    normalize_std: bool = False
-    drop_uniform_groups: bool = False
-    degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
-    path_weights: PathWeighting = field(default_factory=PathWeighting)
-    """How "self_training" weights each path (`--data.path_weights.*`)."""
-
-    def drops(self, trajectory: Trajectory) -> bool:
-        """Whether a trajectory stays out of training: an incorrect, degenerate one."""
-        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
 
 
 @dataclass(frozen=True)

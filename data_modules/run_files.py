@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from flywheel.adaptive import HardSet, ReplayBuffer
 from flywheel.io import atomic_write_bytes, atomic_write_json
@@ -29,3 +29,16 @@ def write_trees(log_dir: str | Path, epoch: int, results: Sequence[TreeResult], 
         return
     lines = [json.dumps(r.to_json(decode, logprobs=False)) for r in results[:count]]
     atomic_write_bytes(Path(log_dir) / "trees" / f"epoch_{epoch:04d}.jsonl", ("\n".join(lines) + "\n").encode())
+
+
+def write_run_files(trainer: Any, hard: HardSet | None, buffer: ReplayBuffer,
+                    trees: tuple[int, Sequence[TreeResult], Callable, int] | None = None) -> None:
+    """On rank 0 of a run with a log folder: the state files, and with `trees` = (epoch,
+    results, decode, count) that epoch's trees. Every rank must call it (the log folder is
+    a collective under DDP)."""
+    log_dir = trainer.log_dir if trainer is not None else None
+    if trainer is None or not trainer.is_global_zero or not log_dir:
+        return
+    write_state(log_dir, hard, buffer)
+    if trees is not None:
+        write_trees(log_dir, *trees)

@@ -11,8 +11,9 @@ its final name and renamed, so a killed optimization leaves nothing half-made.
 epoch, chunk order and items within a chunk shuffled by (seed, pass) over rows permuted once
 when optimized, sharded across ranks so that no two ranks draw the same problem. Its position
 (pass and problems drawn in it) is a small state dict, so a resumed reader draws exactly the
-problems the uninterrupted one would have drawn. (SearchDataModule does not select it from
-the command line yet: the hard set screens the whole pool, which a stream never holds.)
+problems the uninterrupted one would have drawn. `--data.problems.stream=true` selects it
+(data_modules.pool.ProblemPool.draw); the hard set then screens each epoch's draw, since a
+stream never holds the whole pool.
 """
 
 from __future__ import annotations

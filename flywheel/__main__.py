@@ -11,14 +11,16 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
 
 
 class FlywheelCLI(LightningCLI):
-    """LightningCLI with flywheel's always-on callbacks as top-level sections (`--eval.*`,
-    `--hard_set_refresh.*`, `--budget.*`)."""
+    """LightningCLI with flywheel's always-on callbacks as top-level sections
+    (`--hard_set_refresh.*`, `--budget.*`, `--prm_update.*`); the held-out evaluation's
+    settings are the data module's (`--data.eval.*`)."""
 
     def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
         self.argv = argv
@@ -27,14 +29,12 @@ class FlywheelCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
-        from callbacks.evaluation import HeldOutEval
         from callbacks.hard_set import HardSetRefresh
         from callbacks.prm import PRMUpdate
 
         # Their epoch-end order is not theirs to decide: callbacks.rounds.RoundProtocol
         # (added in instantiate_trainer) runs them.
         parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
-        parser.add_lightning_class_args(HeldOutEval, "eval")
         parser.add_lightning_class_args(GenerationBudget, "budget")
         parser.add_lightning_class_args(PRMUpdate, "prm_update")
         parser.add_argument(
@@ -140,8 +140,8 @@ def checkpoints_beside_the_run(trainer) -> None:
 
 def add_round_protocol(trainer) -> None:
     """WeightSync and the RoundProtocol that drives the end of every epoch and round, over the
-    refresh, evaluation and value-model callbacks the parser built (`--hard_set_refresh.*`,
-    `--eval.*`, `--prm_update.*`)."""
+    refresh, evaluation and value-model callbacks (`--hard_set_refresh.*`, `--data.eval.*`,
+    `--prm_update.*`)."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.hard_set import HardSetRefresh
@@ -223,6 +223,11 @@ def main(args: list[str] | None = None, run: bool = True):
     if argv[:1] in (["--help"], ["-h"]):
         print(USAGE)
     check_command_line(argv)
+    from flywheel.renames import rename_flags
+
+    parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.renames)
+    if args is None:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data_modules.search import SearchDataModule
@@ -239,7 +244,7 @@ def main(args: list[str] | None = None, run: bool = True):
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
                                           "fit needs a --config (the quickstart: --config conf/quickstart.yaml)."},
-            args=args,
+            args=parsed,
             run=run,
             argv=argv,
         )

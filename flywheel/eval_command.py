@@ -88,16 +88,19 @@ def run_eval(
     generator: GeneratorBackend | None = None,
     samples: int = 8,
     k: list[int] | None = None,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    seed: int = 1234,
+    temperature: float = EvalConfig.temperature,
+    top_p: float = EvalConfig.top_p,
+    seed: int = EvalConfig.seed,
     max_problems: int | None = None,
     skip_bad_rows: bool = False,
-    problems_per_batch: int = 256,
+    problems_per_batch: int = EvalConfig.problems_per_batch,
     dtype: str = "float32",
     out: str = "runs/eval",
 ) -> dict[str, Any]:
     """Evaluate a policy on held-out problems: unbiased pass@k and mean@n per problem file.
+
+    The sampling settings are `fit`'s `--data.eval.*` (flywheel.evaluation.EvalConfig, whose
+    defaults these are), except that several k can be reported and `samples` defaults to 8.
 
     Args:
         checkpoint: a `flywheel fit` checkpoint (.ckpt); its policy weights are evaluated.

@@ -2,13 +2,15 @@
 
 `evaluate` counts one process's problems; `evaluate_sharded` is the one evaluator of a run:
 every rank counts its own shard (no padding, no duplicates) and every rank gets the merged
-counts in problem order. `fit`'s held-out evaluation, the hard-set screening and
-`flywheel eval` use it.
+counts in problem order. `fit`'s held-out evaluation (callbacks.evaluation), `validate` /
+`test` (the module's eval step), `flywheel eval` and the tiny policy's card
+(tools/make_tiny_policy.py) use it; the hard-set screening uses `evaluate` on its shard.
 """
 
 from __future__ import annotations
 
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -31,6 +33,8 @@ class EvalConfig:
         seed: seed of the evaluation samples; the same for every round (common random
             numbers make round-to-round differences less noisy).
         problems_per_batch: problems per generator call.
+        at_start: `fit` also evaluates the policy before the first update (the run's
+            baseline in summary.json); the rounds' evaluations follow either way.
     """
 
     samples: int = 4
@@ -39,6 +43,7 @@ class EvalConfig:
     top_p: float = 1.0
     seed: int = 1234
     problems_per_batch: int = 256
+    at_start: bool = True
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -65,6 +70,8 @@ class EvalResult:
     samples: tuple[int, ...]
     correct: tuple[int, ...]
     generated_tokens: int
+    reasons: tuple[tuple[str, int], ...] = ()
+    """The verdicts' reasons ("correct", "wrong_value", ...) and their counts, most common first."""
 
     def pass_at(self, k: int) -> float:
         """Mean unbiased pass@k over the problems (NaN when there are none)."""
@@ -94,29 +101,30 @@ def evaluate(
     config: EvalConfig,
     *,
     progress: Callable[[int], None] | None = None,
+    request_seed: Callable[[Problem], int] | None = None,
 ) -> EvalResult:
     """Sample `samples` full responses for every problem and grade them with the task.
 
     Request seeds depend on (seed, problem id) only, so evaluating two checkpoints on the
     same problems uses common random numbers (their difference is less noisy), whatever the
-    sharding or chunking.
+    sharding or chunking. `request_seed(problem)` replaces that rule (the tiny policy's card
+    keeps the seeds it was measured with).
     """
     params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=config.temperature, top_p=config.top_p)
     chunk, samples, seed = config.problems_per_batch, config.samples, config.seed
+    seed_of = request_seed or (lambda p: derive_seed(seed, zlib.crc32(p.id.encode())))
     correct: list[int] = []
+    reasons: Counter[str] = Counter()
     tokens = 0
     for first in range(0, len(problems), chunk):
         part = problems[first : first + chunk]
-        requests = [
-            GenerationRequest(
-                prompt_ids=encode_prompt(tokenizer, task, p), n=samples, params=params, seed=derive_seed(seed, zlib.crc32(p.id.encode()))
-            )
-            for p in part
-        ]
+        requests = [GenerationRequest(prompt_ids=encode_prompt(tokenizer, task, p), n=samples, params=params, seed=seed_of(p))
+                    for p in part]
         for problem, completions in zip(part, generator.sample(requests)):
             tokens += sum(len(c.token_ids) for c in completions)
-            texts = (tokenizer.decode(c.token_ids, skip_special_tokens=True) for c in completions)
-            correct.append(sum(task.score(problem, text).correct for text in texts))
+            verdicts = [task.score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions]
+            correct.append(sum(v.correct for v in verdicts))
+            reasons.update(v.reason for v in verdicts)
         if progress is not None:
             progress(len(correct))
     return EvalResult(
@@ -124,6 +132,7 @@ def evaluate(
         samples=tuple(samples for _ in problems),
         correct=tuple(correct),
         generated_tokens=tokens,
+        reasons=tuple(reasons.most_common()),
     )
 
 
@@ -136,8 +145,10 @@ def merge_shards(problems: Sequence[Problem], parts: Sequence[EvalResult]) -> Ev
     """Reassemble per-rank results in the original problem order."""
     by_id: dict[str, tuple[int, int]] = {}
     tokens = 0
+    reasons: Counter[str] = Counter()
     for part in parts:
         tokens += part.generated_tokens
+        reasons.update(dict(part.reasons))
         for pid, n, c in zip(part.problem_ids, part.samples, part.correct):
             if pid in by_id:
                 raise ValueError(f"problem {pid!r} was evaluated on two ranks")
@@ -150,6 +161,7 @@ def merge_shards(problems: Sequence[Problem], parts: Sequence[EvalResult]) -> Ev
         samples=tuple(by_id[p.id][0] for p in problems),
         correct=tuple(by_id[p.id][1] for p in problems),
         generated_tokens=tokens,
+        reasons=tuple(reasons.most_common()),
     )
 
 
@@ -161,9 +173,11 @@ def evaluate_sharded(
     config: EvalConfig,
     *,
     progress: Callable[[int], None] | None = None,
+    request_seed: Callable[[Problem], int] | None = None,
 ) -> EvalResult:
     """`evaluate` over every rank: this rank counts `shard(problems, rank, world)`, and every
-    rank returns the merged counts of all `problems` (tokens summed). Collective."""
+    rank returns the merged counts of all `problems` (tokens and reasons summed). Collective."""
     rank, size = world()
-    part = evaluate(generator, tokenizer, task, shard(problems, rank, size), config, progress=progress)
+    part = evaluate(generator, tokenizer, task, shard(problems, rank, size), config, progress=progress,
+                    request_seed=request_seed)
     return merge_shards(problems, all_gather(part))

@@ -14,8 +14,7 @@ from typing import Literal
 import lightning as L
 import torch
 
-from flywheel.evaluation import evaluate
-from flywheel.metrics import PassAtK
+from flywheel.evaluation import evaluate_sharded
 from flywheel.objectives import (
     ObjectiveConfig,
     kl_penalty,
@@ -117,8 +116,6 @@ class TreeGRPOModule(L.LightningModule):
             log.info("packing off: %s models are not known to take a 4D attention mask (packable: %s); "
                      "training one row per trajectory", getattr(self.policy.config, "model_type", "?"),
                      ", ".join(sorted(PACKABLE_MODEL_TYPES)))
-        self.pass_metrics = torch.nn.ModuleDict()
-        """pass@k metrics of `validate` / `test`, created on first use."""
         self.reference = None
         if objective.kl_coef > 0 and objective.kl_reference == "round" and lora.rank > 0:
             raise ValueError(
@@ -186,11 +183,11 @@ class TreeGRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ training
     def on_fit_start(self) -> None:
-        dm = getattr(self.trainer, "datamodule", None)
-        advantage = getattr(dm, "advantage", None)
+        credit = getattr(getattr(self.trainer, "datamodule", None), "credit", None)
+        advantage = getattr(credit, "advantage", None)
         if advantage is not None and (advantage == "self_training") != (self.objective.loss_type == "self_training"):
             raise ValueError(
-                f"--data.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
+                f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
                 "go together: the self-training loss needs path weights, not advantages, and the other losses need "
                 "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
             )
@@ -245,7 +242,7 @@ class TreeGRPOModule(L.LightningModule):
         return loss
 
     def _self_training_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
-        """ReST-MCTS*: the rows' advantages are their path weights (`--data.advantage=self_training`)."""
+        """ReST-MCTS*: the rows' advantages are their path weights (`--data.credit.advantage=self_training`)."""
         ref = self.batch_logprobs(self.reference, batch).detach() if self.reference is not None else None
         return self_training_loss(
             logprobs, batch["advantages"], batch["loss_mask"], ref, kl_coef=self.objective.kl_coef,
@@ -294,18 +291,15 @@ class TreeGRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ validate / test
     def _eval_step(self, positions: list[int], stage: str) -> None:
+        """pass@1 and pass@k of the held-out problems at `positions` (all of them, the same
+        batch on every rank) by the run's one evaluator: each rank samples its own shard,
+        every rank gets the merged counts (collective)."""
         dm = self.trainer.datamodule
         pool = dm.eval_problems()
-        problems = [pool[int(i)] for i in positions]
-        result = evaluate(dm.generator, self.tokenizer, dm.task, problems, dm.eval)
+        result = evaluate_sharded(dm.generator, self.tokenizer, dm.task, [pool[int(i)] for i in positions], dm.eval)
         for k in sorted({1, dm.eval.pass_k}):
-            # k comes from the data module's eval config, known only once attached to a trainer.
-            key = f"{stage}_pass_at_{k}"
-            if key not in self.pass_metrics:
-                self.pass_metrics[key] = PassAtK(k=k)
-            metric = self.pass_metrics[key]
-            metric.update(torch.tensor(result.samples), torch.tensor(result.correct))
-            self.log(f"{stage}/pass@{k}", metric, on_epoch=True, batch_size=len(problems), metric_attribute=f"pass_metrics.{key}")
+            # The same number on every rank: the mean over ranks (sync_dist) leaves it as it is.
+            self.log(f"{stage}/pass@{k}", result.pass_at(k), batch_size=len(result.samples), sync_dist=True)
 
     def validation_step(self, positions: list[int], batch_idx: int) -> None:
         self._eval_step(positions, "eval")

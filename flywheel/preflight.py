@@ -37,14 +37,15 @@ class PreflightError(ValueError):
 # ---------------------------------------------------------------------- settings
 def check_settings(datamodule: Any) -> None:
     """Ranges of data-module settings that are only used once the search starts."""
-    if datamodule.max_concurrent_trees < 1:
+    batching, problems = datamodule.batching, datamodule.pool.config
+    if batching.max_concurrent_trees < 1:
         raise PreflightError(
-            f"--data.max_concurrent_trees={datamodule.max_concurrent_trees}: must be >= 1 (trees searched "
-            "together per generator call); e.g. --data.max_concurrent_trees=64"
+            f"--data.batching.max_concurrent_trees={batching.max_concurrent_trees}: must be >= 1 (trees searched "
+            "together per generator call); e.g. --data.batching.max_concurrent_trees=64"
         )
-    if datamodule.max_eval_problems is not None and datamodule.max_eval_problems < 1:
+    if problems.max_eval_problems is not None and problems.max_eval_problems < 1:
         raise PreflightError(
-            f"--data.max_eval_problems={datamodule.max_eval_problems}: must be >= 1, or null to evaluate "
+            f"--data.problems.max_eval_problems={problems.max_eval_problems}: must be >= 1, or null to evaluate "
             "every held-out problem"
         )
 
@@ -87,14 +88,14 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
     against the policy's context, so a missing or corrupt file or an unusable row fails
     before the first search; the data module keeps what it loaded."""
     try:
-        datamodule.row_check = prompt_fits(
+        datamodule.pool.row_check = prompt_fits(
             model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
         )
         budget_error = None
     except PreflightError as err:  # reported after the problem files, which a user sets up first
-        datamodule.row_check, budget_error = None, err
-    loads = [("--data.train_files", datamodule.train_pool)] if train else []
-    loads.append(("--data.eval_files", datamodule.eval_problems))
+        datamodule.pool.row_check, budget_error = None, err
+    loads = [("--data.problems.train_files", datamodule.train_pool)] if train else []
+    loads.append(("--data.problems.eval_files", datamodule.eval_problems))
     for flag, load in loads:
         try:
             load()
@@ -248,9 +249,10 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
         check_policy(recorded, getattr(model.hparams, "policy", None), str(resolved), "--model.policy",
                      ", or start a new run without --ckpt_path")
         if settings is not None and meta.get(SETTINGS_KEY):
+            from flywheel.renames import rename_settings
             from flywheel.run_settings import changed_settings
 
-            changes = changed_settings(meta[SETTINGS_KEY], settings)
+            changes = changed_settings(rename_settings(meta[SETTINGS_KEY]), settings)  # a checkpoint from before a rename
             if changes:
                 log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
                             resolved, len(changes), "\n  ".join(changes))

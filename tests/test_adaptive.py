@@ -17,6 +17,7 @@ import flywheel.adaptive.filters as filters_mod
 import flywheel.adaptive.hard_set as hard_set_mod
 import flywheel.adaptive.mixed as mixed_mod
 import flywheel.adaptive.replay as replay_mod
+import flywheel.adaptive.replay_rule as replay_rule_mod
 from flywheel.adaptive import (
     CachedSolution,
     DegenerateFilter,
@@ -39,7 +40,7 @@ from flywheel.io import atomic_write_json
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
-@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, mixed_mod, filters_mod])
+@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, replay_rule_mod, mixed_mod, filters_mod])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -575,9 +576,9 @@ def test_filter_applies_to_negatives_only_and_can_be_off():
 
 
 def test_filter_config_names_the_flag():
-    with pytest.raises(ValueError, match="--data.degenerate_filter.max_repeat_fraction"):
+    with pytest.raises(ValueError, match="--data.credit.degenerate_filter.max_repeat_fraction"):
         DegenerateFilter(max_repeat_fraction=2.0)
-    with pytest.raises(ValueError, match="--data.degenerate_filter.max_period"):
+    with pytest.raises(ValueError, match="--data.credit.degenerate_filter.max_period"):
         DegenerateFilter(max_period=0)
 
 

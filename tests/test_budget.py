@@ -46,9 +46,9 @@ def test_a_budget_below_one_token_is_refused_with_the_flag_named():
 @pytest.mark.slow
 def test_a_fit_stops_on_its_budget_counting_training_rollouts_only(tmp_path):
     cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=5",
-                "--data.problems_per_epoch=8", "--data.mini_batch_problems=4", "--data.max_eval_problems=8",
+                "--data.batching.problems_per_epoch=8", "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=8",
                 "--data.eval.samples=2", "--data.search.expansion_width=4", "--data.search.trajectories_per_tree=4",
-                "--data.epochs_per_round=1", "--data.hard_set.enabled=true", "--data.max_train_problems=16",
+                "--data.epochs_per_round=1", "--data.hard_set.enabled=true", "--data.problems.max_train_problems=16",
                 "--budget.max_tokens=1", f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     dm, trainer = cli.datamodule, cli.trainer
@@ -69,8 +69,9 @@ def test_a_fit_stops_on_its_budget_counting_training_rollouts_only(tmp_path):
 def test_a_budget_that_ends_the_run_inside_a_round_still_evaluates_it_and_a_resume_completes_the_round(tmp_path):
     # Rounds of 3 epochs; a budget of 1 token ends the run after epoch 1, inside round 1.
     args = ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=3",
-            "--data.rollout=flat", "--data.flat_samples=2", "--data.problems_per_epoch=4", "--data.mini_batch_problems=4",
-            "--data.max_eval_problems=4", "--data.eval.samples=2", "--data.epochs_per_round=3",
+            "--data.rollout=flat", "--data.batching.flat_samples=2", "--data.batching.problems_per_epoch=4",
+            "--data.batching.mini_batch_problems=4",
+            "--data.problems.max_eval_problems=4", "--data.eval.samples=2", "--data.epochs_per_round=3",
             f"--trainer.logger.init_args.save_dir={tmp_path}",
             f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"]
     cli = main([*args, "--budget.max_tokens=1"])

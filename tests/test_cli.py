@@ -81,7 +81,7 @@ def test_help_lists_subcommands_and_documents_options():
 
 
 def test_validate_and_test_report_pass_at_k(tmp_path):
-    args = ["--config", str(ROOT / "conf" / "quickstart.yaml"), "--data.max_eval_problems=8",
+    args = ["--config", str(ROOT / "conf" / "quickstart.yaml"), "--data.problems.max_eval_problems=8",
             "--data.eval.samples=2", f"--trainer.logger.init_args.save_dir={tmp_path}"]
     for sub, stage in (("validate", "eval"), ("test", "test")):
         cli = main([sub, *args])
@@ -120,3 +120,16 @@ def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
     # A dirpath given explicitly is kept.
     explicit = main(base + [save_dir, f"--trainer.callbacks.init_args.dirpath={tmp_path / 'mine'}"], run=False)
     assert explicit.trainer.checkpoint_callback.dirpath == str(tmp_path / "mine")
+
+
+def test_a_self_training_credit_without_the_self_training_loss_is_refused_at_fit_start():
+    from types import SimpleNamespace
+
+    from data_modules.settings import Credit
+
+    module = TreeGRPOModule()
+    module._trainer = SimpleNamespace(datamodule=SearchDataModule(credit=Credit(advantage="self_training")))
+    with pytest.raises(ValueError, match=r"--data\.credit\.advantage='self_training' and --model\.objective\.loss_type='ppo'"):
+        module.on_fit_start()
+    module._trainer = SimpleNamespace(datamodule=SearchDataModule(credit=Credit(advantage="outcome")))
+    module.on_fit_start()  # the clipped loss on advantages: fine

@@ -9,6 +9,7 @@ import pytest
 
 from data_modules.curriculum import Curriculum
 from data_modules.search import SearchDataModule
+from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.generation.backends import HFBackend
 from flywheel.tasks import Problem
@@ -74,17 +75,28 @@ def test_the_state_round_trips_and_a_malformed_one_raises():
 
 @pytest.mark.parametrize("flag", ["max_concurrent_trees", "problems_per_epoch", "mini_batch_problems", "flat_samples"])
 def test_counts_below_one_fail_at_construction_with_the_flag_named(flag):
-    with pytest.raises(ValueError, match=rf"--data\.{flag} must be >= 1, got 0; set it to 1 or more"):
-        SearchDataModule(**{flag: 0})
+    with pytest.raises(ValueError, match=rf"--data\.batching\.{flag}=0: must be >= 1; set it to 1 or more"):
+        BatchingConfig(**{flag: 0})
+
+
+@pytest.mark.parametrize("flag", ["max_train_problems", "max_eval_problems"])
+def test_problem_limits_below_one_fail_at_construction_with_the_flag_named(flag):
+    with pytest.raises(ValueError, match=rf"--data\.problems\.{flag}=0: must be >= 1, or null"):
+        ProblemsConfig(**{flag: 0})
+
+
+def test_an_unknown_advantage_rule_fails_with_the_flag_and_the_choices():
+    with pytest.raises(ValueError, match=r"--data\.credit\.advantage='tree': choose 'node'"):
+        Credit(advantage="tree")
 
 
 def test_an_advantage_rule_a_flat_rollout_ignores_is_reported(caplog):
     with caplog.at_level(logging.WARNING, logger="data_modules.search"):
-        SearchDataModule(rollout="flat", advantage="outcome")
-    assert "--data.advantage=outcome is not used with --data.rollout=flat" in caplog.text
+        SearchDataModule(rollout="flat", credit=Credit(advantage="outcome"))
+    assert "--data.credit.advantage=outcome is not used with --data.rollout=flat" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="data_modules.search"):
-        SearchDataModule(rollout="search", advantage="outcome")
+        SearchDataModule(rollout="search", credit=Credit(advantage="outcome"))
         SearchDataModule(rollout="flat")
     assert caplog.text == ""
 

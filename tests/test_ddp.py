@@ -20,7 +20,7 @@ def test_ddp_two_process_fit(tmp_path):
     cmd = [
         sys.executable, str(ROOT / "tests" / "scripts" / "record_fit.py"), "fit", "--config", str(ROOT / "conf" / "quickstart.yaml"),
         "--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.max_epochs=2", "--data.epochs_per_round=1",
-        "--data.problems_per_epoch=6", "--data.mini_batch_problems=2", "--data.max_eval_problems=9",
+        "--data.batching.problems_per_epoch=6", "--data.batching.mini_batch_problems=2", "--data.problems.max_eval_problems=9",
         "--data.eval.samples=2", "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2",
         f"--trainer.logger.init_args.save_dir={tmp_path}",
     ]

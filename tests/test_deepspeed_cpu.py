@@ -20,8 +20,8 @@ pytestmark = pytest.mark.deepspeed
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "scripts" / "deepspeed_cpu.py"
 STRATEGY = "--trainer.strategy=deepspeed_cpu.CPUDeepSpeedStrategy"
-SMALL = ["--trainer.max_epochs=2", "--data.problems_per_epoch=8", "--data.mini_batch_problems=4",
-         "--data.max_eval_problems=8", "--data.eval.samples=2", "--data.epochs_per_round=1"]
+SMALL = ["--trainer.max_epochs=2", "--data.batching.problems_per_epoch=8", "--data.batching.mini_batch_problems=4",
+         "--data.problems.max_eval_problems=8", "--data.eval.samples=2", "--data.epochs_per_round=1"]
 
 
 @pytest.fixture(autouse=True)

@@ -43,7 +43,7 @@ def test_shards_cover_every_problem_once_and_merge_in_order():
 @pytest.mark.slow
 def test_eval_of_a_checkpoint_reproduces_the_in_run_evaluation(tmp_path):
     fit = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=1",
-                "--data.problems_per_epoch=8", "--data.max_eval_problems=16", "--data.eval.samples=2",
+                "--data.batching.problems_per_epoch=8", "--data.problems.max_eval_problems=16", "--data.eval.samples=2",
                 "--data.epochs_per_round=1", f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     summary = json.loads((Path(fit.trainer.log_dir) / "summary.json").read_text())

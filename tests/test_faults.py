@@ -4,6 +4,7 @@ Every error must come before the first search, name the flag (`--section.field`)
 `file:line`, and say the fix."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 from flywheel.tasks.sources import MAX_ROW_BYTES, load_problems
 from data_modules.search import SearchDataModule
+from data_modules.settings import ProblemsConfig
 from flywheel.__main__ import main
 from flywheel.checkpoint import AtomicCheckpointIO, CheckpointReadError, unreadable_checkpoint_message
 from flywheel.module import TreeGRPOModule
@@ -24,8 +26,8 @@ from flywheel.tasks.math import MathTask
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "conf" / "quickstart.yaml")
-TINY = ["--data.problems_per_epoch=4", "--data.mini_batch_problems=4", "--data.max_eval_problems=4",
-        "--data.eval.samples=1", "--data.epochs_per_round=1", "--data.max_train_problems=8", "--data.save_trees=1"]
+TINY = ["--data.batching.problems_per_epoch=4", "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=4",
+        "--data.eval.samples=1", "--data.epochs_per_round=1", "--data.problems.max_train_problems=8", "--data.save_trees=1"]
 
 
 def fit_args(run_dir: Path, *extra: str) -> list[str]:
@@ -82,7 +84,7 @@ def test_math_gold_answers_written_as_solutions_are_reduced_at_load(tmp_path):
     assert task.score(problems[1], "8 * 9 = 72, so \\boxed{72}").correct
 
     empty = write_jsonl(tmp_path / "e.jsonl", [rows[2], {"problem": "?", "answer": "\\boxed{}"}])
-    with pytest.raises(ValueError, match=rf"{empty}:2: the gold answer .* holds no answer.*--data.skip_bad_rows"):
+    with pytest.raises(ValueError, match=rf"{empty}:2: the gold answer .* holds no answer.*--data.problems.skip_bad_rows"):
         load_problems(task, [str(empty)], "x")
 
 
@@ -93,13 +95,13 @@ def test_a_prompt_longer_than_the_policy_context_fails_at_load_with_file_line(tm
     long = {"numbers": list(range(10, 250)), "target": 22}  # ~720 characters: over 512 - 128 tokens
     train = write_jsonl(tmp_path / "train.jsonl", [ok, long, {**ok, "id": "b"}])
     module = TreeGRPOModule()
-    strict = SearchDataModule(train_files=[str(train)])
+    strict = SearchDataModule(problems=ProblemsConfig(train_files=[str(train)]))
     with pytest.raises(PreflightError, match=rf"{train}:2: problem .*exceeds the policy's context of 512 tokens.*"
-                                             r"--data.skip_bad_rows=true"):
+                                             r"--data.problems.skip_bad_rows=true"):
         load_inputs(strict, module, train=True)
-    lenient = SearchDataModule(train_files=[str(train)], skip_bad_rows=True)
+    lenient = SearchDataModule(problems=ProblemsConfig(train_files=[str(train)], skip_bad_rows=True))
     load_inputs(lenient, module, train=True)
-    assert len(lenient.train_pool()) == 2 and lenient.skipped_rows == 1
+    assert len(lenient.train_pool()) == 2 and lenient.pool.skipped_rows == 1
 
 
 def test_a_row_over_the_byte_cap_is_refused_as_it_is_read(tmp_path):
@@ -116,11 +118,11 @@ def test_a_row_over_the_byte_cap_is_refused_as_it_is_read(tmp_path):
 def test_bad_settings_and_inputs_fail_before_the_first_search(tmp_path):
     # Before: each was found after an epoch's search (or at the first save), as a long traceback.
     missing = tmp_path / "nope.jsonl"
-    refused(fit_args(tmp_path, f"--data.eval_files=[{missing}]"), str(missing), "--data.eval_files")
+    refused(fit_args(tmp_path, f"--data.problems.eval_files=[{missing}]"), str(missing), "--data.problems.eval_files")
     garbled = write_jsonl(tmp_path / "held.jsonl", ['{"problem": "3 5 7", "answer": "22"}', '{"problem": "3 5'])
-    refused(fit_args(tmp_path, f"--data.eval_files=[{garbled}]"), f"{garbled}:2", "--data.skip_bad_rows")
+    refused(fit_args(tmp_path, f"--data.problems.eval_files=[{garbled}]"), f"{garbled}:2", "--data.problems.skip_bad_rows")
     refused(fit_args(tmp_path, "--data.eval.temperature=-0.5"), "--data.eval.temperature=-0.5", ">= 0")
-    refused(fit_args(tmp_path, "--data.max_concurrent_trees=0"), "--data.max_concurrent_trees", ">= 1")
+    refused(fit_args(tmp_path, "--data.batching.max_concurrent_trees=0"), "--data.batching.max_concurrent_trees", ">= 1")
     blocker = tmp_path / "a_file"
     blocker.write_text("in the way")
     refused(fit_args(tmp_path, f"--trainer.callbacks.init_args.dirpath={blocker / 'ckpts'}"),
@@ -183,11 +185,41 @@ def test_a_resume_with_changed_settings_says_so_and_keeps_each_parts_config(run,
     assert [(r["round"], r["config"]) for r in rounds] == [(1, "config.yaml"), (2, "config.resume-1.yaml")]
 
 
+def test_a_checkpoint_from_before_the_settings_rename_resumes_under_the_old_flags(run, tmp_path, caplog):
+    """A run started when the data settings were flat (`--data.mini_batch_problems`, ...) goes
+    on with its old command line: the flags are translated with a warning, and the settings
+    its checkpoint recorded compare under the new names (no setting reads as dropped)."""
+    from flywheel.renames import RENAMED
+    from flywheel.run_settings import SETTINGS_KEY
+
+    shutil.copytree(run / "checkpoints", tmp_path / "checkpoints")
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(path, map_location="cpu", weights_only=False)
+
+    def old_name(key: str) -> str:
+        for old, new in RENAMED.items():
+            if key == "--" + new or key.startswith("--" + new + "."):
+                return "--" + old + key[2 + len(new):]
+        return key
+
+    recorded = {old_name(k): v for k, v in ckpt[SETTINGS_KEY].items()}
+    assert "--data.mini_batch_problems" in recorded and "--data.batching.mini_batch_problems" not in recorded
+    ckpt[SETTINGS_KEY] = recorded
+    torch.save(ckpt, path)
+    old_flags = [old_name(flag.split("=")[0]) + "=" + flag.split("=", 1)[1] for flag in fit_args(tmp_path)[3:]]
+    epochs = int(ckpt["epoch"]) + 2
+    with caplog.at_level(logging.INFO):
+        resumed = main(["fit", "--config", QUICK, *old_flags, f"--trainer.max_epochs={epochs}", "--ckpt_path", "last"])
+    assert "--data.mini_batch_problems was renamed --data.batching.mini_batch_problems" in caplog.text
+    assert "(unset)" not in caplog.text  # every recorded setting found under its new name
+    assert resumed.trainer.current_epoch == epochs and resumed.datamodule.batching.mini_batch_problems == 4
+
+
 # ---------------------------------------------------------------------- 8. ranges
 @pytest.mark.parametrize("value", ["0", "-1"])
 def test_problem_limits_below_one_are_refused(tmp_path, value):
     # Before: 0 evaluated every problem, -1 all but the last (599), both silently.
-    refused(fit_args(tmp_path, f"--data.max_eval_problems={value}"), f"--data.max_eval_problems={value}", "null")
+    refused(fit_args(tmp_path, f"--data.problems.max_eval_problems={value}"), f"--data.problems.max_eval_problems={value}", "null")
     refused(["eval", "--policy", "tiny-countdown", "--max_problems", value, "--out", str(tmp_path)],
             f"--max_problems={value}", ">= 1")
 

@@ -15,15 +15,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SMALL = [
     "--trainer.max_epochs=2",
-    "--data.problems_per_epoch=8",
-    "--data.mini_batch_problems=4",
-    "--data.max_eval_problems=16",
+    "--data.batching.problems_per_epoch=8",
+    "--data.batching.mini_batch_problems=4",
+    "--data.problems.max_eval_problems=16",
     "--data.eval.samples=2",
     "--data.search.expansion_width=4",
     "--data.search.trajectories_per_tree=4",
     "--data.epochs_per_round=1",
     "--data.hard_set.enabled=true",
-    "--data.max_train_problems=48",
+    "--data.problems.max_train_problems=48",
 ]
 
 
@@ -113,7 +113,7 @@ def test_two_epoch_fit_trains_logs_and_writes_summary(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("overlay, rollout", [("dapo.yaml", "flat"), ("best_of_n.yaml", "best_of_n")])
 def test_flat_baselines_fit(tmp_path, overlay, rollout):
-    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.flat_samples=4", "--data.save_trees=0",
+    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.batching.flat_samples=4", "--data.save_trees=0",
                   "--data.hard_set.enabled=false", overlay=overlay)
     dm = cli.datamodule
     assert dm.rollout == rollout and cli.trainer.current_epoch == 1
@@ -144,7 +144,7 @@ def test_flat_baselines_fit(tmp_path, overlay, rollout):
 
 @pytest.mark.slow
 def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
-    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.drop_uniform_groups=true", "--data.hard_set.enabled=false")
+    cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.credit.drop_uniform_groups=true", "--data.hard_set.enabled=false")
     dm = cli.datamodule
     problems = list(dm.train_pool().values())[:24]
     dm.start_generator(cli.model.policy, cli.model.tokenizer)  # fit's end released it

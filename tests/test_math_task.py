@@ -59,7 +59,7 @@ def test_chat_template_wraps_the_prompt_when_the_tokenizer_has_one():
 @pytest.mark.slow
 def test_deepsearch_cpu_config_runs_the_math_path(tmp_path):
     cli = main(["fit", "--config", str(ROOT / "conf" / "deepsearch_cpu.yaml"), "--trainer.max_epochs=1",
-                "--data.problems_per_epoch=8", "--data.max_train_problems=16", "--data.max_eval_problems=8",
+                "--data.batching.problems_per_epoch=8", "--data.problems.max_train_problems=16", "--data.problems.max_eval_problems=8",
                 f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     assert cli.trainer.global_step > 0
@@ -90,6 +90,6 @@ def test_deepsearch_recipe_config_reads_and_names_its_required_settings(tmp_path
            f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks.init_args.dirpath={tmp_path}"]
     with pytest.raises(ValueError, match="--model.policy is required"):
         main(["fit", "--config", str(ROOT / "conf" / "deepsearch.yaml"), *cpu])
-    with pytest.raises(ValueError, match="--data.train_files"):
+    with pytest.raises(ValueError, match="--data.problems.train_files"):
         main(["fit", "--config", str(ROOT / "conf" / "deepsearch.yaml"), *cpu, "--model.policy=tiny-countdown",
               "--trainer.max_epochs=1"])

@@ -451,7 +451,7 @@ def test_config_validation_names_field_and_fix(field, value):
 
 @pytest.mark.parametrize("field, value", [("normalize_std", True), ("normalize_std", False), ("adv_eps", 1e-8)])
 def test_settings_the_objective_never_reads_are_refused(field, value):
-    # Advantages are attached by the data module: its --data.normalize_std is the one switch.
+    # Advantages are attached by the data module: its --data.credit.normalize_std is the one switch.
     with pytest.raises(ValueError, match=rf"--model\.objective\.{field}=.*never read.*Remove it"):
         ObjectiveConfig(**{field: value})
 

@@ -27,8 +27,8 @@ def test_auc_and_calibration_by_hand():
 
 def fit(run_dir: Path, epochs: int, *extra: str):
     return main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "rest_mcts.yaml"),
-                 f"--trainer.max_epochs={epochs}", "--data.epochs_per_round=1", "--data.problems_per_epoch=16",
-                 "--data.max_eval_problems=8", "--data.eval.samples=2", "--data.search.expansion_width=4",
+                 f"--trainer.max_epochs={epochs}", "--data.epochs_per_round=1", "--data.batching.problems_per_epoch=16",
+                 "--data.problems.max_eval_problems=8", "--data.eval.samples=2", "--data.search.expansion_width=4",
                  f"--trainer.logger.init_args.save_dir={run_dir}",
                  f"--trainer.callbacks.init_args.dirpath={run_dir / 'checkpoints'}", *extra])
 

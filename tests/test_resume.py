@@ -20,8 +20,8 @@ from procs import run_group
 ROOT = Path(__file__).resolve().parents[1]
 CRASH = ROOT / "tests" / "scripts" / "crash_fit.py"
 SMALL = [
-    "--data.problems_per_epoch=8", "--data.max_eval_problems=16", "--data.epochs_per_round=1",
-    "--data.hard_set.enabled=true", "--data.max_train_problems=48", "--data.eval.samples=2",
+    "--data.batching.problems_per_epoch=8", "--data.problems.max_eval_problems=16", "--data.epochs_per_round=1",
+    "--data.hard_set.enabled=true", "--data.problems.max_train_problems=48", "--data.eval.samples=2",
     "--data.replay.rule=code",  # caches solutions within 3 short epochs, so the buffer has state to restore
 ]
 EPOCHS = 3

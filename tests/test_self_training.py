@@ -101,7 +101,7 @@ def test_weight_paths_from_the_value_model_or_the_outcome():
     # The hard filter on the value model's score: 0.4 < 0.5 leaves only the first path.
     out = weight_paths(rows, PathWeighting(source="value", threshold=0.5), value_fn)
     assert [r.advantages[0] for r in out[0]] == [1.0] and out[1] == []
-    with pytest.raises(ValueError, match="--data.path_weights.source"):
+    with pytest.raises(ValueError, match="--data.credit.path_weights.source"):
         PathWeighting(source="reward")
 
 
@@ -120,8 +120,8 @@ def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     cli = main(["fit", "--config", str(root / "conf" / "quickstart.yaml"), "--config", str(root / "conf" / "rest_mcts.yaml"),
-                "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=16",
-                "--data.max_eval_problems=8", "--data.eval.samples=2", "--data.search.expansion_width=4",
+                "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.batching.problems_per_epoch=16",
+                "--data.problems.max_eval_problems=8", "--data.eval.samples=2", "--data.search.expansion_width=4",
                 "--prm_update.heldout_every=2", f"--trainer.logger.init_args.save_dir={tmp_path}",
                 "--trainer.enable_checkpointing=false", "--trainer.callbacks=[]"])
     log_dir = cli.trainer.log_dir

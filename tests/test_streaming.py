@@ -83,7 +83,7 @@ def test_bad_rows_name_their_line_or_are_skipped_and_counted(tmp_path):
     path = write_rows(tmp_path / "rows.jsonl", 5)
     with path.open("a") as fh:
         fh.write('{"id": "bad", "numbers": [1, 2], "target": "x"}\n')
-    with pytest.raises(ValueError, match=r"rows\.jsonl:6.*--data\.skip_bad_rows=true"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl:6.*--data\.problems\.skip_bad_rows=true"):
         optimize_files(CountdownTask(), [str(path)], tmp_path / "cache")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     directory = optimize_files(CountdownTask(), [str(path)], tmp_path / "cache", skip_bad_rows=True)
@@ -104,3 +104,59 @@ def test_a_changed_file_is_optimized_again(tmp_path):
     second = optimize_files(CountdownTask(), [str(path)], tmp_path / "cache")
     assert first != second and dataset_key(CountdownTask(), [str(path)], False) == second.name
     assert len(StreamingProblems(CountdownTask(), second, seed=0)) == 6
+
+
+# ---------------------------------------------------------------------- from the command line
+def test_settings_of_a_stream_are_checked_with_their_flags(tmp_path):
+    from data_modules.search import SearchDataModule
+    from data_modules.settings import ProblemsConfig
+
+    with pytest.raises(ValueError, match=r"--data\.problems\.stream=true streams --data\.problems\.train_files"):
+        ProblemsConfig(stream=True)
+    with pytest.raises(ValueError, match=r"--data\.problems\.max_train_problems .* leave it out"):
+        ProblemsConfig(stream=True, train_files=["a.jsonl"], max_train_problems=8)
+    with pytest.raises(ValueError, match=r"--data\.problems\.stream=true needs --data\.replay\.enabled=false"):
+        SearchDataModule(problems=ProblemsConfig(stream=True, train_files=["a.jsonl"]))
+    assert ProblemsConfig(stream=True, train_files=[str(tmp_path / "a.jsonl")]).cache_folder == str(tmp_path / ".flywheel_stream")
+
+
+def test_fit_streams_its_problems_screens_each_draw_and_resumes_the_stream(tmp_path, monkeypatch):
+    """`--data.problems.stream=true`: each epoch draws its problems from the litdata stream,
+    the hard set screens that draw (not the 60-problem file), and a resumed run draws on
+    where the stream stopped."""
+    import data_modules.screening as screening_module
+    from data_modules.pool import ProblemPool
+    from data_modules.settings import ProblemsConfig
+    from flywheel.__main__ import main
+
+    files = [str(write_rows(tmp_path / "train.jsonl", 60))]
+    screened: list[list[str]] = []
+    real_screen = screening_module.screen
+
+    def spy(shard, **kwargs):  # the real screening, its problems recorded
+        screened.append(ids(shard))
+        return real_screen(shard, **kwargs)
+
+    monkeypatch.setattr(screening_module, "screen", spy)
+    root = Path(__file__).resolve().parents[1]
+    args = ["fit", "--config", str(root / "conf" / "quickstart.yaml"), f"--data.problems.train_files=[{files[0]}]",
+            "--data.problems.stream=true", "--data.replay.enabled=false", "--data.hard_set.enabled=true",
+            "--data.hard_set.k=2", "--data.batching.problems_per_epoch=4", "--data.batching.mini_batch_problems=4",
+            "--data.problems.max_eval_problems=2", "--data.eval.samples=1", "--data.eval.at_start=false",
+            "--data.epochs_per_round=1", "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2",
+            f"--trainer.logger.init_args.save_dir={tmp_path / 'runs'}",
+            f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"]
+    cli = main(args + ["--trainer.max_epochs=2"])
+    dm = cli.datamodule
+    draws = [s for s in screened]  # epoch draws, then the round ends' (empty) hard-set refreshes
+    drawn = [s for s in draws if s]
+    assert len(drawn) == 2 and all(len(d) == 4 for d in drawn)  # 4 problems screened per epoch, not 60
+    assert set(drawn[0]) | set(drawn[1]) == set(dm.train_pool()) and not set(drawn[0]) & set(drawn[1])
+    assert dm.state_dict()["stream"] == {"epoch": 0, "drawn": 8}
+    state = dm.state_dict()
+    expected = ProblemPool(dm.task, ProblemsConfig(train_files=files, stream=True), seed=0)
+    expected.load_stream_position(state["stream"])
+    screened.clear()
+    resumed = main(args + ["--trainer.max_epochs=3", "--ckpt_path", "last"])
+    assert [s for s in screened if s] == [ids(expected.draw(4, 0, 1))]
+    assert resumed.datamodule.state_dict()["stream"] == {"epoch": 0, "drawn": 12}

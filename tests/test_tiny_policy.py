@@ -113,3 +113,34 @@ def test_shipped_weights_score_what_the_card_says_within_sampling_error(policy, 
     # A trained policy ends its answers with EOS rather than running to the length cap.
     ends = [c.finish_reason for samples in completions for c in samples]
     assert ends.count("eos") / len(ends) > 0.9
+
+
+def test_the_card_is_measured_by_the_run_s_evaluator_with_the_card_s_seeds(policy, results):
+    """tools/make_tiny_policy.py grades through flywheel.evaluation (the evaluator of fit, eval
+    and validate) yet keeps the per-problem seeds the shipped card was measured with: on 40
+    test problems it counts what sampling those seeds directly counts. (The whole card,
+    1,100 problems x 8 samples, reproduces eval_results.json exactly: the make_tiny_policy
+    evaluate on the shipped weights, a few minutes on 2 cores.)"""
+    import sys
+    from collections import Counter
+    from dataclasses import replace as with_fields
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from make_tiny_policy import Recipe, evaluate
+
+    model, tokenizer = policy
+    recipe = with_fields(Recipe(**results["recipe"]), eval_samples=4)
+    task = CountdownTask(max_response_tokens=recipe.eval_max_new_tokens)
+    problems = task.problems("test")[:40]
+    with torch.no_grad():
+        card = evaluate(model, tokenizer, task, problems, recipe, split_seed=0)
+        params = SamplingParams(max_new_tokens=recipe.eval_max_new_tokens, temperature=recipe.eval_temperature)
+        requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), 4, params, seed=i)
+                    for i, p in enumerate(problems)]
+        completions = HFGenerator(model, tokenizer, max_batch_size=512).sample(requests)
+    verdicts = [[verify(p.numbers, p.target, tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in samples]
+                for p, samples in zip(problems, completions)]
+    assert card.pass_at_1 == sum(sum(v.correct for v in vs) / 4 for vs in verdicts) / len(problems)
+    assert card.reasons == dict(Counter(v.reason for vs in verdicts for v in vs))
+    assert card.mean_completion_tokens == sum(len(c.token_ids) for s in completions for c in s) / (4 * len(problems))

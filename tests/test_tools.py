@@ -78,9 +78,9 @@ def test_bench_prm_runs_both_arms():
 def test_compare_runs_each_method_to_its_token_budget_and_resumes_to_a_larger_one(tmp_path):
     out = tmp_path / "compare"
     common = ["--numbers", "3", "--eval-split", "test", "--epochs-per-round", "1", "--out", str(out),
-              "--data.problems_per_epoch=4", "--data.max_eval_problems=4", "--data.eval.samples=8",
-              "--data.max_train_problems=8", "--data.hard_set.enabled=false", "--data.search.expansion_width=2",
-              "--data.search.trajectories_per_tree=2", "--data.flat_samples=2"]
+              "--data.batching.problems_per_epoch=4", "--data.problems.max_eval_problems=4", "--data.eval.samples=8",
+              "--data.problems.max_train_problems=8", "--data.hard_set.enabled=false", "--data.search.expansion_width=2",
+              "--data.search.trajectories_per_tree=2", "--data.batching.flat_samples=2"]
     fields, text = run_tool("tools/compare.py", "--tokens", "1", "--methods", "deepsearch", "bon", *common)
     assert fields["tokens"] == "1" and fields["seeds"] == "1"
     for method in ("deepsearch", "bon"):

@@ -372,8 +372,8 @@ def processes_with_env(entry: str) -> list[int]:
     return out
 
 
-SMALL_FIT = ["--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.problems_per_epoch=8",
-             "--data.mini_batch_problems=4", "--data.max_eval_problems=8", "--data.eval.samples=2",
+SMALL_FIT = ["--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.batching.problems_per_epoch=8",
+             "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=8", "--data.eval.samples=2",
              "--model.optimizer.lr=1e-2", "--data.generator.init_args.access_log=true"]  # the tests count requests
 
 

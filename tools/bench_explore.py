@@ -244,7 +244,7 @@ def main() -> None:
 
     start = time.perf_counter()
     driver = SearchDriver(generator, config, step=task.step, decode=decode,
-                          max_concurrent_trees=dm.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
+                          max_concurrent_trees=dm.batching.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
     with __import__("torch").no_grad():
         trees = driver.run(search_problems)
     rows = [len(rows_from_result(r, 0, dm.credit.advantage, dm.credit.normalize_std)) for r in trees]
@@ -266,7 +266,7 @@ def main() -> None:
         start = time.perf_counter()
         with __import__("torch").no_grad():
             flat = flat_rollouts(search_problems, generator, n=FLAT_SAMPLES, step=task.step, decode=decode, config=config,
-                                 max_concurrent_problems=max(1, dm.max_concurrent_trees // 4), eos_token_ids=eos)
+                                 max_concurrent_problems=max(1, dm.batching.max_concurrent_trees // 4), eos_token_ids=eos)
         samples, seconds = flat_samples(flat), time.perf_counter() - start
         if args.flat_cache is not None:
             args.flat_cache.write_text(json.dumps({"key": key, "samples": samples, "seconds": seconds}))

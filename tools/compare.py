@@ -45,20 +45,20 @@ from flywheel.io import atomic_write_json  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
-    "--data.advantage=subtree",
+    "--data.credit.advantage=subtree",
     # A rollout tree trains ~20 trajectories per problem: mini-batches of 4 problems keep the
     # rows per optimizer step, and the steps per generated token, near DAPO's (16 x 8 samples).
-    "--data.mini_batch_problems=4",
+    "--data.batching.mini_batch_problems=4",
 ]
 ARMS: dict[str, tuple[list[str], list[str]]] = {
     # name: (overlay configs, overrides) on top of conf/quickstart.yaml
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
-    "deepsearch_paper": ([], ["--data.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
+    "deepsearch_paper": ([], ["--data.credit.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "rollout": ([], ROLLOUT),
     # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
-    "rollout_mb16": ([], ROLLOUT + ["--data.mini_batch_problems=16"]),
+    "rollout_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16"]),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
-    "rollout_outcome": ([], ROLLOUT + ["--data.advantage=outcome"]),  # the same trees, DAPO's credit
+    "rollout_outcome": ([], ROLLOUT + ["--data.credit.advantage=outcome"]),  # the same trees, DAPO's credit
     "dapo": (["conf/dapo.yaml"], []),
     "cispo": (["conf/cispo.yaml"], []),
     "bon": (["conf/best_of_n.yaml"], []),
@@ -104,7 +104,7 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
         "--trainer.max_epochs=100000",
         f"--budget.max_tokens={args.tokens}",
         f"--data.epochs_per_round={args.epochs_per_round}",
-        f"--data.eval_split={args.eval_split}",
+        f"--data.problems.eval_split={args.eval_split}",
         f"--data.eval.samples={EVAL_SAMPLES}",
         f"--data.eval.k={EVAL_K}",
         f"--data.task.init_args.numbers_count={args.numbers}",

@@ -52,14 +52,14 @@ if [ "$cpu" = "1" ]; then
 fi
 "${launcher[@]}" fit --config conf/deepsearch.yaml "${swaps[@]}" \
   --model.policy="$work/policy" \
-  --data.train_files="[$work/train.jsonl]" --data.eval_files="[$work/test.jsonl]" \
+  --data.problems.train_files="[$work/train.jsonl]" --data.problems.eval_files="[$work/test.jsonl]" \
   --trainer.devices=1 --trainer.max_epochs=2 --data.epochs_per_round=1 \
-  --data.problems_per_epoch=16 --data.mini_batch_problems=8 --data.max_concurrent_trees=16 \
+  --data.batching.problems_per_epoch=16 --data.batching.mini_batch_problems=8 --data.batching.max_concurrent_trees=16 \
   --data.task.init_args.step_tokens=32 --data.task.init_args.max_response_tokens=128 \
   --data.search.max_depth=4 --data.search.overlong_max_tokens=128 --data.search.overlong_buffer_tokens=32 \
   --data.generator.init_args.max_model_len=1024 --data.generator.init_args.logprob_tolerance=0.05 \
   --data.generator.init_args.log_dir="$work/vllm" \
-  --data.max_eval_problems=32 --data.eval.samples=2 --data.eval.k=2 \
+  --data.problems.max_eval_problems=32 --data.eval.samples=2 --data.eval.k=2 \
   --trainer.logger.init_args.save_dir="$work/runs" --trainer.callbacks.init_args.dirpath="$work/checkpoints"
 
 summary=$(ls "$work"/runs/deepsearch/version_*/summary.json | tail -1)

@@ -30,7 +30,6 @@ import shlex
 import statistics
 import sys
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -39,9 +38,8 @@ import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
 from flywheel.assets import asset_path
-from flywheel.generation import GenerationRequest, SamplingParams
+from flywheel.evaluation import EvalConfig, evaluate_sharded
 from flywheel.generation.hf import HFGenerator
-from flywheel.metrics import pass_at_k
 from flywheel.rewards.countdown import verify
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
 from flywheel.tasks.countdown_data import format_completion, iter_solutions
@@ -240,34 +238,23 @@ def evaluate(
     model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, task: CountdownTask,
     problems: list[CountdownProblem], recipe: Recipe, split_seed: int,
 ) -> SplitScore:
-    """Sample `eval_samples` completions per problem (seeded per problem) and grade them."""
+    """Sample `eval_samples` completions per problem (seeded per problem) and grade them with
+    the run's one evaluator (flywheel.evaluation), in one generator call. The task's response
+    budget is the length cap (`eval_max_new_tokens`)."""
     start = time.perf_counter()
-    params = SamplingParams(max_new_tokens=recipe.eval_max_new_tokens, temperature=recipe.eval_temperature)
-    requests = [
-        GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), recipe.eval_samples, params,
-                          seed=split_seed * 1_000_003 + i)
-        for i, p in enumerate(problems)
-    ]
-    completions = HFGenerator(model, tokenizer, max_batch_size=512).sample(requests)
     n = recipe.eval_samples
-    correct, reasons, tokens = [], Counter(), []
-    for problem, samples in zip(problems, completions):
-        c = 0
-        for sample in samples:
-            text = tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-            verdict = verify(problem.numbers, problem.target, text)
-            c += verdict.correct
-            reasons[verdict.reason] += 1
-            tokens.append(len(sample.token_ids))
-        correct.append(c)
+    config = EvalConfig(samples=n, temperature=recipe.eval_temperature, problems_per_batch=max(len(problems), 1))
+    seeds = {p.id: split_seed * 1_000_003 + i for i, p in enumerate(problems)}  # the card's seeds since it shipped
+    generator = HFGenerator(model, tokenizer, max_batch_size=512)
+    result = evaluate_sharded(generator, tokenizer, task, problems, config, request_seed=lambda p: seeds[p.id])
     ks = sorted({k for k in (1, 2, 4, 8, n) if k <= n})
     return SplitScore(
         problems=len(problems),
         samples_per_problem=n,
-        pass_at_1=sum(c / n for c in correct) / len(correct),
-        pass_at_k={k: sum(pass_at_k(n, c, k) for c in correct) / len(correct) for k in ks},
-        reasons=dict(reasons.most_common()),
-        mean_completion_tokens=sum(tokens) / len(tokens),
+        pass_at_1=sum(c / n for c in result.correct) / len(result.correct),
+        pass_at_k={k: result.pass_at(k) for k in ks},
+        reasons=dict(result.reasons),
+        mean_completion_tokens=result.generated_tokens / (n * len(problems)),
         seconds=time.perf_counter() - start,
     )
 
@@ -404,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
 
-    task = CountdownTask()
+    task = CountdownTask(max_response_tokens=recipe.eval_max_new_tokens)
     tokenizer = build_char_tokenizer()
     train = task.problems("train")
     traces = problem_traces(task, tokenizer, train, recipe.max_solutions)

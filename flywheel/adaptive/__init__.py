@@ -5,7 +5,8 @@ for negative samples. Pure Python over plain data; the DataModule and callbacks 
 from flywheel.adaptive.filters import DegenerateFilter, degenerate_negative, is_degenerate, repeated_tail
 from flywheel.adaptive.hard_set import HardSet, HardSetConfig, is_hard, pass1_at_k, pass1_rates
 from flywheel.adaptive.mixed import direct_samples_needed, mixed_rollout
-from flywheel.adaptive.replay import CachedSolution, ReplayBuffer, ReplayConfig, qualifies
+from flywheel.adaptive.replay import CachedSolution, ReplayBuffer
+from flywheel.adaptive.replay_rule import ReplayConfig, qualifies
 
 __all__ = [
     "CachedSolution",

@@ -144,14 +144,14 @@ class DegenerateFilter:
         for name in (*fractions, "min_distinct_ratio"):
             value = getattr(self, name)
             if not 0.0 <= value <= 1.0:
-                raise ValueError(f"--data.degenerate_filter.{name} must be in [0, 1], got {value}")
+                raise ValueError(f"--data.credit.degenerate_filter.{name} must be in [0, 1], got {value}")
         for name in ("max_period", "min_repeats", "min_repeat_chars", "max_repeat_chars", "diversity_window"):
             value = getattr(self, name)
             if value < 1:
-                raise ValueError(f"--data.degenerate_filter.{name} must be >= 1, got {value}")
+                raise ValueError(f"--data.credit.degenerate_filter.{name} must be >= 1, got {value}")
         if self.max_compression_ratio < 1.0:
             raise ValueError(
-                f"--data.degenerate_filter.max_compression_ratio must be >= 1, got {self.max_compression_ratio}"
+                f"--data.credit.degenerate_filter.max_compression_ratio must be >= 1, got {self.max_compression_ratio}"
             )
 
     def __call__(self, text: str, token_ids: Sequence[int] | None = None) -> str | None:

@@ -16,7 +16,7 @@ from typing import Hashable, Sequence
 import torch
 
 ADV_EPS = 1e-6
-"""Added to the group std when advantages are std-normalised (`--data.normalize_std`)."""
+"""Added to the group std when advantages are std-normalised (`--data.credit.normalize_std`)."""
 
 
 def group_baseline(

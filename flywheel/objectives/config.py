@@ -45,7 +45,7 @@ class ObjectiveConfig:
             code's default), "step_mean" (the paper's per-step 1/|s_j| normalisation) or
             "sequence_mean" (per-sequence mean, then mean over sequences).
         normalize_std: not read here: advantages are attached to the rows by the data
-            module, so the switch is `--data.normalize_std`. Setting this one is an error.
+            module, so the switch is `--data.credit.normalize_std`. Setting this one is an error.
         adv_eps: not read: the std epsilon is `flywheel.objectives.advantages.ADV_EPS`.
             Setting it is an error.
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
@@ -56,7 +56,7 @@ class ObjectiveConfig:
             clipped ratio only weights the gradient, so no token's gradient is dropped
             (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it);
             "self_training" = -w * log pi_theta, w the path weight the data module puts in
-            the advantage column (`--data.advantage=self_training`; ReST-MCTS*'s reward-
+            the advantage column (`--data.credit.advantage=self_training`; ReST-MCTS*'s reward-
             weighted self-training, `flywheel.objectives.self_training`); no ratio, no clip.
         kl_reference: the frozen reference of the KL term (kl_coef > 0): "base" = the policy
             the run started from; "round" = the policy at the start of the current round
@@ -111,7 +111,7 @@ class ObjectiveConfig:
                  "Set `aggregation` to 'token_mean' (the default) or another listed mode.")
         if self.normalize_std is not None:
             fail("normalize_std", "the data module attaches the advantages, so this setting is never read",
-                 "Remove it and set `--data.normalize_std` instead.")
+                 "Remove it and set `--data.credit.normalize_std` instead.")
         if self.adv_eps is not None:
             fail("adv_eps", "the std epsilon is fixed (flywheel.objectives.advantages.ADV_EPS = 1e-6), so this "
                  "setting is never read", "Remove it.")

@@ -83,7 +83,7 @@ class MathTask(Task):
         if split not in BUILTIN_SPLITS:
             raise ValueError(
                 f"MathTask has no built-in split {split!r} (built-in: {', '.join(BUILTIN_SPLITS)}); "
-                "give problem files with --data.train_files / --data.eval_files"
+                "give problem files with --data.problems.train_files / --data.problems.eval_files"
             )
         part = BUILTIN_SPLITS[split]
         return [Problem(id=f"{split}-{i:05d}", question=q, answer=a)

@@ -38,7 +38,7 @@ def load_problems(
     skip_bad_rows: bool = False,
     limit: int | None = None,
     check: Callable[[Problem], None] | None = None,
-    skip_flag: str = "--data.skip_bad_rows",
+    skip_flag: str = "--data.problems.skip_bad_rows",
 ) -> LoadedProblems:
     """Problems from `files` if given, else the task's built-in `split`. Ids must be unique.
 
@@ -78,7 +78,7 @@ def checked_rows(
     *,
     skip_bad_rows: bool = False,
     check: Callable[[Problem], None] | None = None,
-    skip_flag: str = "--data.skip_bad_rows",
+    skip_flag: str = "--data.problems.skip_bad_rows",
 ) -> Iterator[tuple[str, object, Problem | None]]:
     """(location, row, problem) for every row of `file`, each parsed by the task and passed
     through `check`. A bad row raises ValueError naming its location and `skip_flag`, or with

@@ -1,0 +1,29 @@
+"""The progress bar of a search, flat sampling or screening pass, which is also where a
+SIGTERM stops the pass (flywheel.preemption): after every round of generator calls."""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from tqdm.auto import tqdm
+
+from flywheel.preemption import stop_point
+
+
+@contextmanager
+def progress(total: int, desc: str, trainer: Any, show: bool) -> Iterator[Callable[..., None]]:
+    """Yields `advance(problems_done, tokens=None)`: checks for SIGTERM, then moves the bar
+    (shown when `show`, i.e. on rank 0)."""
+    bar = tqdm(total=total, desc=desc, unit="problem", leave=False, disable=not show)
+
+    def advance(done: int, tokens: int | None = None) -> None:
+        stop_point(trainer)
+        bar.update(done - bar.n)
+        if tokens is not None:
+            bar.set_postfix(tokens=tokens, refresh=False)
+
+    try:
+        yield advance
+    finally:
+        bar.close()

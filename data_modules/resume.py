@@ -1,0 +1,46 @@
+"""The data module's part of a checkpoint: the curriculum (hard set, replay buffer, round,
+cursor), the run's token counters and, when the problems are streamed, the stream's
+position, under a format tag. Lightning stores it in every
+checkpoint and restores it before the first `train_dataloader()` of a resumed run."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from data_modules.curriculum import Curriculum
+
+STATE_FORMAT = "flywheel.search_data_module/v1"
+
+
+def data_state(curriculum: Curriculum, generated_tokens: int, screening_tokens: int,
+               stream: Mapping[str, int] | None = None) -> dict[str, Any]:
+    state = {"format": STATE_FORMAT, **curriculum.state_dict(), "generated_tokens": generated_tokens,
+             "screening_tokens": screening_tokens}
+    if stream is not None:  # absent without a stream (and in checkpoints from before streams)
+        state["stream"] = dict(stream)
+    return state
+
+
+def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum,
+                       source: str | None) -> tuple[int, int, dict[str, int] | None]:
+    """Load `state` into `curriculum`; returns (generated_tokens, screening_tokens, the
+    stream's position or None). Raises
+    ValueError naming the checkpoint `source` and the way out when the state is from another
+    version or malformed (then nothing was restored)."""
+    if state.get("format") != STATE_FORMAT:
+        raise ValueError(
+            f"the checkpoint's SearchDataModule state has format {state.get('format')!r}, expected "
+            f"{STATE_FORMAT!r}: it was written by another flywheel version; start a new run without --ckpt_path"
+        )
+    try:
+        stream = state.get("stream")
+        stream = {"epoch": int(stream["epoch"]), "drawn": int(stream["drawn"])} if stream is not None else None
+        counters = int(state["generated_tokens"]), int(state["screening_tokens"]), stream
+        curriculum.load_state_dict(state)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise ValueError(
+            f"the SearchDataModule state in checkpoint {source or '(unknown file)'} is malformed "
+            f"({type(err).__name__}: {err}); nothing was restored. Way out: resume from another checkpoint of "
+            "the run (--ckpt_path FILE), or start again without --ckpt_path"
+        ) from err
+    return counters

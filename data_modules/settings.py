@@ -1,0 +1,144 @@
+"""The data module's settings, one typed dataclass per `--help` section: where the problems
+come from (`--data.problems.*`), how many are searched and trained on at once
+(`--data.batching.*`) and how trajectories are credited (`--data.credit.*`). Each checks
+itself when built and names the flag and the fix; every default is written here once.
+
+The search (`--data.search.*`), the hard set (`--data.hard_set.*`), the replay buffer
+(`--data.replay.*`) and the held-out evaluation (`--data.eval.*`) have their own dataclasses
+next to the code that reads them. Flags of the flat layout these sections replaced
+(`--data.credit.advantage`, `--data.batching.mini_batch_problems`, ...) are translated by flywheel.renames.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from data_modules.examples import PathWeighting
+from flywheel.adaptive import DegenerateFilter
+from flywheel.search.outputs import Trajectory
+
+Advantage = Literal["node", "outcome", "subtree", "self_training"]
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class ProblemsConfig:
+    """The training and held-out problems.
+
+    Args:
+        train_files: jsonl/parquet problem files with `problem` and `answer` columns (or the
+            task's own columns); default: the task's built-in `train_split`.
+        train_split: built-in split used when `train_files` is not given.
+        max_train_problems: use a seeded random subset of at most this many training
+            problems (None = all); the hard set is screened from it.
+        eval_files: held-out problem files; default: the task's built-in `eval_split`.
+        eval_split: built-in held-out split.
+        max_eval_problems: evaluate on the first this many held-out problems (None = all).
+        skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
+        stream: read `train_files` as a litdata stream instead of loading them (the `stream`
+            extra; for files too large to hold or screen whole): optimized once into
+            `stream_cache`, each epoch's problems drawn from it, shuffled, sharded across
+            ranks without duplicates, its position saved in every checkpoint. The hard set
+            then screens each epoch's draw with the current policy and searches the hard
+            ones; the replay buffer must be off (it re-screens a pool a stream does not keep).
+        stream_cache: folder of the optimized dataset (default: `.flywheel_stream` beside the
+            first training file); a changed file is optimized again, an unchanged one never.
+    """
+
+    train_files: list[str] | None = None
+    train_split: str = "train"
+    max_train_problems: int | None = None
+    eval_files: list[str] | None = None
+    eval_split: str = "test"
+    max_eval_problems: int | None = None
+    skip_bad_rows: bool = False
+    stream: bool = False
+    stream_cache: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_train_problems", "max_eval_problems"):
+            value = getattr(self, name)
+            _check(value is None or value >= 1,
+                   f"--data.problems.{name}={value}: must be >= 1, or null to use every problem")
+        if self.stream:
+            _check(bool(self.train_files), "--data.problems.stream=true streams --data.problems.train_files, which "
+                   "is empty: give the files (--data.problems.train_files=[big.jsonl]) or set --data.problems.stream=false")
+            _check(self.max_train_problems is None, "--data.problems.max_train_problems takes a subset of a loaded "
+                   "pool; a stream draws from every row: leave it out (null) with --data.problems.stream=true")
+
+    @property
+    def cache_folder(self) -> str:
+        """Where the streamed dataset is optimized (`stream_cache` or beside the first file)."""
+        return self.stream_cache or str(Path(self.train_files[0]).parent / ".flywheel_stream")
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """How many problems are searched per epoch, per optimizer step and per generator call.
+
+    Args:
+        problems_per_epoch: problems searched per epoch, over all ranks together.
+        mini_batch_problems: problems per optimizer step (all trajectories of a problem stay
+            in one mini-batch, as the group baseline needs).
+        max_concurrent_trees: trees (or flat groups) kept in flight per generator call.
+        flat_samples: responses per problem for the flat and best-of-N rollouts
+            (`--data.rollout=flat|best_of_n`).
+    """
+
+    problems_per_epoch: int = 64
+    mini_batch_problems: int = 8
+    max_concurrent_trees: int = 64
+    flat_samples: int = 8
+
+    def __post_init__(self) -> None:
+        for name in ("problems_per_epoch", "mini_batch_problems", "max_concurrent_trees", "flat_samples"):
+            value = getattr(self, name)
+            _check(value >= 1, f"--data.batching.{name}={value}: must be >= 1; set it to 1 or more")
+
+
+@dataclass(frozen=True)
+class Credit:
+    """How trajectories become training rows.
+
+    Args:
+        advantage: how a tree's trajectories are credited: "node" = Tree-GRPO node-level
+            values q~(s_j) minus the tree's mean final score (the paper's default); "outcome"
+            = every token gets its trajectory's final score minus the tree mean (the paper's
+            "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
+            final score of the tree's trajectories through it, credited against its parent and
+            the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0);
+            "self_training" = ReST-MCTS*'s self-training data: each path's weight from
+            `path_weights` (goes with `--model.objective.loss_type=self_training`). Flat
+            rollouts are DAPO either way, except under "self_training".
+        normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
+        drop_uniform_groups: leave out of training every tree (or flat group) whose
+            trajectories all ended with the same final score (all wrong, or all right), as
+            DAPO's dynamic sampling does (without refilling). Off in the paper and its code;
+            with node values such a tree still carries a signal (its early steps score
+            above the all-wrong mean), which is what this switch removes.
+        degenerate_filter: incorrect responses with garbled text or endless repetition are
+            left out of training (deepsearch.md §7).
+        path_weights: how "self_training" weights the paths (value model or outcome, per-
+            problem softmax temperature, correct-only and threshold filters).
+    """
+
+    advantage: Advantage = "node"
+    normalize_std: bool = False
+    drop_uniform_groups: bool = False
+    degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
+    path_weights: PathWeighting = field(default_factory=PathWeighting)
+
+    def __post_init__(self) -> None:
+        _check(self.advantage in ("node", "outcome", "subtree", "self_training"),
+               f"--data.credit.advantage={self.advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree' "
+               "or 'self_training'")
+
+    def drops(self, trajectory: Trajectory) -> bool:
+        """Whether a trajectory stays out of training: an incorrect, degenerate one."""
+        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
