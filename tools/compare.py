@@ -189,8 +189,11 @@ def main() -> None:
         for arm in args.arms:
             folder = run_folder(args, arm, seed)
             if args.report:
-                if list(folder.glob("version_*/summary.json")):
+                done = finished(folder)
+                if done is not None and done["tokens"] >= args.tokens:
                     results.setdefault(arm, []).append((seed, latest_summary(folder)))
+                elif list(folder.glob("version_*/summary.json")):
+                    print(f"{folder.name}: not finished at {args.tokens} tokens; left out (run without --report to go on)")
                 continue
             print(f"running {arm} seed {seed} ...", flush=True)
             try:
