@@ -58,18 +58,17 @@ class RoundProtocol(Callback):
         self.value_model.collect(dm.epoch_results)
         if dm.curriculum.round_ends(trainer.current_epoch):
             self.refresh.end_round(trainer, pl_module)
-            curriculum = dm.curriculum
-            self.evaluation.end_round(trainer, pl_module, curriculum.round, {
-                "hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
-                "cached": len(curriculum.buffer), "generated_tokens": dm.generated_tokens,
-            })
-            if self.value_model.end_round(trainer, pl_module, curriculum.round):
+            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm))
+            if self.value_model.end_round(trainer, pl_module, dm.curriculum.round):
                 dm.use_value_model(self.value_model.value_fn(pl_module))
         elif self.budget is not None and self.budget.reached(trainer):
-            curriculum = dm.curriculum
-            self.evaluation.end_round(trainer, pl_module, curriculum.round + 1, {
-                "hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
-                "cached": len(curriculum.buffer), "generated_tokens": dm.generated_tokens,
-            }, partial=True)
+            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round + 1, round_facts(dm), partial=True)
         if dm.epoch_metrics:
             pl_module.log_dict(dm.epoch_metrics)
+
+
+def round_facts(dm) -> dict:
+    """The curriculum's numbers that go into a round's summary row (after its refresh)."""
+    curriculum = dm.curriculum
+    return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
+            "cached": len(curriculum.buffer), "generated_tokens": dm.generated_tokens}

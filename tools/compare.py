@@ -39,10 +39,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 from flywheel.io import atomic_write_json  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
     "--data.credit.advantage=subtree",
