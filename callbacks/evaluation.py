@@ -52,22 +52,31 @@ class HeldOutEval(Callback):
             self.write_summary(trainer)
 
     def end_round(self, trainer: L.Trainer, pl_module: L.LightningModule, round_index: int,
-                  curriculum: dict[str, Any], partial: bool = False) -> dict[str, float]:
+                  curriculum: dict[str, Any], partial: bool = False, last: bool = False) -> dict[str, float] | None:
         """Evaluate at the end of round `round_index` (called by the round protocol,
         callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
         round's summary row. `partial`: the run's budget ended it before the round's last
-        epoch (the row says so; a resumed run's whole-round row replaces it)."""
-        result = self.run_eval(trainer, pl_module, f"round {round_index}")
-        self._log(pl_module, result)
-        self._log_round(trainer, round_index, result)
+        epoch (the row says so; a resumed run's whole-round row replaces it). `last`: the run
+        ends with this round. With `--data.eval.every_tokens` a round that is neither gets
+        its row without pass@k (None returned) until that many tokens passed since the last
+        evaluation."""
+        tokens = curriculum["generated_tokens"] or 0
+        due = partial or last or tokens - self.last_evaluated_tokens() >= trainer.datamodule.eval.every_tokens
+        result = self.run_eval(trainer, pl_module, f"round {round_index}") if due else None
+        if result is not None:
+            self._log(pl_module, result)
+            self._log_round(trainer, round_index, result)
+        else:
+            log.info("round %d: held-out evaluation skipped (--data.eval.every_tokens=%d; %d tokens since the last)",
+                     round_index, trainer.datamodule.eval.every_tokens, tokens - self.last_evaluated_tokens())
         self.rounds = [r for r in self.rounds if r["round"] != round_index]
         self.rounds.append(
             {
                 "round": round_index,
                 "epoch": trainer.current_epoch,
-                "eval_pass1": result["pass1"],
-                "eval_passk": result["passk"],
-                "k": int(result["k"]),
+                "eval_pass1": result["pass1"] if result else None,
+                "eval_passk": result["passk"] if result else None,
+                "k": int(trainer.datamodule.eval.pass_k),
                 "hard_set_size": curriculum["hard_set_size"],
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
@@ -78,6 +87,11 @@ class HeldOutEval(Callback):
         )
         self.write_summary(trainer)
         return result
+
+    def last_evaluated_tokens(self) -> int:
+        """Training tokens at the run's last held-out evaluation (0: the base, or none yet)."""
+        done = [r["generated_tokens"] or 0 for r in self.rounds if r.get("eval_pass1") is not None]
+        return done[-1] if done else 0
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write_summary(trainer)
@@ -140,6 +154,8 @@ class HeldOutEval(Callback):
         if self.base:
             lines.append(f"{'base':>5} {'-':>5} {self.base['pass1']:8.4f} {self.base['passk']:8.4f} {0:>12}")
         for r in self.rounds:
+            if r.get("eval_pass1") is None:  # skipped (--data.eval.every_tokens)
+                continue
             lines.append(f"{r['round']:>5} {r['epoch']:>5} {r['eval_pass1']:8.4f} {r['eval_passk']:8.4f} {r['generated_tokens'] or 0:>12}")
         return "\n".join(lines)
 

@@ -6,6 +6,7 @@ At each epoch's end:
 If the epoch ends a round (`Curriculum.round_ends`, the one place that decides it):
   3. HardSetRefresh.end_round the trained policy re-measures the hard set; the replay buffer settles
   4. HeldOutEval.end_round    held-out pass@k, with the round's hard-set size and cache in its summary
+                              (`--data.eval.every_tokens` may skip it, never in the run's last round)
   5. PRMUpdate.end_round      the value model is fitted and handed to the next round's search
 If the epoch instead ends the run on its token budget (`--budget.max_tokens`) inside a round:
   4'. HeldOutEval.end_round   the policy the run leaves is evaluated as a partial round (no refresh,
@@ -58,13 +59,20 @@ class RoundProtocol(Callback):
         self.value_model.collect(dm.epoch_results)
         if dm.curriculum.round_ends(trainer.current_epoch):
             self.refresh.end_round(trainer, pl_module)
-            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm))
+            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm), last=self.run_ends(trainer))
             if self.value_model.end_round(trainer, pl_module, dm.curriculum.round):
                 dm.use_value_model(self.value_model.value_fn(pl_module))
         elif self.budget is not None and self.budget.reached(trainer):
             self.evaluation.end_round(trainer, pl_module, dm.curriculum.round + 1, round_facts(dm), partial=True)
         if dm.epoch_metrics:
             pl_module.log_dict(dm.epoch_metrics)
+
+    def run_ends(self, trainer: L.Trainer) -> bool:
+        """Whether the epoch that just ended is the run's last (max_epochs or the token budget)."""
+        max_epochs = trainer.max_epochs
+        if max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1:
+            return True
+        return self.budget is not None and self.budget.reached(trainer)
 
 
 def round_facts(dm) -> dict:

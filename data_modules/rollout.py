@@ -41,6 +41,13 @@ class Rollouts:
 
 
 def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
+    """token ids -> text, exactly `tokenizer.decode(ids, skip_special_tokens=True)`. A fast
+    tokenizer that does no space clean-up is decoded by its Rust backend directly, the same
+    text without transformers' Python wrapper around it (which was ~15% of the search's
+    bookkeeping: the search decodes every step it grades)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", None) is False:
+        return functools.partial(backend.decode, skip_special_tokens=True)
     return functools.partial(tokenizer.decode, skip_special_tokens=True)
 
 

@@ -35,6 +35,11 @@ class EvalConfig:
         problems_per_batch: problems per generator call.
         at_start: `fit` also evaluates the policy before the first update (the run's
             baseline in summary.json); the rounds' evaluations follow either way.
+        every_tokens: `fit` evaluates at a round's end only once at least this many more
+            training tokens were generated since its last evaluation (0: every round). The
+            run's last round, and a round its token budget cuts short, are always evaluated.
+            For runs whose rounds are cheap next to a large held-out set (flat rollouts at a
+            large token budget); a skipped round keeps its row in summary.json, without pass@k.
     """
 
     samples: int = 4
@@ -44,6 +49,7 @@ class EvalConfig:
     seed: int = 1234
     problems_per_batch: int = 256
     at_start: bool = True
+    every_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -54,6 +60,8 @@ class EvalConfig:
             raise ValueError(f"--data.eval.temperature={self.temperature} must be >= 0 (0 = greedy, 1.0 = the policy's own distribution)")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--data.eval.top_p={self.top_p} must be in (0, 1]")
+        if self.every_tokens < 0:
+            raise ValueError(f"--data.eval.every_tokens={self.every_tokens} must be >= 0 (0 = evaluate every round)")
         if self.problems_per_batch < 1:
             raise ValueError(f"--data.eval.problems_per_batch={self.problems_per_batch} must be >= 1")
 

@@ -11,6 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.budget import GenerationBudget
+from flywheel.evaluation import EvalConfig
 from flywheel.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,3 +88,24 @@ def test_a_budget_that_ends_the_run_inside_a_round_still_evaluates_it_and_a_resu
     (row,) = summary["rounds"]
     assert row["round"] == 1 and row["epoch"] == 2 and "partial" not in row
     assert summary["base_eval_pass1"] is not None
+
+
+@pytest.mark.slow
+def test_eval_every_tokens_skips_rounds_but_never_the_runs_last(tmp_path):
+    # Rounds of 1 epoch, 3 epochs; a spacing no run reaches: rounds 1 and 2 keep their rows
+    # without pass@k, the last round is evaluated, and TensorBoard has the base and round 3.
+    cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=3",
+                "--data.rollout=flat", "--data.batching.flat_samples=2", "--data.batching.problems_per_epoch=4",
+                "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=4", "--data.eval.samples=2",
+                "--data.epochs_per_round=1", "--data.eval.every_tokens=1000000000",
+                f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2, 3]
+    assert [r["eval_pass1"] is None for r in summary["rounds"]] == [True, True, False]
+    assert summary["rounds"][0]["generated_tokens"] > 0 and summary["base_eval_pass1"] is not None
+    ea = EventAccumulator(cli.trainer.log_dir, size_guidance={"scalars": 0})
+    ea.Reload()
+    assert [p.step for p in ea.Scalars("round/eval_pass@1")] == [0, 3]
+    with pytest.raises(ValueError, match="--data.eval.every_tokens=-1 must be >= 0"):
+        EvalConfig(every_tokens=-1)

@@ -155,3 +155,22 @@ def test_behaviour_logprobs_are_filled_with_the_trainers_only_where_unknown():
     assert torch.allclose(b[2, 2:4], torch.tensor([-0.3, -0.4]))  # the direct sample: its own
     assert torch.equal(batch["old_logprobs"], old)
     assert batch["rewards"].tolist() == [1.0, 1.0, -1.0]
+
+
+def test_the_search_decoder_gives_the_tokenizers_own_decode(tok):
+    # The fast path (the Rust backend, no Python wrapper) must return exactly what
+    # tokenizer.decode(ids, skip_special_tokens=True) returns, special tokens included.
+    from data_modules.rollout import decoder
+
+    decode = decoder(tok)
+    assert decode.func == tok.backend_tokenizer.decode  # the fast path is the one taken
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        ids = torch.randint(0, len(tok), (int(torch.randint(0, 40, (1,), generator=gen)),), generator=gen).tolist()
+        assert decode(ids) == tok.decode(ids, skip_special_tokens=True)
+        assert decode(tuple(ids)) == tok.decode(ids, skip_special_tokens=True)
+    tok.clean_up_tokenization_spaces = True  # a clean-up is transformers' own: the wrapper is kept
+    try:
+        assert decoder(tok).func == tok.decode
+    finally:
+        tok.clean_up_tokenization_spaces = False

@@ -209,6 +209,7 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
     try:
         import torch
 
+        from data_modules.rollout import decoder  # the decoder fit's search uses
         from flywheel.generation.hf import HFGenerator
         from flywheel.tasks.countdown import CountdownTask
     except Exception as err:  # the backend is built elsewhere; part (a) stands alone
@@ -253,10 +254,7 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
         max_expansions_per_tree=256,
     )
 
-    def decode(ids):
-        return tokenizer.decode(list(ids), skip_special_tokens=True)
-
-    driver = SearchDriver(generator, cfg, step=task.step, decode=decode, max_concurrent_trees=concurrency)
+    driver = SearchDriver(generator, cfg, step=task.step, decode=decoder(tokenizer), max_concurrent_trees=concurrency)
     start = time.perf_counter()
     results = driver.run(search_problems)
     wall = time.perf_counter() - start

@@ -4,7 +4,8 @@ token budgets, over several seeds (the paper's efficiency claim, measured here).
 Each arm is a real `python -m flywheel fit` run: the quickstart recipe with the arm's
 overlays and overrides, all trained and evaluated on the same split, each stopped by
 `--budget.max_tokens` (tokens generated for training; held-out evaluation and hard-set
-screening are not counted). After every round each run evaluates the held-out split with
+screening are not counted). At the end of a round once every `--eval-every-tokens`
+training tokens (and always at the budget) each run evaluates the held-out split with
 16 samples per problem: pass@1 (= mean@16, the seed's Countdown write-up's number) and
 pass@8, read from each run's summary.json.
 
@@ -107,6 +108,7 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
         f"--data.problems.eval_split={args.eval_split}",
         f"--data.eval.samples={EVAL_SAMPLES}",
         f"--data.eval.k={EVAL_K}",
+        f"--data.eval.every_tokens={args.eval_every_tokens}",
         f"--data.task.init_args.numbers_count={args.numbers}",
         f"--seed_everything={seed}",
         f"--data.seed={seed}",
@@ -130,8 +132,14 @@ def spread(values: list[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
+def evaluated(summary: dict) -> list[dict]:
+    """The run's rounds that were evaluated (`--data.eval.every_tokens` skips some)."""
+    return [r for r in summary.get("rounds", []) if r.get("eval_pass1") is not None]
+
+
 def last_round(summary: dict) -> dict | None:
-    return summary["rounds"][-1] if summary.get("rounds") else None
+    rounds = evaluated(summary)
+    return rounds[-1] if rounds else None
 
 
 def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
@@ -140,7 +148,7 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
     for arm, runs in results.items():
         for seed, summary in runs:
             print(f"{arm:<18} {seed:>4} {'base':>7} {0:>10} {summary['base_eval_pass1']:7.4f} {summary['base_eval_passk']:7.4f}")
-            for r in summary["rounds"]:
+            for r in evaluated(summary):
                 label = f"{r['round']}{'*' if r.get('partial') else ''}"
                 auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
                 print(f"{arm:<18} {seed:>4} {label:>7} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
@@ -173,7 +181,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=3_000_000, help="training generation budget per run")
     parser.add_argument("--numbers", type=int, default=4, help="Countdown numbers per problem (4 = the hard problems)")
     parser.add_argument("--eval-split", default="test_hard", help="held-out split (test_hard: 500 4-number hard problems)")
-    parser.add_argument("--epochs-per-round", type=int, default=5, help="epochs between held-out evaluations")
+    parser.add_argument("--epochs-per-round", type=int, default=5, help="epochs per flywheel round")
+    parser.add_argument("--eval-every-tokens", type=int, default=1_000_000,
+                        help="held-out evaluations at round ends at least this many training tokens apart, and always "
+                             "at the budget (a flat arm's round is ~0.14M tokens; 500 x 16 samples cost more than it)")
     parser.add_argument("--seeds", type=int, default=1, help="runs per arm, seeds 0 .. seeds-1")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--arms", "--methods", nargs="+", default=list(ARMS), choices=list(ARMS))
