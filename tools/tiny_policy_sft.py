@@ -1,0 +1,180 @@
+"""The tiny policy's SFT recipe (tools/make_tiny_policy.py): the settings that determine its
+weights, the solver traces of the TRAIN split it learns from, and the training loop.
+
+Traces look like "5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>" then EOS; the loss
+is on the completion and EOS, never on the prompt. Weights depend only on the Recipe (seeded
+init, seeded data order, fixed thread count).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerFast
+
+from flywheel.rewards.countdown import verify
+from flywheel.tasks.countdown import CountdownProblem, CountdownTask
+from flywheel.tasks.countdown_data import format_completion, iter_solutions
+
+log = logging.getLogger("make_tiny_policy")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that determines the shipped weights and their evaluation. Defaults = shipped.
+
+    Attributes:
+        seed: seeds the model init, the data order and the evaluation samples.
+        hidden_size: model width (tiny-countdown-rl.md: 96 / 3 layers is the largest that
+            trains fast enough on 2 cores).
+        num_layers: decoder layers.
+        num_heads: attention heads.
+        intermediate_size: MLP width.
+        steps: SFT optimizer steps; the only cap on training (a wall-clock cap would make
+            the weights depend on machine load).
+        batch_size: traces per step.
+        lr: peak AdamW learning rate.
+        warmup_steps: linear warmup, then cosine decay to `min_lr_ratio * lr`.
+        min_lr_ratio: floor of the cosine schedule as a fraction of `lr`.
+        weight_decay: AdamW weight decay.
+        grad_clip: max gradient norm.
+        max_solutions: most distinct solver traces kept per train problem; each time a
+            problem is drawn one of them is picked at random, so the policy sees several
+            routes and its samples stay diverse (Pass@k > Pass@1).
+        threads: torch CPU threads (fixed, for speed and float-level reproducibility).
+        eval_samples: samples per held-out problem (pass@k is reported for k <= this).
+        eval_max_new_tokens: cap on a whole sampled completion.
+        eval_temperature: sampling temperature of the evaluation.
+    """
+
+    seed: int = 0
+    hidden_size: int = 96
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 384
+    steps: int = 500
+    batch_size: int = 128
+    lr: float = 3e-3
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    max_solutions: int = 16
+    threads: int = 2
+    eval_samples: int = 8
+    eval_max_new_tokens: int = 128
+    eval_temperature: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(f"--steps and --batch_size must be >= 1, got {self.steps}, {self.batch_size}")
+        if not 0 <= self.warmup_steps < self.steps:
+            raise ValueError(
+                f"--warmup_steps must be in [0, --steps), got {self.warmup_steps} with --steps {self.steps}"
+            )
+        if self.eval_samples < 1:
+            raise ValueError(f"--eval_samples must be >= 1, got {self.eval_samples}")
+
+
+# -- data ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trace:
+    """One SFT sequence: BOS + prompt + completion + EOS; the loss starts at `prompt_len`."""
+
+    input_ids: tuple[int, ...]
+    prompt_len: int
+
+
+def problem_traces(
+    task: CountdownTask,
+    tokenizer: PreTrainedTokenizerFast,
+    problems: list[CountdownProblem],
+    max_solutions: int,
+) -> list[list[Trace]]:
+    """Per problem, up to `max_solutions` tokenized solver traces, each checked by the verifier."""
+    out = []
+    for problem in problems:
+        prompt_ids = tokenizer(task.prompt(problem))["input_ids"]  # BOS + prompt
+        traces = []
+        for k, steps in enumerate(iter_solutions(problem.numbers, problem.target)):
+            if k == max_solutions:
+                break
+            completion = format_completion(problem.numbers, steps)
+            if not verify(problem.numbers, problem.target, completion).correct:
+                raise AssertionError(f"{problem.id}: solver trace {completion!r} fails the verifier")
+            ids = prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"]
+            traces.append(Trace(tuple(ids + [tokenizer.eos_token_id]), len(prompt_ids)))
+        if not traces:
+            raise AssertionError(f"{problem.id}: no positive-integer solution (the train split has none such)")
+        out.append(traces)
+    return out
+
+
+def sft_batches(traces: list[list[Trace]], recipe: Recipe, pad_id: int):
+    """Yield `recipe.steps` (input_ids, attention_mask, labels) batches, each [B, T], right-padded.
+
+    Problems are visited in seeded random epochs; each visit picks one of the problem's
+    traces at random. Labels are -100 on the prompt and the padding (loss on completion + EOS).
+    """
+    rng = torch.Generator().manual_seed(recipe.seed)
+    order: list[int] = []
+    for _ in range(recipe.steps):
+        while len(order) < recipe.batch_size:
+            order += torch.randperm(len(traces), generator=rng).tolist()
+        picked, order = order[: recipe.batch_size], order[recipe.batch_size :]
+        choice = torch.randint(0, 1 << 30, (len(picked),), generator=rng).tolist()
+        batch = [traces[p][c % len(traces[p])] for p, c in zip(picked, choice)]
+        width = max(len(t.input_ids) for t in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        labels = torch.full_like(ids, -100)
+        for row, t in enumerate(batch):
+            n = len(t.input_ids)
+            ids[row, :n] = torch.tensor(t.input_ids)
+            mask[row, :n] = 1
+            labels[row, t.prompt_len : n] = ids[row, t.prompt_len : n]
+        yield ids, mask, labels
+
+
+# -- training --------------------------------------------------------------------------------
+
+
+def lr_at(step: int, recipe: Recipe) -> float:
+    """Linear warmup over `warmup_steps`, then cosine from `lr` down to `min_lr_ratio * lr`."""
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    progress = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    floor = recipe.min_lr_ratio
+    return recipe.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def train_sft(
+    model: PreTrainedModel, traces: list[list[Trace]], recipe: Recipe, pad_id: int
+) -> tuple[list[float], list[float]]:
+    """Run the SFT steps in place; returns the loss and the seconds of every step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay)
+    model.train()
+    losses, seconds = [], []
+    start = last = time.perf_counter()
+    for step, (ids, mask, labels) in enumerate(sft_batches(traces, recipe, pad_id)):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, recipe)
+        loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), recipe.grad_clip)
+        optimizer.step()
+        losses.append(loss.item())
+        seconds.append(time.perf_counter() - last)
+        last = time.perf_counter()
+        if step % 50 == 0 or step == recipe.steps - 1:
+            log.info("sft step %d/%d loss %.4f lr %.2e (%.0f s)", step + 1, recipe.steps, losses[-1],
+                     lr_at(step, recipe), time.perf_counter() - start)
+    model.eval()
+    return losses, seconds
