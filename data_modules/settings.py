@@ -19,7 +19,7 @@ from data_modules.examples import PathWeighting
 from flywheel.adaptive import DegenerateFilter
 from flywheel.search.outputs import Trajectory
 
-Advantage = Literal["node", "outcome", "subtree", "self_training"]
+Advantage = Literal["node", "outcome", "subtree", "best_of_n", "self_training"]
 
 
 def _check(ok: bool, message: str) -> None:
@@ -113,6 +113,8 @@ class Credit:
             "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
             final score of the tree's trajectories through it, credited against its parent and
             the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0);
+            "best_of_n" = rejection sampling over the tree: its correct trajectories only, every
+            token with advantage +1 (no negatives; nothing from an unsolved tree);
             "self_training" = ReST-MCTS*'s self-training data: each path's weight from
             `path_weights` (goes with `--model.objective.loss_type=self_training`). Flat
             rollouts are DAPO either way, except under "self_training".
@@ -135,9 +137,9 @@ class Credit:
     path_weights: PathWeighting = field(default_factory=PathWeighting)
 
     def __post_init__(self) -> None:
-        _check(self.advantage in ("node", "outcome", "subtree", "self_training"),
-               f"--data.credit.advantage={self.advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree' "
-               "or 'self_training'")
+        _check(self.advantage in ("node", "outcome", "subtree", "best_of_n", "self_training"),
+               f"--data.credit.advantage={self.advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree', "
+               "'best_of_n' or 'self_training'")
 
     def drops(self, trajectory: Trajectory) -> bool:
         """Whether a trajectory stays out of training: an incorrect, degenerate one."""

@@ -174,3 +174,31 @@ def test_the_search_decoder_gives_the_tokenizers_own_decode(tok):
         assert decoder(tok).func == tok.decode
     finally:
         tok.clean_up_tokenization_spaces = False
+
+
+def test_a_search_credited_best_of_n_trains_on_its_correct_trajectories_only(one_thread):
+    # Rejection sampling over trees (`--data.credit.advantage=best_of_n`): the same searches as
+    # subtree credit, of whose trajectories only the correct ones become rows, each token +1.
+    from data_modules.rollout import rollout
+    from data_modules.settings import Credit
+    from flywheel.generation.hf import HFGenerator
+    from flywheel.policy import load_policy
+    from flywheel.tasks.countdown import CountdownTask
+
+    model, tokenizer = load_policy("tiny-countdown")
+    task = CountdownTask()
+    problems = task.problems("train")[:6]
+    search = SearchConfig(expansion="rollout", expansion_width=4, trajectories_per_tree=8, max_depth=8,
+                          overlong_max_tokens=task.max_response_tokens, overlong_buffer_tokens=16)
+
+    def run(advantage):
+        return rollout(problems, generator=HFGenerator(model, tokenizer), task=task, tokenizer=tokenizer,
+                       kind="search", search=search, flat_samples=8, max_concurrent_trees=8,
+                       credit=Credit(advantage=advantage))
+
+    every, best = run("subtree"), run("best_of_n")
+    assert [r.trajectories for r in best.results] == [r.trajectories for r in every.results]  # the same trees
+    correct = [[t.response_ids for t in r.trajectories if t.verdict.correct] for r in best.results]
+    assert [[row.response_ids for row in rows] for rows in best.rows] == correct
+    assert sum(map(len, correct)) > 0 and sum(map(len, every.rows)) > sum(map(len, correct))
+    assert all(set(row.advantages) == {1.0} and row.correct for rows in best.rows for row in rows)

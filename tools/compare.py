@@ -14,7 +14,8 @@ pass@8, read from each run's summary.json.
 
 Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
-trajectory trained, solved trees stop early; rollout_mb16: the same in mini-batches of 16 problems), its control that never forks below the root
+trajectory trained, solved trees stop early; rollout_mb16: the same in mini-batches of 16 problems; rollout_bon: the same trees credited as
+best-of-N, the correct trajectories only), its control that never forks below the root
 (rollout_root: flat sampling under the same stopping rule and credit), the flat baselines DAPO (8 samples),
 CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the quickstart's
 tree guided by the previous round's value model, the policy self-trained on the weighted
@@ -58,6 +59,9 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "rollout": ([], ROLLOUT),
     # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
     "rollout_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16"]),
+    # the same trees as rejection sampling: only their correct trajectories train, each token +1
+    # (best-of-N's credit; the one tree variant chosen after the 3M runs, a priori: bon won them)
+    "rollout_bon": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.credit.advantage=best_of_n"]),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
     "rollout_outcome": ([], ROLLOUT + ["--data.credit.advantage=outcome"]),  # the same trees, DAPO's credit
     "dapo": (["conf/dapo.yaml"], []),
