@@ -100,8 +100,8 @@ def main() -> None:
                         help="depths of the tiny policy's growth lines (time per trained token); none: skip them")
     parser.add_argument("--trees", type=int, default=4, help="trees per mini-batch of the tiny policy")
     parser.add_argument("--trees-100m", type=int, default=4,
-                        help="trees per mini-batch of the ~100M model: the tiny policy's 4 by default, the same "
-                             "trees (about 13 minutes on 2 cores); 1 is faster, but its one tree shares less of its "
+                        help="trees per mini-batch of the ~100M model: 4 by default, as for the tiny policy "
+                             "(about 13 minutes on 2 cores); 1 is faster, but its one tree shares less of its "
                              "tokens at depth 16 (1.58x against the 4 trees' 1.87x)")
     parser.add_argument("--k", type=int, default=8, help="trajectories per tree")
     parser.add_argument("--step-tokens", type=int, default=16)
