@@ -60,16 +60,17 @@ class HeldOutEval(Callback):
         ends with this round. With `--data.eval.every_tokens` a round that is neither gets
         its row without pass@k (None returned) until that many tokens passed since the last
         evaluation."""
-        tokens = curriculum["generated_tokens"] or 0
-        due = partial or last or tokens - self.last_evaluated_tokens() >= trainer.datamodule.eval.every_tokens
-        result = self.run_eval(trainer, pl_module, f"round {round_index}") if due else None
+        # A partial row of this round is about to be replaced: spacing counts from the evaluation before it.
+        self.rounds = [r for r in self.rounds if r["round"] != round_index]
+        every = trainer.datamodule.eval.every_tokens
+        since = (curriculum["generated_tokens"] or 0) - self.last_evaluated_tokens()
+        result = self.run_eval(trainer, pl_module, f"round {round_index}") if partial or last or since >= every else None
         if result is not None:
             self._log(pl_module, result)
             self._log_round(trainer, round_index, result)
         else:
             log.info("round %d: held-out evaluation skipped (--data.eval.every_tokens=%d; %d tokens since the last)",
-                     round_index, trainer.datamodule.eval.every_tokens, tokens - self.last_evaluated_tokens())
-        self.rounds = [r for r in self.rounds if r["round"] != round_index]
+                     round_index, every, since)
         self.rounds.append(
             {
                 "round": round_index,

@@ -57,22 +57,18 @@ class RoundProtocol(Callback):
         dm = trainer.datamodule
         self.weight_sync.push(trainer, pl_module)
         self.value_model.collect(dm.epoch_results)
+        spent = self.budget is not None and self.budget.reached(trainer)
         if dm.curriculum.round_ends(trainer.current_epoch):
             self.refresh.end_round(trainer, pl_module)
-            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm), last=self.run_ends(trainer))
+            max_epochs = trainer.max_epochs  # None or -1: no epoch limit
+            last = spent or (max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1)
+            self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm), last=last)
             if self.value_model.end_round(trainer, pl_module, dm.curriculum.round):
                 dm.use_value_model(self.value_model.value_fn(pl_module))
-        elif self.budget is not None and self.budget.reached(trainer):
+        elif spent:
             self.evaluation.end_round(trainer, pl_module, dm.curriculum.round + 1, round_facts(dm), partial=True)
         if dm.epoch_metrics:
             pl_module.log_dict(dm.epoch_metrics)
-
-    def run_ends(self, trainer: L.Trainer) -> bool:
-        """Whether the epoch that just ended is the run's last (max_epochs or the token budget)."""
-        max_epochs = trainer.max_epochs
-        if max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1:
-            return True
-        return self.budget is not None and self.budget.reached(trainer)
 
 
 def round_facts(dm) -> dict:
