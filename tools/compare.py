@@ -60,7 +60,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
     "rollout_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16"]),
     # the same trees as rejection sampling: only their correct trajectories train, each token +1
-    # (best-of-N's credit; the one tree variant chosen after the 3M runs, a priori: bon won them)
+    # (best-of-N's credit; added once bon and rollout_mb16 had finished at 3M, where bon won, and run unchanged)
     "rollout_bon": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.credit.advantage=best_of_n"]),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
     "rollout_outcome": ([], ROLLOUT + ["--data.credit.advantage=outcome"]),  # the same trees, DAPO's credit
