@@ -212,6 +212,8 @@ def test_stop_string_matcher(tok):
     # specials such as "<eos>" are skipped when decoding, so they never do.
     candidates = set(tok.convert_ids_to_tokens(matcher.candidate.nonzero().squeeze(1).tolist()))
     assert candidates == {">", "\n"}
+    # The newline token holds a whole stop string: it stops without a decode.
+    assert tok.convert_ids_to_tokens(matcher.certain.nonzero().squeeze(1).tolist()) == ["\n"]
     ids = list(tok.encode("(1+2)</answer>", add_special_tokens=False))
     assert matcher.hit(tok, ids[-matcher.window :])
     assert not matcher.hit(tok, ids[-matcher.window : -1])
@@ -232,8 +234,10 @@ def test_stop_string_matcher_multi_character_tokens():
     newline = _StopStrings(bpe, ("\n",), vocab_size=len(vocab))
     assert newline.candidate.nonzero().squeeze(1).tolist() == [vocab["c\n"], vocab["\n\n"]]
     assert newline.hit(bpe, [vocab["ab"], vocab["c\n"]])  # "\n" inside the last token
+    assert newline.certain.nonzero().squeeze(1).tolist() == [vocab["c\n"], vocab["\n\n"]]
     spanning = _StopStrings(bpe, ("bc",), vocab_size=len(vocab))
     assert spanning.candidate[vocab["c\n"]] and not spanning.candidate[vocab["ab"]]
+    assert not spanning.certain.any()  # "bc" is in no single token: every candidate is decoded
     assert spanning.hit(bpe, [vocab["x"], vocab["ab"], vocab["c\n"]])  # "ab" + "c\n" holds "bc"
     assert not spanning.hit(bpe, [vocab["ab"], vocab["x"], vocab["c\n"]])
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -70,26 +71,65 @@ class Timed:
 
 
 class DecodeShapes:
-    """The model's forward passes with one new token per row (decode steps): how many, their
-    mean batch, and the mean attention width per row (columns of the padded KV cache, and
-    the real ones among them)."""
+    """The model's forward passes with one new token per row (decode steps), per arm (`arm`
+    names the one running): how many, their mean batch, and the mean attention width per
+    row (columns of the padded KV cache, and the real ones among them)."""
 
     def __init__(self, model) -> None:
-        self.passes = self.rows = self.width = self.real = 0
+        self.arms = {"search": _Shapes(), "flat": _Shapes()}
+        self.arm = "search"
         self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
 
     def _hook(self, module, args, kwargs) -> None:
         ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
         if ids is not None and mask is not None and ids.shape[1] == 1:
-            self.passes += 1
-            self.rows += ids.shape[0]
-            self.width += mask.numel()
-            self.real += int(mask.sum())
+            self.arms[self.arm].add(ids.shape[0], mask.numel(), int(mask.sum()))
+
+
+class _Shapes:
+    def __init__(self) -> None:
+        self.passes = self.rows = self.width = self.real = 0
+
+    def add(self, rows: int, width: int, real: int) -> None:
+        self.passes += 1
+        self.rows += rows
+        self.width += width
+        self.real += real
 
     def __str__(self) -> str:
         rows = max(self.rows, 1)
         return (f"{self.passes} decode passes, mean batch {self.rows / max(self.passes, 1):.0f} rows, "
                 f"KV width {self.width / rows:.1f} ({self.real / rows:.1f} real)")
+
+
+class Paired:
+    """The search's generator, timed per call, each call followed by one flat call (every
+    problem's prompt, `--width` complete samples each) on a generator of its own, timed the
+    same way: drifts in machine load hit both arms within seconds of each other."""
+
+    def __init__(self, search_generator, flat_generator, prompts, args, shapes: DecodeShapes | None) -> None:
+        self.search, self.flat = Timed(search_generator), Timed(flat_generator)
+        self.stats = search_generator.stats
+        self.prompts, self.args, self.shapes = prompts, args, shapes
+        self.flat_tokens = self.calls = 0
+
+    def sample(self, requests):
+        out = self.search.sample(requests)
+        params = SamplingParams(max_new_tokens=self.args.flat_max_new_tokens, temperature=1.0)
+        flat = [GenerationRequest(tuple(p), self.args.width, params, seed=self.calls * len(self.prompts) + i)
+                for i, p in enumerate(self.prompts)]
+        if self.shapes is not None:
+            self.shapes.arm = "flat"
+        self.flat_tokens += sum(len(c.token_ids) for r in self.flat.sample(flat) for c in r)
+        if self.shapes is not None:
+            self.shapes.arm = "search"
+        self.calls += 1
+        return out
+
+    def ratios(self, tokens: int) -> tuple[float, float]:
+        """(by wall time, by CPU time): the search's tokens/s over flat sampling's."""
+        return (tokens / self.search.wall / (self.flat_tokens / self.flat.wall),
+                tokens / self.search.cpu / (self.flat_tokens / self.flat.cpu))
 
 
 def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> tuple[float, float]:
@@ -124,6 +164,9 @@ def main() -> None:
                         help="cap of a flat sample (a complete Countdown solution is shorter)")
     parser.add_argument("--profile", action="store_true",
                         help="also print the in-process arm's decode passes, mean batch and KV width, search and flat")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="in-process arm: search and flat sampling measured this many times, alternating which "
+                             "runs first; batch_efficiency is the median of the per-repeat ratios")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
                              "jobs on the machine change far less than its wall time")
@@ -158,26 +201,37 @@ def main() -> None:
         driver.run(problems)
         return time.perf_counter() - start, driver.stats.generated_tokens, timed
 
+    prompts = [p.prompt_ids for p in problems]
+
     def efficiency(generator, tokens: int, timed: Timed) -> tuple[float, float]:
         """(by wall time, by CPU time): the search's tokens/s over flat sampling's."""
-        flat_wall, flat_cpu = flat_tokens_per_second(generator, [p.prompt_ids for p in problems], args.width, tokens,
-                                                     args.flat_max_new_tokens)
+        flat_wall, flat_cpu = flat_tokens_per_second(generator, prompts, args.width, tokens, args.flat_max_new_tokens)
         return tokens / timed.wall / flat_wall, tokens / timed.cpu / flat_cpu
 
     rows = {}
-    hf = HFGenerator(model, tok, seed=0, prefix_cache_mb=256)
+    # Warm-up, not counted: the process's first search pays one-off costs (allocator growth,
+    # stop-string tables).
+    SearchDriver(HFGenerator(model, tok, seed=0, prefix_cache_mb=256), config, step=task.step, decode=decode,
+                 max_concurrent_trees=64, eos_token_ids=[tok.eos_token_id]).run(problems[:16])
     shapes = DecodeShapes(model) if args.profile else None
-    seconds, tokens, timed = search(hf)
-    s = hf.stats
-    submitted, computed = s.prompt_tokens, s.prefill_tokens  # the search's: flat sampling adds to them
-    searched = str(shapes)
-    if shapes is not None:
-        shapes.handle.remove()
-        shapes = DecodeShapes(model)
-    rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1), *efficiency(hf, tokens, timed))
-    if shapes is not None:
-        shapes.handle.remove()
-        print(f"in-process search: {searched}\nin-process flat:   {shapes}")
+    ratios, rates = [], []
+    for _ in range(args.repeats):
+        # Fresh generators (empty prefix caches); each search call is followed by one flat call.
+        paired = Paired(HFGenerator(model, tok, seed=0, prefix_cache_mb=256),
+                        HFGenerator(model, tok, seed=0, prefix_cache_mb=256), prompts, args, shapes)
+        seconds, tokens, _ = search(paired)
+        seconds -= paired.flat.wall  # the search's own wall time
+        submitted, computed = paired.stats.prompt_tokens, paired.stats.prefill_tokens
+        ratios.append(paired.ratios(tokens))
+        rates.append((tokens / paired.search.cpu, paired.flat_tokens / paired.flat.cpu))
+        if shapes is not None:
+            print(f"in-process search: {shapes.arms['search']}\nin-process flat:   {shapes.arms['flat']}")
+            shapes.handle.remove()
+            shapes = None
+    print("in-process, per repeat: batch_efficiency (CPU time) " + " ".join(f"{c:.3f}" for _, c in ratios)
+          + "; generated tokens per CPU second, search / flat " + " ".join(f"{a:.0f}/{b:.0f}" for a, b in rates))
+    rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1),
+                  statistics.median(w for w, _ in ratios), statistics.median(c for _, c in ratios))
     if args.skip_sidecar:
         report(args, rows, startup=None)
         return

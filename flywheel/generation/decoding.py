@@ -33,6 +33,10 @@ class _StopStrings:
         # decode to nothing (skipped specials, partial bytes).
         self.window = 2 * longest + 2
         self.candidate = torch.ones(vocab_size, dtype=torch.bool)  # [V]
+        # Tokens whose own mid-sequence text holds a whole stop string: a hit without decoding
+        # whenever the token is not the continuation's first (a first token decodes alone,
+        # where SentencePiece drops its leading space).
+        self.certain = torch.zeros(vocab_size, dtype=torch.bool)  # [V]
         ref = tokenizer.encode("a", add_special_tokens=False)
         if len(ref) != 1:
             return  # unusual tokenizer: no prefilter, every token is checked
@@ -54,6 +58,10 @@ class _StopStrings:
             return not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
 
         self.candidate[:known] = torch.tensor([may_complete(i, t) for i, t in enumerate(texts)])
+        pieces = [t[len(prefix) :] if t.startswith(prefix) else "\ufffd" for t in texts]
+        self.certain[:known] = torch.tensor(
+            [i not in special and "\ufffd" not in p and any(s in p for s in strings) for i, p in enumerate(pieces)]
+        )
 
     def hit(self, tokenizer: Any, tail_ids: list[int]) -> bool:
         text = _decode_text(tokenizer, tail_ids)
@@ -88,10 +96,13 @@ class _StopRules:
         self.string_candidate = torch.stack(
             [torch.zeros(vocab, dtype=torch.bool)] + [m.candidate for m in self.matchers[1:]]
         )  # [S + 1, V]
+        self.string_certain = torch.stack(
+            [torch.zeros(vocab, dtype=torch.bool)] + [m.certain for m in self.matchers[1:]]
+        )  # [S + 1, V]
         self.string_group = torch.tensor([string_sets.index(r.params.stop_strings) for r in rows])
         self.has_strings = len(string_sets) > 1
         self.max_new = torch.tensor([r.params.max_new_tokens for r in rows])
-        for name in ("eos", "stop_ids", "id_group", "string_candidate", "string_group", "max_new"):
+        for name in ("eos", "stop_ids", "id_group", "string_candidate", "string_certain", "string_group", "max_new"):
             setattr(self, name, getattr(self, name).to(device))
 
     def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
@@ -101,6 +112,10 @@ class _StopRules:
         if self.has_strings:
             group = self.string_group[slots]
             check = self.string_candidate[group, new] & active & ~is_eos & ~is_stop
+            if t > 0:
+                certain = self.string_certain[group, new] & check
+                is_stop |= certain
+                check &= ~certain
             for b in check.nonzero().squeeze(1).tolist():
                 matcher = self.matchers[int(group[b])]
                 tail = tokens[int(slots[b]), max(0, t + 1 - matcher.window) : t + 1].tolist()

@@ -41,8 +41,9 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
+from flywheel.generation.kv_cache import BlockCache, block_cache
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
 from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings  # noqa: F401 (_StopStrings: tests)
 from flywheel.generation.base import (
@@ -312,7 +313,7 @@ class HFGenerator:
             start[i] = c
         new_mask = mask[:, cached_width:]
         positions = (start[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0)  # pads get any value; masked
-        cache = DynamicCache(config=self.model.config)
+        cache = block_cache(self.model.config)
         if cached_width:
             for layer, (keys, values) in enumerate(_left_padded([kv for _, kv in hits], [c for c, _ in hits], cached_width)):
                 cache.update(keys.to(device), values.to(device), layer)
@@ -351,28 +352,36 @@ class HFGenerator:
 
         # `slots[b]` is the row at batch position b; `active[b]` whether it still decodes.
         # Finished rows ride along masked until enough have finished to compact the batch.
+        # The cache holds columns `start:` of `attention` (compaction drops leading columns
+        # that are padding for every row left).
         slots = torch.arange(len(rows), device=device)
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        row_steps = 0
+        start = row_steps = 0
         for t in range(horizon):
             new = sample_tokens(logits, temperature[slots], top_p[slots], uniforms[slots, t])  # [B]
             record.add(t, slots, active, new, logits)
             reason = rules.check(t, slots, active, new, record.tokens, self.tokenizer)  # [B]
             record.finish(t, slots, reason)
             if self.prefix_cache is not None:
-                self._keep_kv(rows, cache, attention, width, t, slots, reason, record)
+                self._keep_kv(rows, cache, attention[:, start : width + t], slots, reason, record, t)
             active &= reason == _ACTIVE
             if not bool(active.any()):
                 break
             n_done = len(slots) - int(active.sum())
             if n_done and n_done >= self.compact_fraction * len(slots):
                 keep = active.nonzero().squeeze(1)
-                cache.batch_select_indices(keep)
                 slots, new, active = slots[keep], new[keep], active[keep]
+                if isinstance(cache, BlockCache):
+                    # Every prompt has a real token, so some column of the prompt part is real.
+                    drop = int(attention[slots, start:width].any(0).int().argmax())
+                    cache.compact(keep, drop)
+                    start += drop
+                else:
+                    cache.batch_select_indices(keep)
             row_steps += len(slots)
             logits = self._forward(
                 new[:, None],
-                attention[slots, : width + t + 1],
+                attention[slots, start : width + t + 1],
                 (prompt_len[slots] + t)[:, None],
                 cache,
                 last_only=False,
@@ -380,16 +389,20 @@ class HFGenerator:
         _bump(self.stats, "decode_row_steps", row_steps)
         return record.completions(rows)
 
-    def _keep_kv(self, rows, cache, attention, width, t, slots, reason, record) -> None:
+    def _keep_kv(self, rows, cache, fed, slots, reason, record, t) -> None:
         """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
         prompt + tokens[:t], everything that was fed to the model (the last sampled token
-        was not)."""
-        ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1).tolist()
-        for b in ended:
-            slot = int(slots[b])
-            row = rows[slot]
-            columns = attention[slot, : width + t].nonzero().squeeze(1)  # the real positions
-            key = row.prompt + tuple(record.tokens[slot, :t].tolist())
+        was not). `fed` [R, columns]: the attention mask of the cache's filled columns."""
+        ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
+        if not len(ended):
+            return
+        ended_slots = slots[ended]
+        tokens = record.tokens[ended_slots, :t].tolist()
+        for b, slot, generated in zip(ended.tolist(), ended_slots.tolist(), tokens):
+            key = rows[slot].prompt + tuple(generated)
+            if key in self.prefix_cache:  # a sibling already stopped with the same tokens
+                continue
+            columns = fed[slot].nonzero().squeeze(1)  # the real positions
             kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
                   for layer in cache.layers]
             self.prefix_cache.put(key, kv)

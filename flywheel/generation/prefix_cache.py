@@ -33,6 +33,9 @@ class _PrefixCache:
         self.lengths.clear()
         self.bytes = 0
 
+    def __contains__(self, key: tuple[int, ...]) -> bool:
+        return key in self.entries
+
     def longest(self, prompt: tuple[int, ...]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """The longest cached sequence that is a proper prefix of `prompt` (at least the
         prompt's last token is always computed: its logits start the decoding)."""
