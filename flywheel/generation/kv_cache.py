@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
 
-BLOCK = 8
+BLOCK = 16
 
 
 class _BlockLayer(DynamicLayer):
