@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from flywheel.generation.kv_cache import BlockCache, block_cache
+from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
 from flywheel.tiny import build_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
@@ -60,3 +60,32 @@ def test_block_cache_matches_dynamic_cache(model):
 def test_sliding_window_models_keep_the_dynamic_cache(model):
     config = model.config.__class__(**{**model.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4})
     assert isinstance(block_cache(config), DynamicCache)
+
+
+def test_compaction_moves_only_the_rows_it_must():
+    active = torch.tensor([True, False, True, False, True, True])
+    order, (sources, targets) = compaction(active)
+    # 4 rows stay: positions 0 and 2 keep their places, 1 and 3 are filled from 4 and 5.
+    assert order.tolist() == [0, 4, 2, 5]
+    assert sources.tolist() == [4, 5] and targets.tolist() == [1, 3]
+    assert compaction(torch.tensor([True, True, False]))[0].tolist() == [0, 1]  # nothing moves
+
+
+def test_keep_first_matches_a_reordered_dynamic_cache(model):
+    torch.manual_seed(1)
+    rows, width = 5, 6
+    ids = torch.randint(3, 20, (rows, width))
+    mask = torch.ones(rows, width + 4, dtype=torch.long)
+    mask[3, :2] = 0
+    positions = (mask[:, :width].cumsum(-1) - 1).clamp(min=0)
+    block, dynamic = block_cache(model.config, block=4), DynamicCache(config=model.config)
+    step(model, block, ids, mask[:, :width], positions)
+    step(model, dynamic, ids, mask[:, :width], positions)
+    order, moves = compaction(torch.tensor([True, False, True, True, False]))
+    block.keep_first(len(order), moves)
+    dynamic.batch_select_indices(order)
+    token = torch.randint(3, 20, (len(order), 1))
+    next_positions = positions[order, -1:] + 1
+    got = step(model, block, token, mask[order, : width + 1], next_positions)
+    want = step(model, dynamic, token, mask[order, : width + 1], next_positions)
+    torch.testing.assert_close(got, want)

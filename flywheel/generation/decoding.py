@@ -157,17 +157,19 @@ class _Record:
         self.reason[slots[done]] = reason[done]
 
     def completions(self, rows: list) -> list[Completion]:
-        tokens, logprobs = self.tokens.cpu(), self.logprobs.cpu()
-        entropies = self.entropies.cpu() if self.entropies is not None else None
+        # One conversion to Python lists per tensor, then slicing: per-row tensor slices
+        # cost more than the rows' short completions.
+        tokens, logprobs = self.tokens.tolist(), self.logprobs.tolist()
+        entropies = self.entropies.tolist() if self.entropies is not None else None
         out = []
         for k, (row, n, why) in enumerate(zip(rows, self.length.tolist(), self.reason.tolist())):
             ent = None
             if row.params.top_logprobs > 0 and entropies is not None:
-                ent = tuple(entropies[k, :n].tolist())
+                ent = tuple(entropies[k][:n])
             out.append(
                 Completion(
-                    token_ids=tuple(tokens[k, :n].tolist()),
-                    logprobs=tuple(logprobs[k, :n].tolist()),
+                    token_ids=tuple(tokens[k][:n]),
+                    logprobs=tuple(logprobs[k][:n]),
                     finish_reason=_REASONS[why],
                     entropies=ent,
                 )

@@ -43,7 +43,7 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from flywheel.generation.kv_cache import BlockCache, block_cache
+from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
 from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings  # noqa: F401 (_StopStrings: tests)
 from flywheel.generation.base import (
@@ -369,15 +369,17 @@ class HFGenerator:
                 break
             n_done = len(slots) - int(active.sum())
             if n_done and n_done >= self.compact_fraction * len(slots):
-                keep = active.nonzero().squeeze(1)
+                keep, moves = compaction(active)
                 slots, new, active = slots[keep], new[keep], active[keep]
-                if isinstance(cache, BlockCache):
-                    # Every prompt has a real token, so some column of the prompt part is real.
-                    drop = int(attention[slots, start:width].any(0).int().argmax())
+                if not isinstance(cache, BlockCache):
+                    cache.batch_select_indices(keep)
+                elif (drop := int(attention[slots, start:width].any(0).int().argmax())) >= cache.block:
+                    # A block or more of columns is padding for every row left (the long
+                    # prompts have finished): copy every row without them.
                     cache.compact(keep, drop)
                     start += drop
                 else:
-                    cache.batch_select_indices(keep)
+                    cache.keep_first(len(keep), moves)
             row_steps += len(slots)
             logits = self._forward(
                 new[:, None],

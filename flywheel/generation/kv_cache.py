@@ -77,22 +77,52 @@ class _BlockLayer(DynamicLayer):
         self.keys = self.keys.index_select(0, indices)  # contiguous again
         self.values = self.values.index_select(0, indices)
 
+    def keep_first(self, rows: int, moves: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """Keep the first `rows` rows after copying rows `moves[0]` (all >= rows) over rows
+        `moves[1]` (all < rows): only the moved rows are copied, and the kept buffer is a
+        contiguous view (the first dimension is the outermost)."""
+        if not self.is_initialized:
+            return
+        sources, targets = moves
+        if len(targets):
+            self.keys[targets] = self.keys[sources]
+            self.values[targets] = self.values[sources]
+        self.keys, self.values = self.keys[:rows], self.values[:rows]
+
     def reset(self) -> None:
         self.length = 0
         super().reset()
 
 
 class BlockCache(Cache):
-    """A `_BlockLayer` per layer; `compact` also drops leading columns."""
+    """A `_BlockLayer` per layer, with two ways to drop finished rows (see `compaction`)."""
 
     def __init__(self, layers: int, block: int = BLOCK) -> None:
         super().__init__(layers=[_BlockLayer(block) for _ in range(layers)])
+        self.block = block
 
     def compact(self, indices: torch.Tensor, drop: int = 0) -> None:
         """Keep the rows `indices` and drop the first `drop` columns of every row (columns
-        that are padding for every row kept)."""
+        that are padding for every row kept): copies every row kept."""
         for layer in self.layers:
             layer.batch_select_indices(indices, drop)
+
+    def keep_first(self, rows: int, moves: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """`_BlockLayer.keep_first` on every layer: copies only the moved rows."""
+        for layer in self.layers:
+            layer.keep_first(rows, moves)
+
+
+def compaction(active: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """The batch positions to keep, in their new order, when the rows still `active` [B]
+    keep their places and each finished row among the first n = active.sum() positions is
+    filled by an active row from beyond them; and those moves as (sources, targets)."""
+    n = int(active.sum())
+    order = torch.arange(n, device=active.device)
+    targets = (~active[:n]).nonzero().squeeze(1)
+    sources = active[n:].nonzero().squeeze(1) + n
+    order[targets] = sources
+    return order, (sources, targets)
 
 
 def block_cache(config, block: int = BLOCK) -> Cache:
