@@ -57,9 +57,13 @@ def test_block_cache_matches_dynamic_cache(model):
     assert block.get_seq_length() == width + steps - 3
 
 
-def test_sliding_window_models_keep_the_dynamic_cache(model):
+def test_sliding_window_and_flash_attention_models_keep_the_dynamic_cache(model):
     config = model.config.__class__(**{**model.config.to_dict(), "layer_types": ["sliding_attention", "full_attention"], "sliding_window": 4})
     assert isinstance(block_cache(config), DynamicCache)
+    flash = model.config.__class__(**model.config.to_dict())
+    flash._attn_implementation_internal = "flash_attention_2"
+    assert isinstance(block_cache(flash), DynamicCache)
+    assert isinstance(block_cache(model.config), BlockCache)  # sdpa
 
 
 def test_compaction_moves_only_the_rows_it_must():
@@ -89,3 +93,10 @@ def test_keep_first_matches_a_reordered_dynamic_cache(model):
     got = step(model, block, token, mask[order, : width + 1], next_positions)
     want = step(model, dynamic, token, mask[order, : width + 1], next_positions)
     torch.testing.assert_close(got, want)
+
+
+def test_tree_attention_decodes_with_the_block_cache():
+    from flywheel.generation.kv_cache import MASKED_IMPLEMENTATIONS
+    from flywheel.tree_attention import TREE_ATTENTION
+
+    assert TREE_ATTENTION in MASKED_IMPLEMENTATIONS  # a packable model's generator keeps the block cache

@@ -9,6 +9,8 @@ KV-cache loop rather than `model.generate`, for three reasons:
     tokens (`stats.prefill_tokens` vs `stats.prompt_tokens` shows the saving);
   * per-row sampling parameters, stop rules and seeds inside one batch;
   * the records the objective needs: raw log-probs and entropies of every sampled token.
+The KV cache of a chunk is `flywheel.generation.kv_cache.BlockCache`: contiguous buffers that
+grow a block of columns at a time and drop finished rows by moving only the rows they must.
 
 Conventions (the Completion contract of `flywheel.generation.base`):
   * EOS is kept: a completion that ends with "eos" has the EOS id as its last token, with

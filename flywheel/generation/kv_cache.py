@@ -125,10 +125,18 @@ def compaction(active: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, 
     return order, (sources, targets)
 
 
+MASKED_IMPLEMENTATIONS = ("sdpa", "eager", "flywheel_tree")
+"""Attention implementations that build their mask from the cache's key length, so keys
+past the 2D attention mask (the unwritten columns) are masked; flash-attention kernels read
+the 2D mask alone and keep `DynamicCache` ("flywheel_tree": flywheel.tree_attention's, sdpa
+when decoding)."""
+
+
 def block_cache(config, block: int = BLOCK) -> Cache:
     """The decode loop's cache (see the module docstring); `DynamicCache` for models whose
-    layers are not all full attention."""
+    layers are not all full attention or whose attention is not in MASKED_IMPLEMENTATIONS."""
     layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
-    if any(kind != "full_attention" for kind in layer_types):
+    implementation = getattr(config, "_attn_implementation", None) or "sdpa"
+    if any(kind != "full_attention" for kind in layer_types) or implementation not in MASKED_IMPLEMENTATIONS:
         return DynamicCache(config=config)
     return BlockCache(len(layer_types), block)
