@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from flywheel.generation import Completion, GenerationRequest, Generator, SamplingParams
-from flywheel.generation.hf import HFGenerator, _StopStrings, sample_tokens
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+from flywheel.generation.decoding import _StopStrings, sample_tokens
+from flywheel.generation.hf import HFGenerator
+from flywheel.tiny import build_tiny_llama
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py

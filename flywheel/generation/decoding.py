@@ -1,6 +1,6 @@
-"""The bookkeeping of the in-process generator's decode loop (flywheel.generation.hf): the
-stop rules (EOS, stop tokens, stop strings, the length limit), tested for a whole batch at
-once, and the record of what each row produced."""
+"""The per-step work of the in-process generator's decode loop (flywheel.generation.hf):
+sampling each row's token, the stop rules (EOS, stop tokens, stop strings, the length
+limit), tested for a whole batch at once, and the record of what each row produced."""
 
 from __future__ import annotations
 
@@ -12,6 +12,40 @@ from flywheel.generation.base import Completion, FinishReason
 
 _ACTIVE, _EOS, _STOP, _LENGTH = 0, 1, 2, 3
 _REASONS: dict[int, FinishReason] = {_EOS: "eos", _STOP: "stop", _LENGTH: "length"}
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
+    """Pick one token per row by inverse-CDF sampling with per-row settings.
+
+    logits [B, V] raw fp32; temperature [B] (0 = greedy argmax); top_p [B] in (0, 1];
+    uniforms [B] in [0, 1). Returns token ids [B]. Temperature is applied before top-p
+    (the vLLM / HF order); nucleus = the fewest most-likely tokens whose mass reaches
+    top_p (the most likely token is always kept). A row's token depends only on its own
+    logits, settings and uniform, never on the other rows of the batch.
+    """
+    tokens = logits.argmax(dim=-1)  # [B]; argmax returns the first maximal index
+    sampled = temperature > 0
+    full = (sampled & (top_p >= 1)).nonzero().squeeze(1)
+    nucleus = (sampled & (top_p < 1)).nonzero().squeeze(1)
+    if full.numel():
+        probs = torch.softmax(logits[full] / temperature[full, None], dim=-1)  # [b, V]
+        cdf = probs.cumsum(dim=-1)
+        target = uniforms[full, None] * cdf[:, -1:]
+        # right=True: the first index whose cdf exceeds the target has positive mass.
+        picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
+        tokens[full] = picked.clamp(max=logits.shape[-1] - 1)
+    if nucleus.numel():
+        probs = torch.softmax(logits[nucleus] / temperature[nucleus, None], dim=-1)
+        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [b, V]
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[nucleus, None], 0.0)
+        cdf = sorted_probs.cumsum(dim=-1)
+        target = uniforms[nucleus, None] * cdf[:, -1:]
+        rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
+        tokens[nucleus] = order.gather(1, rank).squeeze(1)
+    return tokens
 
 
 class _StopStrings:

@@ -47,7 +47,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
-from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings  # noqa: F401 (_StopStrings: tests)
+from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings, sample_tokens
 from flywheel.generation.base import (
     PREFIX_CACHE_MB,
     Completion,
@@ -58,40 +58,6 @@ from flywheel.generation.base import (
 
 logger = logging.getLogger(__name__)
 
-
-
-def sample_tokens(
-    logits: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor
-) -> torch.Tensor:
-    """Pick one token per row by inverse-CDF sampling with per-row settings.
-
-    logits [B, V] raw fp32; temperature [B] (0 = greedy argmax); top_p [B] in (0, 1];
-    uniforms [B] in [0, 1). Returns token ids [B]. Temperature is applied before top-p
-    (the vLLM / HF order); nucleus = the fewest most-likely tokens whose mass reaches
-    top_p (the most likely token is always kept). A row's token depends only on its own
-    logits, settings and uniform, never on the other rows of the batch.
-    """
-    tokens = logits.argmax(dim=-1)  # [B]; argmax returns the first maximal index
-    sampled = temperature > 0
-    full = (sampled & (top_p >= 1)).nonzero().squeeze(1)
-    nucleus = (sampled & (top_p < 1)).nonzero().squeeze(1)
-    if full.numel():
-        probs = torch.softmax(logits[full] / temperature[full, None], dim=-1)  # [b, V]
-        cdf = probs.cumsum(dim=-1)
-        target = uniforms[full, None] * cdf[:, -1:]
-        # right=True: the first index whose cdf exceeds the target has positive mass.
-        picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
-        tokens[full] = picked.clamp(max=logits.shape[-1] - 1)
-    if nucleus.numel():
-        probs = torch.softmax(logits[nucleus] / temperature[nucleus, None], dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [b, V]
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[nucleus, None], 0.0)
-        cdf = sorted_probs.cumsum(dim=-1)
-        target = uniforms[nucleus, None] * cdf[:, -1:]
-        rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
-        tokens[nucleus] = order.gather(1, rank).squeeze(1)
-    return tokens
 
 
 @dataclass(frozen=True)

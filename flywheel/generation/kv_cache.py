@@ -12,7 +12,8 @@ attention the whole buffer, always contiguous, and copies only when a block is f
 per `block` steps); the columns not yet written are masked out by causality, since a new
 token's position is the number of columns written so far.
 
-Models with sliding-window or other non-standard layers keep `DynamicCache`.
+Models with sliding-window or other non-standard layers, and flash-attention kernels (which
+read the 2D mask alone), keep `DynamicCache`.
 """
 
 from __future__ import annotations
