@@ -84,6 +84,12 @@ def finished(folder: Path) -> dict | None:
     return json.loads(done.read_text()) if done.is_file() else None
 
 
+def finished_at(folder: Path, tokens: int) -> dict | None:
+    """The record of the run in `folder` when it has run to `tokens` or more, else None."""
+    done = finished(folder)
+    return done if done is not None and done["tokens"] >= tokens else None
+
+
 def latest_summary(folder: Path) -> dict:
     """summary.json of the run's newest part (a resumed part carries every earlier round)."""
     parts = sorted(folder.glob("version_*/summary.json"), key=lambda p: int(p.parent.name.split("_")[1]))
@@ -95,8 +101,8 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
     last.ckpt when it stopped earlier (interrupted, or finished on a smaller budget)."""
     overlays, overrides = ARMS[arm]
     folder = run_folder(args, arm, seed)
-    done = finished(folder)
-    if done is not None and done["tokens"] >= args.tokens:
+    done = finished_at(folder, args.tokens)
+    if done is not None:
         print(f"  {folder.name}: finished earlier at {done['tokens']} tokens; reused", flush=True)
         return latest_summary(folder)
     cmd = [sys.executable, "-m", "flywheel", "fit", "--config", "conf/quickstart.yaml"]
@@ -204,8 +210,7 @@ def main() -> None:
         for arm in args.arms:
             folder = run_folder(args, arm, seed)
             if args.report:
-                done = finished(folder)
-                if done is not None and done["tokens"] >= args.tokens:
+                if finished_at(folder, args.tokens) is not None:
                     results.setdefault(arm, []).append((seed, latest_summary(folder)))
                 elif list(folder.glob("version_*/summary.json")):
                     print(f"{folder.name}: not finished at {args.tokens} tokens; left out (run without --report to go on)")
