@@ -11,15 +11,15 @@ hit rate (the in-process generator's own accounting; the server's /metrics count
 Server start-up is reported apart and not counted.
 
 Batch efficiency, per arm: the search's generated tokens per second of generator time, as a
-fraction of the same generator sampling at least as many tokens as flat batches (every
-problem's prompt, `--width` complete samples each, all problems in one call, repeated), run
-right after the search in the same process. 1.0 = the search keeps the generator batch as
-full as flat sampling does; trees finishing at different rounds, short steps and expansions
-of different sizes make it lower. The in-process arm's `batch_efficiency` counts this
-process's CPU seconds (`--threads 1` by default), `batch_efficiency_wall` wall seconds: on a
-machine shared with other jobs the wall-time ratio moved from 0.2 to 1.3 between two runs of
-the same code, the CPU-time ratio by about +-0.05. The sidecar arm's generator is another
-process, so both of its numbers are wall-time ratios. `--profile` prints, for the search and
+fraction of the same generator sampling flat batches (every problem's prompt, `--width`
+complete samples each, all problems in one call). 1.0 = the search keeps the generator batch
+as full as flat sampling does; trees finishing at different rounds, short steps and
+expansions of different sizes make it lower. In-process arm: each search call is followed at
+once by one flat call on a generator of its own, so drifts in machine load hit both within
+seconds; the search runs `--repeats` times (after an uncounted warm-up) and
+`batch_efficiency` is the median ratio of this process's CPU seconds (`--threads 1` by
+default), `batch_efficiency_wall` of wall seconds. Sidecar arm: as many flat tokens after
+the search; its generator is another process, so both of its numbers are wall-time ratios. `--profile` prints, for the search and
 the flat batches, the decode passes, their mean batch and the KV width per row
 (docs/performance.md explains the gap with them).
 
@@ -115,9 +115,7 @@ class Paired:
 
     def sample(self, requests):
         out = self.search.sample(requests)
-        params = SamplingParams(max_new_tokens=self.args.flat_max_new_tokens, temperature=1.0)
-        flat = [GenerationRequest(tuple(p), self.args.width, params, seed=self.calls * len(self.prompts) + i)
-                for i, p in enumerate(self.prompts)]
+        flat = flat_call(self.prompts, self.args.width, self.args.flat_max_new_tokens, self.calls)
         if self.shapes is not None:
             self.shapes.arm = "flat"
         self.flat_tokens += sum(len(c.token_ids) for r in self.flat.sample(flat) for c in r)
@@ -132,15 +130,20 @@ class Paired:
                 tokens / self.search.cpu / (self.flat_tokens / self.flat.cpu))
 
 
+def flat_call(prompts, width: int, max_new_tokens: int, call: int) -> list[GenerationRequest]:
+    """The requests of flat sampling's call number `call`: `width` complete samples of every
+    prompt, each request seeded by the call and its place."""
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
+    return [GenerationRequest(tuple(p), width, params, seed=call * len(prompts) + i) for i, p in enumerate(prompts)]
+
+
 def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_tokens: int) -> tuple[float, float]:
     """Generated tokens per wall second and per CPU second of `generator` sampling `width`
     complete samples of every prompt in one call, repeated until at least `tokens` tokens came out."""
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=1.0)
     timed = Timed(generator)
     done, call = 0, 0
     while done < tokens:
-        requests = [GenerationRequest(tuple(p), width, params, seed=call * len(prompts) + i) for i, p in enumerate(prompts)]
-        done += sum(len(c.token_ids) for r in timed.sample(requests) for c in r)
+        done += sum(len(c.token_ids) for r in timed.sample(flat_call(prompts, width, max_new_tokens, call)) for c in r)
         call += 1
     return done / timed.wall, done / timed.cpu
 
@@ -165,8 +168,8 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="also print the in-process arm's decode passes, mean batch and KV width, search and flat")
     parser.add_argument("--repeats", type=int, default=5,
-                        help="in-process arm: search and flat sampling measured this many times, alternating which "
-                             "runs first; batch_efficiency is the median of the per-repeat ratios")
+                        help="in-process arm: the search (each call paired with a flat call) measured this many "
+                             "times; batch_efficiency is the median of the per-repeat ratios")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
                              "jobs on the machine change far less than its wall time")
