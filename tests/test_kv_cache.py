@@ -95,6 +95,7 @@ def test_keep_first_matches_a_reordered_dynamic_cache(model):
     torch.testing.assert_close(got, want)
 
 
+
 def test_tree_attention_decodes_with_the_block_cache():
     from flywheel.generation.kv_cache import MASKED_IMPLEMENTATIONS
     from flywheel.tree_attention import TREE_ATTENTION

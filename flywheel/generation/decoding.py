@@ -83,19 +83,20 @@ class _StopStrings:
         special = set(tokenizer.all_special_ids)
         last_chars = {s[-1] for s in strings}
 
-        def may_complete(i: int, text: str) -> bool:
+        # Each token's mid-sequence text; None when the reference does not survive decoding
+        # (the token's own text is then unknown).
+        pieces = [t[len(prefix) :] if t.startswith(prefix) else None for t in texts]
+
+        def may_complete(i: int, piece: str | None) -> bool:
             if i in special:
                 return False  # skipped when decoding, so it never completes a stop string
-            if not text.startswith(prefix):
-                return True
-            piece = text[len(prefix) :]
-            return not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
+            return piece is None or not piece or "\ufffd" in piece or any(c in piece for c in last_chars)
 
-        self.candidate[:known] = torch.tensor([may_complete(i, t) for i, t in enumerate(texts)])
-        pieces = [t[len(prefix) :] if t.startswith(prefix) else "\ufffd" for t in texts]
-        self.certain[:known] = torch.tensor(
-            [i not in special and "\ufffd" not in p and any(s in p for s in strings) for i, p in enumerate(pieces)]
-        )
+        def completes(i: int, piece: str | None) -> bool:
+            return i not in special and piece is not None and "\ufffd" not in piece and any(s in piece for s in strings)
+
+        self.candidate[:known] = torch.tensor([may_complete(i, p) for i, p in enumerate(pieces)])
+        self.certain[:known] = torch.tensor([completes(i, p) for i, p in enumerate(pieces)])
 
     def hit(self, tokenizer: Any, tail_ids: list[int]) -> bool:
         text = _decode_text(tokenizer, tail_ids)

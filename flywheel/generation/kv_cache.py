@@ -22,6 +22,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
 
+from flywheel.tree_attention import TREE_ATTENTION
+
 BLOCK = 16
 
 
@@ -39,11 +41,10 @@ class _BlockLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         new = key_states.shape[-2]
-        if not self.is_initialized:
+        if not self.is_initialized:  # empty buffers of the right shape: the growth below allocates
             self.device = key_states.device
             self.is_initialized = True
-            self.keys = self._resized(key_states, 0)
-            self.values = self._resized(value_states, 0)
+            self.keys, self.values = key_states[:, :, :0], value_states[:, :, :0]
         needed = self.capacity_for(self.length + new)
         if needed > self.keys.shape[-2]:  # the block is full: one copy into a longer buffer
             self.keys = self._resized(self.keys, needed)
@@ -126,11 +127,10 @@ def compaction(active: torch.Tensor) -> tuple[torch.Tensor, tuple[torch.Tensor, 
     return order, (sources, targets)
 
 
-MASKED_IMPLEMENTATIONS = ("sdpa", "eager", "flywheel_tree")
+MASKED_IMPLEMENTATIONS = ("sdpa", "eager", TREE_ATTENTION)
 """Attention implementations that build their mask from the cache's key length, so keys
 past the 2D attention mask (the unwritten columns) are masked; flash-attention kernels read
-the 2D mask alone and keep `DynamicCache` ("flywheel_tree": flywheel.tree_attention's, sdpa
-when decoding)."""
+the 2D mask alone and keep `DynamicCache` (TREE_ATTENTION is sdpa when decoding)."""
 
 
 def block_cache(config, block: int = BLOCK) -> Cache:
