@@ -341,6 +341,22 @@ def test_stats(model, tok):
     assert (gen.stats.calls, gen.stats.requests, gen.stats.prefill_tokens) == (2, 4, 27)
 
 
+def test_decode_pass_counters(model, tok):
+    # Never compacted: finished rows ride along, so every pass has both rows.
+    gen = HFGenerator(model, tok, compact_fraction=2.0)
+    short, long = encode(tok, "1 2|3\n"), encode(tok, "5 9 8|67\n")  # 7 and 10 tokens
+    sp = SamplingParams(max_new_tokens=5)
+    out = gen.sample([GenerationRequest(short, 1, sp, seed=0), GenerationRequest(long, 1, sp, seed=1)])
+    passes = max(len(c.token_ids) for cs in out for c in cs) - 1  # the prefill gave the first token
+    assert passes > 1
+    extra = gen.stats.extra
+    assert extra["decode_passes"] == passes and extra["decode_row_steps"] == 2 * passes
+    # Pass t (from 0) attends to prompt + t + 1 columns: 10 + t + 1 in the padded cache for
+    # both rows; 7 + t + 1 of the short row's are real.
+    assert extra["decode_kv_columns"] == sum(2 * (11 + t) for t in range(passes))
+    assert extra["decode_real_columns"] == sum(8 + t + 11 + t for t in range(passes))
+
+
 def test_training_mode_restored_and_no_grad(model, tok):
     gen = HFGenerator(model, tok)
     req = [GenerationRequest(encode(tok, "1|1\n"), 2, SamplingParams(max_new_tokens=4), seed=0)]

@@ -70,36 +70,14 @@ class Timed:
         return out
 
 
-class DecodeShapes:
-    """The model's forward passes with one new token per row (decode steps), per arm (`arm`
-    names the one running): how many, their mean batch, and the mean attention width per
-    row (columns of the padded KV cache, and the real ones among them)."""
-
-    def __init__(self, model) -> None:
-        self.arms = {"search": _Shapes(), "flat": _Shapes()}
-        self.arm = "search"
-        self.handle = model.register_forward_pre_hook(self._hook, with_kwargs=True)
-
-    def _hook(self, module, args, kwargs) -> None:
-        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
-        if ids is not None and mask is not None and ids.shape[1] == 1:
-            self.arms[self.arm].add(ids.shape[0], mask.numel(), int(mask.sum()))
-
-
-class _Shapes:
-    def __init__(self) -> None:
-        self.passes = self.rows = self.width = self.real = 0
-
-    def add(self, rows: int, width: int, real: int) -> None:
-        self.passes += 1
-        self.rows += rows
-        self.width += width
-        self.real += real
-
-    def __str__(self) -> str:
-        rows = max(self.rows, 1)
-        return (f"{self.passes} decode passes, mean batch {self.rows / max(self.passes, 1):.0f} rows, "
-                f"KV width {self.width / rows:.1f} ({self.real / rows:.1f} real)")
+def decode_shapes(stats) -> str:
+    """A generator's decode passes (one new token per row), their mean batch and the mean
+    attention width per row (columns of the padded KV cache, and the real ones among them),
+    from its own counters."""
+    extra = stats.extra
+    passes, rows = extra.get("decode_passes", 0), max(extra.get("decode_row_steps", 0), 1)
+    return (f"{passes:.0f} decode passes, mean batch {rows / max(passes, 1):.0f} rows, "
+            f"KV width {extra.get('decode_kv_columns', 0) / rows:.1f} ({extra.get('decode_real_columns', 0) / rows:.1f} real)")
 
 
 class Paired:
@@ -107,20 +85,16 @@ class Paired:
     problem's prompt, `--width` complete samples each) on a generator of its own, timed the
     same way: drifts in machine load hit both arms within seconds of each other."""
 
-    def __init__(self, search_generator, flat_generator, prompts, args, shapes: DecodeShapes | None) -> None:
+    def __init__(self, search_generator, flat_generator, prompts, args) -> None:
         self.search, self.flat = Timed(search_generator), Timed(flat_generator)
         self.stats = search_generator.stats
-        self.prompts, self.args, self.shapes = prompts, args, shapes
+        self.prompts, self.args = prompts, args
         self.flat_tokens = self.calls = 0
 
     def sample(self, requests):
         out = self.search.sample(requests)
         flat = flat_call(self.prompts, self.args.width, self.args.flat_max_new_tokens, self.calls)
-        if self.shapes is not None:
-            self.shapes.arm = "flat"
         self.flat_tokens += sum(len(c.token_ids) for r in self.flat.sample(flat) for c in r)
-        if self.shapes is not None:
-            self.shapes.arm = "search"
         self.calls += 1
         return out
 
@@ -216,21 +190,19 @@ def main() -> None:
     # stop-string tables).
     SearchDriver(HFGenerator(model, tok, seed=0, prefix_cache_mb=256), config, step=task.step, decode=decode,
                  max_concurrent_trees=64, eos_token_ids=[tok.eos_token_id]).run(problems[:16])
-    shapes = DecodeShapes(model) if args.profile else None
     ratios, rates = [], []
     for _ in range(args.repeats):
         # Fresh generators (empty prefix caches); each search call is followed by one flat call.
         paired = Paired(HFGenerator(model, tok, seed=0, prefix_cache_mb=256),
-                        HFGenerator(model, tok, seed=0, prefix_cache_mb=256), prompts, args, shapes)
+                        HFGenerator(model, tok, seed=0, prefix_cache_mb=256), prompts, args)
         seconds, tokens, _ = search(paired)
         seconds -= paired.flat.wall  # the search's own wall time
         submitted, computed = paired.stats.prompt_tokens, paired.stats.prefill_tokens
         ratios.append(paired.ratios(tokens))
         rates.append((tokens / paired.search.cpu, paired.flat_tokens / paired.flat.cpu))
-        if shapes is not None:
-            print(f"in-process search: {shapes.arms['search']}\nin-process flat:   {shapes.arms['flat']}")
-            shapes.handle.remove()
-            shapes = None
+        if args.profile and len(ratios) == 1:
+            print(f"in-process search: {decode_shapes(paired.search.stats)}\n"
+                  f"in-process flat:   {decode_shapes(paired.flat.stats)}")
     print("in-process, per repeat: batch_efficiency (CPU time) " + " ".join(f"{c:.3f}" for _, c in ratios)
           + "; generated tokens per CPU second, search / flat " + " ".join(f"{a:.0f}/{b:.0f}" for a, b in rates))
     rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1),

@@ -11,6 +11,9 @@ KV-cache loop rather than `model.generate`, for three reasons:
   * the records the objective needs: raw log-probs and entropies of every sampled token.
 The KV cache of a chunk is `flywheel.generation.kv_cache.BlockCache`: contiguous buffers that
 grow a block of columns at a time and drop finished rows by moving only the rows they must.
+Decode passes of Llama and Qwen2 models run as plain torch calls
+(`flywheel.generation.lean_decode`): the model's own logits without transformers' per-call
+machinery; other models decode through `model(...)`.
 
 Conventions (the Completion contract of `flywheel.generation.base`):
   * EOS is kept: a completion that ends with "eos" has the EOS id as its last token, with
@@ -45,7 +48,8 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
+from flywheel.generation.kv_cache import BLOCK, BlockCache, block_cache, compaction
+from flywheel.generation.lean_decode import lean_decoder
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
 from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings, sample_tokens
 from flywheel.generation.base import (
@@ -306,32 +310,36 @@ class HFGenerator:
         horizon = max(r.params.max_new_tokens for r in rows)
         cache, logits, prompt_mask = self._prefill(rows)
         width = prompt_mask.shape[1]
-        # Generated positions are never padding: [R, P + T].
-        attention = torch.cat([prompt_mask, prompt_mask.new_ones(len(rows), horizon)], dim=1)
-        prompt_len = prompt_mask.sum(-1)  # [R]
-        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
-        uniforms = torch.zeros(len(rows), horizon)  # [R, T]
-        for k, r in enumerate(rows):
-            uniforms[k, : r.params.max_new_tokens] = r.uniforms
-        uniforms = uniforms.to(device)
+        lean = lean_decoder(self.model) if isinstance(cache, BlockCache) else None
         rules = _StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, device)
         record = _Record(rows, horizon, device)
 
-        # `slots[b]` is the row at batch position b; `active[b]` whether it still decodes.
-        # Finished rows ride along masked until enough have finished to compact the batch.
-        # The cache holds columns `start:` of `attention` (compaction drops leading columns
-        # that are padding for every row left).
+        # Batch position b holds row `slots[b]`, still decoding while `active[b]`. Finished
+        # rows ride along masked until enough have finished to compact the batch; the
+        # per-position tensors below are gathered anew only then. `visible[b]`: the columns
+        # row b attends to, [B, P + T + block]: the prompt's real tokens, then each generated
+        # column once written; the slack past them stays False (the block cache's unwritten
+        # columns). The cache holds columns `start:` (compaction drops leading columns that
+        # are padding for every row left).
         slots = torch.arange(len(rows), device=device)
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        start = row_steps = 0
+        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros((len(rows), horizon + BLOCK), dtype=torch.bool)], 1)
+        prompt_len = prompt_mask.sum(-1)  # [B]
+        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+        uniforms = torch.zeros(len(rows), horizon)  # [B, T]
+        for k, r in enumerate(rows):
+            uniforms[k, : r.params.max_new_tokens] = r.uniforms
+        uniforms = uniforms.to(device)
+        start = passes = row_steps = kv_columns = real_columns = 0
+        prompt_total = int(prompt_len.sum())
         for t in range(horizon):
-            new = sample_tokens(logits, temperature[slots], top_p[slots], uniforms[slots, t])  # [B]
+            new = sample_tokens(logits, temperature, top_p, uniforms[:, t])  # [B]
             record.add(t, slots, active, new, logits)
             reason = rules.check(t, slots, active, new, record.tokens, self.tokenizer)  # [B]
             record.finish(t, slots, reason)
             if self.prefix_cache is not None:
-                self._keep_kv(rows, cache, attention[:, start : width + t], slots, reason, record, t)
+                self._keep_kv(rows, cache, visible[:, start : width + t], slots, reason, record, t)
             active &= reason == _ACTIVE
             if not bool(active.any()):
                 break
@@ -339,30 +347,39 @@ class HFGenerator:
             if n_done and n_done >= self.compact_fraction * len(slots):
                 keep, moves = compaction(active)
                 slots, new, active = slots[keep], new[keep], active[keep]
+                visible, prompt_len, temperature, top_p, uniforms = (
+                    x[keep] for x in (visible, prompt_len, temperature, top_p, uniforms))
+                prompt_total = int(prompt_len.sum())
                 if not isinstance(cache, BlockCache):
                     cache.batch_select_indices(keep)
-                elif (drop := int(attention[slots, start:width].any(0).int().argmax())) >= cache.block:
+                elif (drop := int(visible[:, start:width].any(0).int().argmax())) >= cache.block:
                     # A block or more of columns is padding for every row left (the long
                     # prompts have finished): copy every row without them.
                     cache.compact(keep, drop)
                     start += drop
                 else:
                     cache.keep_first(len(keep), moves)
+            visible[:, width + t] = True  # the column this pass writes
+            passes += 1
             row_steps += len(slots)
-            logits = self._forward(
-                new[:, None],
-                attention[slots, start : width + t + 1],
-                (prompt_len[slots] + t)[:, None],
-                cache,
-                last_only=False,
-            )
-        _bump(self.stats, "decode_row_steps", row_steps)
+            kv_columns += len(slots) * (width + t + 1 - start)
+            real_columns += prompt_total + len(slots) * (t + 1)
+            if lean is not None:
+                columns = cache.layers[0].get_mask_sizes(1)[0]  # the buffer's width after this pass
+                logits = lean(new, prompt_len + t, visible[:, None, None, start : start + columns], cache)
+            else:
+                logits = self._forward(new[:, None], visible[:, start : width + t + 1], (prompt_len + t)[:, None],
+                                       cache, last_only=False)
+        for key, value in (("decode_passes", passes), ("decode_row_steps", row_steps),
+                           ("decode_kv_columns", kv_columns), ("decode_real_columns", real_columns)):
+            _bump(self.stats, key, value)
         return record.completions(rows)
 
     def _keep_kv(self, rows, cache, fed, slots, reason, record, t) -> None:
         """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
         prompt + tokens[:t], everything that was fed to the model (the last sampled token
-        was not). `fed` [R, columns]: the attention mask of the cache's filled columns."""
+        was not). `fed` [B, columns]: per batch position, which of the cache's filled
+        columns are real."""
         ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
         if not len(ended):
             return
@@ -372,7 +389,7 @@ class HFGenerator:
             key = rows[slot].prompt + tuple(generated)
             if key in self.prefix_cache:  # a sibling already stopped with the same tokens
                 continue
-            columns = fed[slot].nonzero().squeeze(1)  # the real positions
+            columns = fed[b].nonzero().squeeze(1)  # the real positions
             kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
                   for layer in cache.layers]
             self.prefix_cache.put(key, kv)
