@@ -48,7 +48,7 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from flywheel.generation.kv_cache import BLOCK, BlockCache, block_cache, compaction
+from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
 from flywheel.generation.lean_decode import lean_decoder
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
 from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings, sample_tokens
@@ -323,7 +323,8 @@ class HFGenerator:
         # are padding for every row left).
         slots = torch.arange(len(rows), device=device)
         active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros((len(rows), horizon + BLOCK), dtype=torch.bool)], 1)
+        slack = cache.block if isinstance(cache, BlockCache) else 0
+        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros((len(rows), horizon + slack), dtype=torch.bool)], 1)
         prompt_len = prompt_mask.sum(-1)  # [B]
         temperature = torch.tensor([r.params.temperature for r in rows], device=device)
         top_p = torch.tensor([r.params.top_p for r in rows], device=device)
