@@ -12,7 +12,7 @@ hidden 96, 3 layers, 4 heads, ff 384).
 from __future__ import annotations
 
 import logging
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
@@ -76,6 +76,7 @@ def build_tiny_llama(
     seed: int = 0,
     family: Literal["llama", "qwen2"] = "llama",
     initializer_range: float = 0.02,
+    **config: Any,
 ) -> PreTrainedModel:
     """A randomly initialised causal LM sized for CPU, fp32, in eval mode.
 
@@ -89,7 +90,7 @@ def build_tiny_llama(
         tokenizer: gives the vocabulary size and the special-token ids.
         hidden_size: model width; must be divisible by `num_heads`.
         num_layers: decoder layers.
-        num_heads: attention heads (no grouped-query attention: as many KV heads).
+        num_heads: attention heads (as many KV heads unless `num_key_value_heads` is given).
         intermediate_size: MLP width.
         max_position_embeddings: longest sequence (prompt + completion) the model accepts.
         seed: initialisation seed.
@@ -97,6 +98,8 @@ def build_tiny_llama(
         initializer_range: std of the normal init of weight matrices. At the default 0.02 an
             untrained model is near-uniform and greedily repeats its last input token
             (tied embeddings); tests use about 0.4 for a peaked, varied random policy.
+        config: further fields of the family's config, e.g. `num_key_value_heads` (grouped-query
+            attention) or `rope_parameters`.
     """
     if hidden_size % num_heads:
         raise ValueError(
@@ -117,6 +120,7 @@ def build_tiny_llama(
         pad_token_id=tokenizer.pad_token_id,
         initializer_range=initializer_range,
     )
+    common.update(config)
     if family == "llama":
         config = LlamaConfig(**common)
     elif family == "qwen2":

@@ -7,23 +7,21 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaForCausalLM
 
 from flywheel.generation.base import GenerationRequest, SamplingParams
 from flywheel.generation.hf import HFGenerator
 from flywheel.generation.kv_cache import BlockCache, block_cache
 from flywheel.generation.lean_decode import LeanDecoder, lean_decoder
+from flywheel.tiny import build_char_tokenizer, build_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
 
 
-def build(family: str, kv_heads: int = 4, dtype=torch.float32, **extra):
-    common = dict(vocab_size=40, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=kv_heads, max_position_embeddings=64, initializer_range=0.3, **extra)
-    config = LlamaConfig(**common) if family == "llama" else Qwen2Config(**common, use_sliding_window=False)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(5)
-        model = (LlamaForCausalLM if family == "llama" else Qwen2ForCausalLM)(config)
+def build(family: str, kv_heads: int = 4, dtype=torch.float32, **config):
+    model = build_tiny_llama(build_char_tokenizer(), hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+                             max_position_embeddings=64, seed=5, family=family, initializer_range=0.3,
+                             num_key_value_heads=kv_heads, **config)
     if family == "qwen2":  # nonzero QKV biases, so a dropped bias would show
         with torch.no_grad():
             for layer in model.model.layers:
@@ -103,8 +101,6 @@ def test_models_the_lean_pass_may_differ_from_decode_through_their_forward():
 
 
 def test_the_generator_samples_the_same_with_and_without_the_lean_pass(tok):
-    from flywheel.tiny import build_tiny_llama
-
     model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3,
                              initializer_range=0.4)
     prompts = [tok.encode(text, add_special_tokens=False) for text in ("12+3=", "7*8-1=", "99")]
