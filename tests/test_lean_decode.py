@@ -100,7 +100,12 @@ def test_models_the_lean_pass_may_differ_from_decode_through_their_forward():
     assert lean_decoder(MyLlama(build("llama").config)) is None
 
 
-def test_the_generator_samples_the_same_with_and_without_the_lean_pass(tok):
+def test_the_generator_samples_the_same_with_and_without_the_lean_pass(tok, monkeypatch):
+    from flywheel.generation import prefix_attention
+
+    # The lean pass over replicated prompts (SDPA) is exact; the prefix-attention kernel's sums
+    # differ in rounding (tests/test_prefix_attention.py compares it with this path).
+    monkeypatch.setitem(prefix_attention._state, "kernel", None)
     model = build_tiny_llama(tok, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=3,
                              initializer_range=0.4)
     prompts = [tok.encode(text, add_special_tokens=False) for text in ("12+3=", "7*8-1=", "99")]

@@ -13,7 +13,10 @@ The KV cache of a chunk is `flywheel.generation.kv_cache.BlockCache`: contiguous
 grow a block of columns at a time and drop finished rows by moving only the rows they must.
 Decode passes of Llama and Qwen2 models run as plain torch calls
 (`flywheel.generation.lean_decode`): the model's own logits without transformers' per-call
-machinery; other models decode through `model(...)`.
+machinery; other models decode through `model(...)`. In float32 on CPU those passes keep each
+prompt's KV once instead of copying it to its n rows, and attend with a small C kernel that
+reads only the columns each row sees (`flywheel.generation.prefix_attention`,
+`shared_decode`); where the kernel cannot be built, the prompts are replicated and SDPA attends.
 
 Conventions (the Completion contract of `flywheel.generation.base`):
   * EOS is kept: a completion that ends with "eos" has the EOS id as its last token, with
@@ -49,7 +52,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
+from flywheel.generation import prefix_attention
 from flywheel.generation.lean_decode import lean_decoder
+from flywheel.generation.shared_decode import decode_shared
 from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
 from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings, sample_tokens
 from flywheel.generation.base import (
@@ -255,7 +260,7 @@ class HFGenerator:
 
     # -- the decoding loop -------------------------------------------------------------------
 
-    def _prefill(self, rows: list[_Row]) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def _prefill(self, rows: list[_Row], share: bool = False) -> tuple[Any, ...]:
         """Prefill each distinct prompt of the chunk once, then replicate it to its rows.
 
         A prompt that extends a sequence in the prefix cache starts from that sequence's KV
@@ -264,7 +269,8 @@ class HFGenerator:
         tokens only, so they are 0..len-1 whatever the padding.
 
         Returns the cache (batch = rows), the last-position logits [R, V] and the prompt
-        attention mask [R, W].
+        attention mask [R, W]; with `share`, the cache and the mask stay one per distinct
+        prompt ([U, ...], [U, W]) and each row's prompt [R] comes fourth.
         """
         device = self.model.device
         unique: dict[tuple[int, ...], int] = {}
@@ -300,6 +306,8 @@ class HFGenerator:
             _bump(self.stats, "prefix_cache_hit_tokens", sum(c for c, _ in hits))
 
         row_prompt = row_prompt.to(device)
+        if share:
+            return cache, logits[row_prompt], mask.to(device), row_prompt
         cache.batch_select_indices(row_prompt)  # gather with repeats: [U, ...] -> [R, ...]
         return cache, logits[row_prompt], mask.to(device)[row_prompt]
 
@@ -308,9 +316,11 @@ class HFGenerator:
         device = self.model.device
         vocab = self.model.config.get_text_config().vocab_size
         horizon = max(r.params.max_new_tokens for r in rows)
+        lean = lean_decoder(self.model) if isinstance(block_cache(self.model.config), BlockCache) else None
+        if lean is not None and prefix_attention.usable(self.model):
+            return decode_shared(self, rows, lean)
         cache, logits, prompt_mask = self._prefill(rows)
         width = prompt_mask.shape[1]
-        lean = lean_decoder(self.model) if isinstance(cache, BlockCache) else None
         rules = _StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, device)
         record = _Record(rows, horizon, device)
 

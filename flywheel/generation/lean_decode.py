@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
+from flywheel.generation.prefix_attention import SharedPrompts, prefix_attention
 from flywheel.tree_attention import TREE_ATTENTION
 
 SUPPORTED = (LlamaForCausalLM, Qwen2ForCausalLM)
@@ -74,7 +75,11 @@ class LeanDecoder:
     token per row. ids, positions [B]; mask [B, 1, 1, C] bool, True where a row attends, C
     the cache's key length after this pass (`get_mask_sizes`); cache a `BlockCache` that
     this pass appends one column to. Build one per generator call: it reads the
-    parameters' tensors when built."""
+    parameters' tensors when built.
+
+    With `prompts` (flywheel.generation.prefix_attention), the cache holds only the rows'
+    generated columns and each row also attends to its prompt's KV, kept once per prompt;
+    `mask` is then unused, and the logits equal the model's up to float rounding."""
 
     def __init__(self, model: nn.Module) -> None:
         base = model.model
@@ -84,22 +89,27 @@ class LeanDecoder:
         self.norm = (base.norm.weight, base.norm.variance_epsilon)
         self.head = (model.lm_head.weight, model.lm_head.bias)
 
-    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, cache) -> torch.Tensor:
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None, cache,
+                 prompts: SharedPrompts | None = None) -> torch.Tensor:
         b = ids.shape[0]
         hidden = F.embedding(ids[:, None], self.embedding)  # [B, 1, H]
         cos, sin = self.rotary(hidden, positions[:, None])  # [B, 1, D]
         cos, sin = cos[:, None], sin[:, None]  # [B, 1, 1, D]: broadcast over heads
-        for layer, cache_layer in zip(self.layers, cache.layers):
+        for index, (layer, cache_layer) in enumerate(zip(self.layers, cache.layers)):
             x = _rms_norm(hidden, *layer.input_norm)
             q = F.linear(x, *layer.q).view(b, 1, -1, layer.head_dim).transpose(1, 2)  # [B, heads, 1, D]
             k = F.linear(x, *layer.k).view(b, 1, -1, layer.head_dim).transpose(1, 2)
             v = F.linear(x, *layer.v).view(b, 1, -1, layer.head_dim).transpose(1, 2)
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
             keys, values = cache_layer.update(k, v)
-            if layer.groups > 1:  # one query row per grouped head, as transformers' sdpa does
-                q = q.reshape(b, -1, layer.groups, layer.head_dim)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.scaling)
-            out = out.reshape(b, -1, 1, layer.head_dim).transpose(1, 2).reshape(b, 1, -1)
+            if prompts is not None:  # the prompt's KV once, then the row's own columns
+                out = prefix_attention(q.reshape(b, -1, layer.head_dim), index, prompts, keys, values,
+                                       cache_layer.length, layer.scaling).reshape(b, 1, -1)
+            else:
+                if layer.groups > 1:  # one query row per grouped head, as transformers' sdpa does
+                    q = q.reshape(b, -1, layer.groups, layer.head_dim)
+                out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.scaling)
+                out = out.reshape(b, -1, 1, layer.head_dim).transpose(1, 2).reshape(b, 1, -1)
             hidden = hidden + F.linear(out, *layer.o)
             x = _rms_norm(hidden, *layer.post_norm)
             hidden = hidden + F.linear(layer.act(F.linear(x, *layer.gate)) * F.linear(x, *layer.up), *layer.down)
