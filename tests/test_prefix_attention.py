@@ -137,6 +137,16 @@ def test_build_writes_one_library_per_source_and_cpu(tmp_path, monkeypatch):
     assert pa._load() is not None and built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
 
 
+@needs_kernel
+def test_loading_the_kernel_leaves_the_float_environment_alone(tmp_path, monkeypatch):
+    """A library linked with -ffast-math turns on flush-to-zero for the whole process when it
+    loads; subnormal numbers must survive a fresh build and load."""
+    monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path))
+    assert pa._load() is not None
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    assert (tiny * 1.0).item() > 0 and 5e-324 * 1.0 > 0
+
+
 def test_bf16_models_keep_the_replicated_path(tok):
     policy = build_tiny_llama(tok, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, seed=1)
     assert not pa.usable(policy.to(torch.bfloat16))
