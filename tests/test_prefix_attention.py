@@ -41,7 +41,7 @@ def reference(q, prompts, row_keys, row_values, columns, scale):
 def test_kernel_equals_sdpa_over_replicated_rows(q_heads, kv_heads, threads, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     gen = torch.Generator().manual_seed(0)
-    prompts_n, rows, dim, width, capacity, columns = 5, 40, 16, 12, 20, 7
+    prompts_n, rows, dim, width, capacity, columns = 5, 520, 16, 12, 20, 7  # 520 rows: two threads
     keys = torch.randn(prompts_n, kv_heads, width, dim, generator=gen)
     values = torch.randn(prompts_n, kv_heads, width, dim, generator=gen)
     mask = torch.zeros(prompts_n, width, dtype=torch.bool)

@@ -48,6 +48,33 @@ def sample_tokens(
     return tokens
 
 
+def row_settings(rows: list, horizon: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row: temperature [B], top_p [B] and its sampling noise [B, horizon] (zeros past the
+    row's own max_new_tokens)."""
+    temperature = torch.tensor([r.params.temperature for r in rows], device=device)
+    top_p = torch.tensor([r.params.top_p for r in rows], device=device)
+    uniforms = torch.zeros(len(rows), horizon)
+    for k, r in enumerate(rows):
+        uniforms[k, : r.params.max_new_tokens] = r.uniforms
+    return temperature, top_p, uniforms.to(device)
+
+
+def decode_step(t: int, logits, temperature, top_p, uniforms, slots, active, record, rules, tokenizer):
+    """Step t of a decode loop: every row samples its token, which is recorded and tested
+    against the stop rules. Returns the tokens [B] and each row's finish code [B]."""
+    new = sample_tokens(logits, temperature, top_p, uniforms[:, t])
+    record.add(t, slots, active, new, logits)
+    reason = rules.check(t, slots, active, new, record.tokens, tokenizer)
+    record.finish(t, slots, reason)
+    return new, reason
+
+
+def compaction_due(active: torch.Tensor, fraction: float) -> bool:
+    """Whether enough rows of the batch have finished to drop them (`compact_fraction`)."""
+    done = len(active) - int(active.sum())
+    return bool(done) and done >= fraction * len(active)
+
+
 class _StopStrings:
     """Detects stop strings in a row's continuation by decoding a short tail of tokens.
 

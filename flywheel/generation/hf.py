@@ -55,8 +55,9 @@ from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
 from flywheel.generation import prefix_attention
 from flywheel.generation.lean_decode import lean_decoder
 from flywheel.generation.shared_decode import decode_shared
-from flywheel.generation.prefix_cache import _left_padded, _PrefixCache
-from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, _StopStrings, sample_tokens
+from flywheel.generation.prefix_cache import _left_padded, _PrefixCache, keep_stopped_kv
+from flywheel.generation.decoding import (
+    _ACTIVE, _Record, _StopRules, _StopStrings, compaction_due, decode_step, row_settings)
 from flywheel.generation.base import (
     PREFIX_CACHE_MB,
     Completion,
@@ -336,26 +337,19 @@ class HFGenerator:
         slack = cache.block if isinstance(cache, BlockCache) else 0
         visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros((len(rows), horizon + slack), dtype=torch.bool)], 1)
         prompt_len = prompt_mask.sum(-1)  # [B]
-        temperature = torch.tensor([r.params.temperature for r in rows], device=device)
-        top_p = torch.tensor([r.params.top_p for r in rows], device=device)
-        uniforms = torch.zeros(len(rows), horizon)  # [B, T]
-        for k, r in enumerate(rows):
-            uniforms[k, : r.params.max_new_tokens] = r.uniforms
-        uniforms = uniforms.to(device)
+        temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
         start = passes = row_steps = kv_columns = real_columns = 0
         prompt_total = int(prompt_len.sum())
         for t in range(horizon):
-            new = sample_tokens(logits, temperature, top_p, uniforms[:, t])  # [B]
-            record.add(t, slots, active, new, logits)
-            reason = rules.check(t, slots, active, new, record.tokens, self.tokenizer)  # [B]
-            record.finish(t, slots, reason)
+            new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
+                                      self.tokenizer)  # [B], [B]
             if self.prefix_cache is not None:
-                self._keep_kv(rows, cache, visible[:, start : width + t], slots, reason, record, t)
+                keep_stopped_kv(self.prefix_cache, rows, cache, visible[:, start : width + t], slots, reason,
+                                record.tokens, t)
             active &= reason == _ACTIVE
             if not bool(active.any()):
                 break
-            n_done = len(slots) - int(active.sum())
-            if n_done and n_done >= self.compact_fraction * len(slots):
+            if compaction_due(active, self.compact_fraction):
                 keep, moves = compaction(active)
                 slots, new, active = slots[keep], new[keep], active[keep]
                 visible, prompt_len, temperature, top_p, uniforms = (
@@ -385,25 +379,6 @@ class HFGenerator:
                            ("decode_kv_columns", kv_columns), ("decode_real_columns", real_columns)):
             _bump(self.stats, key, value)
         return record.completions(rows)
-
-    def _keep_kv(self, rows, cache, fed, slots, reason, record, t) -> None:
-        """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
-        prompt + tokens[:t], everything that was fed to the model (the last sampled token
-        was not). `fed` [B, columns]: per batch position, which of the cache's filled
-        columns are real."""
-        ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
-        if not len(ended):
-            return
-        ended_slots = slots[ended]
-        tokens = record.tokens[ended_slots, :t].tolist()
-        for b, slot, generated in zip(ended.tolist(), ended_slots.tolist(), tokens):
-            key = rows[slot].prompt + tuple(generated)
-            if key in self.prefix_cache:  # a sibling already stopped with the same tokens
-                continue
-            columns = fed[b].nonzero().squeeze(1)  # the real positions
-            kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
-                  for layer in cache.layers]
-            self.prefix_cache.put(key, kv)
 
 
 def _bump(stats: GenerationStats, key: str, value: float) -> None:

@@ -126,7 +126,7 @@ def prefix_attention(q: torch.Tensor, layer: int, prompts: SharedPrompts, row_ke
                      row_values: torch.Tensor, row_columns: int, scale: float) -> torch.Tensor:
     """q [B, Hq, D]; the prompts' KV of `layer`; row_keys, row_values [B, Hkv, T, D], of which
     the first `row_columns` columns are written. Returns [B, Hq, D]. Rows are split across
-    torch's intra-op threads."""
+    torch's intra-op threads when there are enough of them."""
     function = kernel()
     if function is None:
         raise RuntimeError("the prefix attention kernel is not available; check usable() first")
@@ -143,7 +143,7 @@ def prefix_attention(q: torch.Tensor, layer: int, prompts: SharedPrompts, row_ke
     args = (q.data_ptr(), keys.data_ptr(), values.data_ptr(), prompts.mask.data_ptr(), keys.shape[2],
             prompts.mask.shape[1], prompts.row_prompt.data_ptr(), row_keys.data_ptr(), row_values.data_ptr(),
             row_keys.shape[2], row_columns, out.data_ptr(), q_heads, keys.shape[1], dim, scale)
-    threads = min(torch.get_num_threads(), rows // 16)
+    threads = min(torch.get_num_threads(), rows // 256)  # a thread pays off from ~256 rows each
     step = -(-rows // max(1, threads))
     spans = [(lo, min(rows, lo + step)) for lo in range(0, rows, step)]
     if len(spans) == 1:

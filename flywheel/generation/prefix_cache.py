@@ -7,6 +7,8 @@ from collections import Counter, OrderedDict
 
 import torch
 
+from flywheel.generation.decoding import _LENGTH, _STOP
+
 
 class _PrefixCache:
     """KV caches of token sequences kept across generator calls, least recently used first
@@ -74,3 +76,23 @@ def _left_padded(kvs, lengths: list[int], width: int):
                 keys[i, :, width - c :] = kv[layer][0]
                 values[i, :, width - c :] = kv[layer][1]
         yield keys, values
+
+
+def keep_stopped_kv(prefix_cache: _PrefixCache, rows, cache, fed, slots, reason, tokens, t: int) -> None:
+    """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
+    prompt + tokens[:t], everything that was fed to the model (the last sampled token was
+    not). `fed` [B, columns]: per batch position, which of the cache's filled columns are
+    real; `tokens` [R, T]: the rows' sampled tokens by slot."""
+    ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
+    if not len(ended):
+        return
+    ended_slots = slots[ended]
+    generated = tokens[ended_slots, :t].tolist()
+    for b, slot, row_tokens in zip(ended.tolist(), ended_slots.tolist(), generated):
+        key = rows[slot].prompt + tuple(row_tokens)
+        if key in prefix_cache:  # a sibling already stopped with the same tokens
+            continue
+        columns = fed[b].nonzero().squeeze(1)  # the real positions
+        kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
+              for layer in cache.layers]
+        prefix_cache.put(key, kv)

@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from flywheel.generation.base import Completion
-from flywheel.generation.decoding import _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, sample_tokens
+from flywheel.generation.decoding import (
+    _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, compaction_due, decode_step, row_settings)
 from flywheel.generation.kv_cache import BlockCache, compaction
 from flywheel.generation.prefix_attention import SharedPrompts
 
@@ -39,26 +40,18 @@ def decode_shared(generator, rows: list, lean) -> list[Completion]:
     slots = torch.arange(len(rows), device=device)
     active = torch.ones(len(rows), dtype=torch.bool, device=device)
     prompt_len = mask.sum(-1)[row_prompt]  # [B]
-    temperature = torch.tensor([r.params.temperature for r in rows], device=device)
-    top_p = torch.tensor([r.params.top_p for r in rows], device=device)
-    uniforms = torch.zeros(len(rows), horizon)  # [B, T]
-    for k, r in enumerate(rows):
-        uniforms[k, : r.params.max_new_tokens] = r.uniforms
-    uniforms = uniforms.to(device)
+    temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
     passes = row_steps = kv_columns = real = 0
     width = prompt_mask.shape[1]
     for t in range(horizon):
-        new = sample_tokens(logits, temperature, top_p, uniforms[:, t])  # [B]
-        record.add(t, slots, active, new, logits)
-        reason = rules.check(t, slots, active, new, record.tokens, generator.tokenizer)  # [B]
-        record.finish(t, slots, reason)
+        new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
+                                  generator.tokenizer)  # [B], [B]
         if generator.prefix_cache is not None:
             _keep(generator.prefix_cache, rows, prompts, real_columns, cache, slots, reason, record, t)
         active &= reason == _ACTIVE
         if not bool(active.any()):
             break
-        n_done = len(slots) - int(active.sum())
-        if n_done and n_done >= generator.compact_fraction * len(slots):
+        if compaction_due(active, generator.compact_fraction):
             keep, moves = compaction(active)
             slots, new, active = slots[keep], new[keep], active[keep]
             prompt_len, temperature, top_p, uniforms = (x[keep] for x in (prompt_len, temperature, top_p, uniforms))
