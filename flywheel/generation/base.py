@@ -96,6 +96,11 @@ class GenerationStats:
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
 
+    def add(self, **counts: float) -> None:
+        """Add to the backend's own counters in `extra` (e.g. decode_passes=3)."""
+        for key, value in counts.items():
+            self.extra[key] = self.extra.get(key, 0.0) + float(value)
+
     def as_dict(self) -> dict[str, float]:
         out = {
             "requests": float(self.requests),

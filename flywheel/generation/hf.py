@@ -302,9 +302,9 @@ class HFGenerator:
         computed = int(new_mask.sum())
         self.stats.prefill_tokens += computed
         self.stats.cached_prompt_tokens += sum(len(r.prompt) for r in rows) - computed
-        _bump(self.stats, "prefill_padded_tokens", ids.numel())
+        self.stats.add(prefill_padded_tokens=ids.numel())
         if cached_width:
-            _bump(self.stats, "prefix_cache_hit_tokens", sum(c for c, _ in hits))
+            self.stats.add(prefix_cache_hit_tokens=sum(c for c, _ in hits))
 
         row_prompt = row_prompt.to(device)
         if share:
@@ -344,8 +344,8 @@ class HFGenerator:
             new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
                                       self.tokenizer)  # [B], [B]
             if self.prefix_cache is not None:
-                keep_stopped_kv(self.prefix_cache, rows, cache, visible[:, start : width + t], slots, reason,
-                                record.tokens, t)
+                keep_stopped_kv(self.prefix_cache, rows, slots, reason, record.tokens, t,
+                                _padded_row_kv(cache, visible[:, start : width + t]))
             active &= reason == _ACTIVE
             if not bool(active.any()):
                 break
@@ -375,11 +375,18 @@ class HFGenerator:
             else:
                 logits = self._forward(new[:, None], visible[:, start : width + t + 1], (prompt_len + t)[:, None],
                                        cache, last_only=False)
-        for key, value in (("decode_passes", passes), ("decode_row_steps", row_steps),
-                           ("decode_kv_columns", kv_columns), ("decode_real_columns", real_columns)):
-            _bump(self.stats, key, value)
+        self.stats.add(decode_passes=passes, decode_row_steps=row_steps, decode_kv_columns=kv_columns,
+                       decode_real_columns=real_columns)
         return record.completions(rows)
 
 
-def _bump(stats: GenerationStats, key: str, value: float) -> None:
-    stats.extra[key] = stats.extra.get(key, 0.0) + float(value)
+def _padded_row_kv(cache, fed: torch.Tensor):
+    """`keep_stopped_kv`'s reader for the padded cache: a row's real columns (`fed` [B, columns],
+    per batch position which of the cache's filled columns are real)."""
+
+    def read(b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        columns = fed[b].nonzero().squeeze(1)
+        return [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
+                for layer in cache.layers]
+
+    return read

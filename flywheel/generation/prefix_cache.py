@@ -78,11 +78,12 @@ def _left_padded(kvs, lengths: list[int], width: int):
         yield keys, values
 
 
-def keep_stopped_kv(prefix_cache: _PrefixCache, rows, cache, fed, slots, reason, tokens, t: int) -> None:
+def keep_stopped_kv(prefix_cache: _PrefixCache, rows, slots, reason, tokens, t: int, row_kv) -> None:
     """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
     prompt + tokens[:t], everything that was fed to the model (the last sampled token was
-    not). `fed` [B, columns]: per batch position, which of the cache's filled columns are
-    real; `tokens` [R, T]: the rows' sampled tokens by slot."""
+    not). `tokens` [R, T]: the rows' sampled tokens by slot; `row_kv(b)`: the KV of
+    batch position b, one (keys, values) [H, prompt + t, D] per layer, read only for rows
+    the cache does not hold yet."""
     ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
     if not len(ended):
         return
@@ -90,9 +91,5 @@ def keep_stopped_kv(prefix_cache: _PrefixCache, rows, cache, fed, slots, reason,
     generated = tokens[ended_slots, :t].tolist()
     for b, slot, row_tokens in zip(ended.tolist(), ended_slots.tolist(), generated):
         key = rows[slot].prompt + tuple(row_tokens)
-        if key in prefix_cache:  # a sibling already stopped with the same tokens
-            continue
-        columns = fed[b].nonzero().squeeze(1)  # the real positions
-        kv = [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
-              for layer in cache.layers]
-        prefix_cache.put(key, kv)
+        if key not in prefix_cache:  # else a sibling already stopped with the same tokens
+            prefix_cache.put(key, row_kv(b))

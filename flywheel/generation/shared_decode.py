@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from flywheel.generation.base import Completion
-from flywheel.generation.decoding import (
-    _ACTIVE, _LENGTH, _STOP, _Record, _StopRules, compaction_due, decode_step, row_settings)
+from flywheel.generation.decoding import _ACTIVE, _Record, _StopRules, compaction_due, decode_step, row_settings
 from flywheel.generation.kv_cache import BlockCache, compaction
 from flywheel.generation.prefix_attention import SharedPrompts
+from flywheel.generation.prefix_cache import keep_stopped_kv
 
 
 def decode_shared(generator, rows: list, lean) -> list[Completion]:
@@ -35,19 +35,20 @@ def decode_shared(generator, rows: list, lean) -> list[Completion]:
     cache = BlockCache(len(prompt_cache.layers), prompt_cache.block)  # the rows' generated columns
     rules = _StopRules(rows, generator.eos_token_ids, vocab, generator._stop_matcher, device)
     record = _Record(rows, horizon, device)
-    real_columns: dict[int, torch.Tensor] = {}  # prompt -> its real columns, for prefix-cache stores
 
     slots = torch.arange(len(rows), device=device)
     active = torch.ones(len(rows), dtype=torch.bool, device=device)
     prompt_len = mask.sum(-1)[row_prompt]  # [B]
     temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
+    real_columns: dict[int, torch.Tensor] = {}  # prompt -> its real columns, for prefix-cache stores
     passes = row_steps = kv_columns = real = 0
     width = prompt_mask.shape[1]
     for t in range(horizon):
         new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
                                   generator.tokenizer)  # [B], [B]
         if generator.prefix_cache is not None:
-            _keep(generator.prefix_cache, rows, prompts, real_columns, cache, slots, reason, record, t)
+            keep_stopped_kv(generator.prefix_cache, rows, slots, reason, record.tokens, t,
+                            _shared_row_kv(prompts, cache, t, real_columns))
         active &= reason == _ACTIVE
         if not bool(active.any()):
             break
@@ -62,32 +63,25 @@ def decode_shared(generator, rows: list, lean) -> list[Completion]:
         kv_columns += len(slots) * (width + t + 1)
         real += int(prompt_len.sum()) + len(slots) * (t + 1)
         logits = lean(new, prompt_len + t, None, cache, prompts=prompts)
-    for key, value in (("decode_passes", passes), ("decode_row_steps", row_steps),
-                       ("decode_kv_columns", kv_columns), ("decode_real_columns", real)):
-        stats.extra[key] = stats.extra.get(key, 0.0) + float(value)
+    stats.add(decode_passes=passes, decode_row_steps=row_steps, decode_kv_columns=kv_columns,
+              decode_real_columns=real)
     return record.completions(rows)
 
 
-def _keep(prefix_cache, rows, prompts: SharedPrompts, real_columns, cache, slots, reason, record, t: int) -> None:
-    """Store the KV of rows that just stopped without EOS (search nodes to be expanded): their
-    prompt's real columns, then their first t generated columns (the last sampled token was
-    not fed)."""
-    ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
-    if not len(ended):
-        return
-    ended_slots = slots[ended]
-    tokens = record.tokens[ended_slots, :t].tolist()
-    for b, slot, generated, u in zip(ended.tolist(), ended_slots.tolist(), tokens, prompts.row_prompt[ended].tolist()):
-        key = rows[slot].prompt + tuple(generated)
-        if key in prefix_cache:  # a sibling already stopped with the same tokens
-            continue
+def _shared_row_kv(prompts: SharedPrompts, cache, t: int, real_columns: dict[int, torch.Tensor]):
+    """`keep_stopped_kv`'s reader here: a row's prompt's real columns, then its first t
+    generated columns. `real_columns`: prompt -> its real columns, filled as needed."""
+
+    def read(b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        u = int(prompts.row_prompt[b])
         if u not in real_columns:
             real_columns[u] = prompts.mask[u].nonzero().squeeze(1)
-        columns = real_columns[u]
-        kv = []
+        columns, kv = real_columns[u], []
         for (keys, values), layer in zip(prompts.layers, cache.layers):
-            own_k = layer.keys[b, :, :t] if t else keys[u, :, :0]
+            own_k = layer.keys[b, :, :t] if t else keys[u, :, :0]  # no generated column yet at t = 0
             own_v = layer.values[b, :, :t] if t else values[u, :, :0]
             kv.append((torch.cat([keys[u].index_select(1, columns), own_k], 1),
                        torch.cat([values[u].index_select(1, columns), own_v], 1)))
-        prefix_cache.put(key, kv)
+        return kv
+
+    return read
