@@ -30,13 +30,17 @@ def run_tool(*args: str, cwd: Path = ROOT) -> tuple[dict[str, str], str]:
 
 
 def test_bench_search_runs_both_parts():
-    fields, out = run_tool("tools/bench_search.py", "--quick", "--problems", "2", "--concurrency", "2")
+    fields, out = run_tool("tools/bench_search.py", "--quick", "--problems", "2", "--concurrency", "2",
+                           "--wide-hidden", "128")
     assert float(fields["us_per_expansion_1"]) > 0 and float(fields["big_tree_nodes"]) >= 1000
     assert 0 <= float(fields["overhead_pct"]) <= 100  # part (b) ran: a real percentage, not nan
     # Part (c), --quick sizes: 16 -> 256 live trees and d_T 4 -> 64; d_T 64 requests carry longer prefixes.
     assert float(fields["growth_per_expansion_16_to_256"]) > 0 and float(fields["growth_per_expansion_d4_to_d64"]) > 0
     assert float(fields["growth_prefix_tokens_d4_to_d64"]) > 1
     assert "policy: tiny-countdown; 2 trees" in out
+    # --wide-hidden: part (b) again with an untrained 6-layer Llama of width 128 (2 heads of 64, MLP 512).
+    assert "policy: untrained Llama, 1.6M parameters (width 128, 6 layers, init 0.4); 2 trees" in out
+    assert 1.5 < float(fields["wide_params_m"]) < 1.7 and 0 <= float(fields["overhead_pct_wide"]) <= 100
 
 
 def test_bench_train_measures_packed_against_flat_with_equal_losses():

@@ -8,7 +8,10 @@
 (b) With the tiny Countdown policy through HFGenerator on CPU: the share of wall time the
     driver spends outside generator calls (target <= 0.5% at 64 live trees, issue 18; the paper measured < 0.4%).
     Skipped, with a note, when HFGenerator or the policy folder is not available; pass
-    --untrained to measure with a randomly initialised tiny model instead.
+    --untrained to measure with a randomly initialised tiny model instead. --wide-hidden H
+    runs it again with an untrained 6-layer Llama of width H over the same tokenizer (4
+    expansions per tree): the bookkeeping per expansion stays, the generator's time grows
+    with the model, and the share falls with it (`overhead_pct_wide`, `wide_params_m`).
 (c) Growth: bookkeeping and total (bookkeeping + generator) CPU time per expansion with the
     scripted generator, from 16 to 1,024 live trees (d_T = 16) and from d_T = 4 to 64 (64 live
     trees), one line per size, then the last/first ratios (`growth_per_expansion_16_to_1024`,
@@ -18,6 +21,7 @@
 
     python tools/bench_search.py                       # all three parts
     python tools/bench_search.py --problems 64 --concurrency 64 --skip-growth   # (b) at 64 live trees
+    python tools/bench_search.py --problems 64 --concurrency 64 --skip-growth --wide-hidden 384  # and a 14M model
     python tools/bench_search.py --skip-hf --quick     # parts (a) and (c) only, smaller
 
 The last line is machine-readable: `RESULT key=value ...`.
@@ -204,8 +208,45 @@ def part_c(quick: bool) -> dict[str, float]:
     return out
 
 
-def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dict[str, float] | None:
-    print("== (b) share of wall time outside generator calls, tiny policy through HFGenerator (CPU)")
+def load_part_b_policy(policy: str, untrained: bool, wide_hidden: int = 0):
+    """(model, tokenizer, label) for part (b), or None (with a note) when it cannot run.
+
+    `wide_hidden` > 0: a randomly initialised 6-layer Llama of that width (64-dim heads, MLP
+    4x wide) over the policy's tokenizer, to show how the share scales with the model."""
+    try:
+        from flywheel.policy import load_policy
+        from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+    except Exception as err:  # the backend is built elsewhere; part (a) stands alone
+        print(f"skipped: cannot import the policy loaders ({err!r})")
+        return None
+    model = tokenizer = None
+    label = policy
+    try:
+        model, tokenizer = load_policy(policy)
+    except Exception as err:
+        print(f"note: policy {policy!r} is not available ({err})")
+        if not untrained:
+            print("skipped: pass --policy PATH to a trained tiny policy folder, or --untrained")
+            return None
+    if model is None:
+        tokenizer = build_char_tokenizer()
+        model = build_tiny_llama(tokenizer, initializer_range=0.4)
+        label = "untrained tiny llama (flywheel.tiny, init 0.4)"
+    if wide_hidden:
+        if wide_hidden % 64:
+            raise SystemExit(f"--wide-hidden must be a multiple of 64 (64-dim heads), got {wide_hidden}")
+        model = build_tiny_llama(tokenizer, hidden_size=wide_hidden, num_layers=6, num_heads=wide_hidden // 64,
+                                 intermediate_size=4 * wide_hidden, initializer_range=0.4)
+        params = sum(p.numel() for p in model.parameters())
+        label = f"untrained Llama, {params / 1e6:.1f}M parameters (width {wide_hidden}, 6 layers, init 0.4)"
+    return model, tokenizer, label
+
+
+def part_b(
+    policy: str, problems: int, concurrency: int, untrained: bool, *, wide_hidden: int = 0, max_expansions: int = 256
+) -> dict[str, float] | None:
+    title = "a wider untrained policy" if wide_hidden else "tiny policy"
+    print(f"== (b) share of wall time outside generator calls, {title} through HFGenerator (CPU)")
     try:
         import torch
 
@@ -215,26 +256,10 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
     except Exception as err:  # the backend is built elsewhere; part (a) stands alone
         print(f"skipped: cannot import HFGenerator / CountdownTask ({err!r})")
         return None
-    model = tokenizer = None
-    label = policy
-    try:
-        from flywheel.policy import load_policy
-
-        model, tokenizer = load_policy(policy)
-    except Exception as err:
-        print(f"note: policy {policy!r} is not available ({err})")
-        if not untrained:
-            print("skipped: pass --policy PATH to a trained tiny policy folder, or --untrained")
-            return None
-    if model is None:
-        try:
-            from flywheel.tiny import build_char_tokenizer, build_tiny_llama
-        except Exception as err:
-            print(f"skipped: cannot build an untrained tiny model ({err!r})")
-            return None
-        tokenizer = build_char_tokenizer()
-        model = build_tiny_llama(tokenizer, initializer_range=0.4)
-        label = "untrained tiny llama (flywheel.tiny, init 0.4)"
+    loaded = load_part_b_policy(policy, untrained, wide_hidden)
+    if loaded is None:
+        return None
+    model, tokenizer, label = loaded
     torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
     task = CountdownTask()
     generator = HFGenerator(model, tokenizer)
@@ -251,7 +276,7 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
         max_depth=8,  # Countdown: 3 step lines + the answer line, plus slack
         overlong_max_tokens=task.max_response_tokens,
         overlong_buffer_tokens=task.max_response_tokens // 4,
-        max_expansions_per_tree=256,
+        max_expansions_per_tree=max_expansions,
     )
 
     driver = SearchDriver(generator, cfg, step=task.step, decode=decoder(tokenizer), max_concurrent_trees=concurrency)
@@ -266,10 +291,14 @@ def part_b(policy: str, problems: int, concurrency: int, untrained: bool) -> dic
         f"{st.generated_tokens} tokens, {trajectories} trajectories ({correct} correct)"
     )
     print(
-        f"wall {wall:.1f} s: generator {st.generator_seconds:.2f} s, outside generator {st.bookkeeping_seconds:.3f} s "
-        f"= {st.overhead_pct:.2f}% ({1e6 * st.bookkeeping_seconds / st.expansions:.0f} us per expansion, "
-        f"{1e3 * st.bookkeeping_seconds / st.rounds:.2f} ms per round)"
+        f"wall {wall:.1f} s: generator {st.generator_seconds:.2f} s "
+        f"({1e3 * st.generator_seconds / st.expansions:.1f} ms per expansion), outside generator "
+        f"{st.bookkeeping_seconds:.3f} s = {st.overhead_pct:.2f}% ({1e6 * st.bookkeeping_seconds / st.expansions:.0f} us "
+        f"per expansion, {1e3 * st.bookkeeping_seconds / st.rounds:.2f} ms per round)"
     )
+    if wide_hidden:
+        params = sum(p.numel() for p in model.parameters())
+        return {"overhead_pct_wide": st.overhead_pct, "wide_params_m": params / 1e6}
     return {"overhead_pct": st.overhead_pct, "hf_us_per_expansion": 1e6 * st.bookkeeping_seconds / st.expansions}
 
 
@@ -282,6 +311,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-hf", action="store_true", help="run part (a) only")
     parser.add_argument("--quick", action="store_true", help="smaller parts (a) and (c)")
     parser.add_argument("--skip-growth", action="store_true", help="skip part (c)")
+    parser.add_argument("--wide-hidden", type=int, default=0,
+                        help="also run part (b) with an untrained 6-layer Llama of this width (e.g. 384: 14M "
+                             "parameters) over the same tokenizer, at most 4 expansions per tree: how the share "
+                             "scales with the model (0 = off)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     result = part_a(args.quick)
@@ -292,6 +325,11 @@ def main(argv: list[str] | None = None) -> int:
         result["overhead_pct"] = float("nan")
     else:
         result.update(hf)
+        if args.wide_hidden:
+            wide = part_b(args.policy, args.problems, args.concurrency, args.untrained,
+                          wide_hidden=args.wide_hidden, max_expansions=4)
+            if wide is not None:
+                result.update(wide)
     print("RESULT " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in result.items()))
     return 0
 
