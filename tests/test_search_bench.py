@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "tools" / "bench_search.py"
 
 
@@ -59,3 +61,12 @@ def test_growth_ratios_are_last_over_first(monkeypatch):
     assert abs(out["growth_total_per_expansion_16_to_256"] - 35 / 15) < 1e-12
     assert out["growth_per_expansion_d4_to_d64"] == 0.5 and out["growth_prefix_tokens_d4_to_d64"] == 8.0
     assert abs(out["growth_total_per_expansion_d4_to_d64"] - 25 / 45) < 1e-12
+
+
+def test_bad_wide_width_fails_before_any_part_runs(monkeypatch, capsys):
+    bench = load_bench()
+    monkeypatch.setattr(bench, "part_a", lambda quick: pytest.fail("part (a) ran before the arguments were checked"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--wide-hidden", "100"])
+    assert exit_info.value.code == 2
+    assert "--wide-hidden must be a multiple of 64 (64-dim heads), got 100" in capsys.readouterr().err

@@ -233,8 +233,6 @@ def load_part_b_policy(policy: str, untrained: bool, wide_hidden: int = 0):
         model = build_tiny_llama(tokenizer, initializer_range=0.4)
         label = "untrained tiny llama (flywheel.tiny, init 0.4)"
     if wide_hidden:
-        if wide_hidden % 64:
-            raise SystemExit(f"--wide-hidden must be a multiple of 64 (64-dim heads), got {wide_hidden}")
         model = build_tiny_llama(tokenizer, hidden_size=wide_hidden, num_layers=6, num_heads=wide_hidden // 64,
                                  intermediate_size=4 * wide_hidden, initializer_range=0.4)
         params = sum(p.numel() for p in model.parameters())
@@ -316,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                              "parameters) over the same tokenizer, at most 4 expansions per tree: how the share "
                              "scales with the model (0 = off)")
     args = parser.parse_args(argv)
+    if args.wide_hidden < 0 or args.wide_hidden % 64:
+        parser.error(f"--wide-hidden must be a multiple of 64 (64-dim heads), got {args.wide_hidden}")
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     result = part_a(args.quick)
     if not args.skip_growth:
