@@ -51,7 +51,7 @@ from typing import Any, Sequence
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
+from flywheel.generation.kv_cache import BlockCache, block_cache, compaction, uses_block_cache
 from flywheel.generation import prefix_attention
 from flywheel.generation.lean_decode import lean_decoder
 from flywheel.generation.shared_decode import decode_shared
@@ -314,12 +314,12 @@ class HFGenerator:
 
     def _decode(self, rows: list[_Row]) -> list[Completion]:
         """Decode one chunk of rows together; returns their completions in row order."""
+        lean = lean_decoder(self.model) if uses_block_cache(self.model.config) else None
+        if lean is not None and prefix_attention.usable(self.model):
+            return decode_shared(self, rows, lean)
         device = self.model.device
         vocab = self.model.config.get_text_config().vocab_size
         horizon = max(r.params.max_new_tokens for r in rows)
-        lean = lean_decoder(self.model) if isinstance(block_cache(self.model.config), BlockCache) else None
-        if lean is not None and prefix_attention.usable(self.model):
-            return decode_shared(self, rows, lean)
         cache, logits, prompt_mask = self._prefill(rows)
         width = prompt_mask.shape[1]
         rules = _StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, device)

@@ -133,11 +133,23 @@ past the 2D attention mask (the unwritten columns) are masked; flash-attention k
 the 2D mask alone and keep `DynamicCache` (TREE_ATTENTION is sdpa when decoding)."""
 
 
-def block_cache(config, block: int = BLOCK) -> Cache:
-    """The decode loop's cache (see the module docstring); `DynamicCache` for models whose
-    layers are not all full attention or whose attention is not in MASKED_IMPLEMENTATIONS."""
+def _full_attention_layers(config) -> int | None:
+    """The number of layers when every one is full attention through one of
+    MASKED_IMPLEMENTATIONS (what a `BlockCache` serves), else None."""
     layer_types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     implementation = getattr(config, "_attn_implementation", None) or "sdpa"
     if any(kind != "full_attention" for kind in layer_types) or implementation not in MASKED_IMPLEMENTATIONS:
-        return DynamicCache(config=config)
-    return BlockCache(len(layer_types), block)
+        return None
+    return len(layer_types)
+
+
+def uses_block_cache(config) -> bool:
+    """Whether `block_cache(config)` is a `BlockCache`."""
+    return _full_attention_layers(config) is not None
+
+
+def block_cache(config, block: int = BLOCK) -> Cache:
+    """The decode loop's cache (see the module docstring); `DynamicCache` for models whose
+    layers are not all full attention or whose attention is not in MASKED_IMPLEMENTATIONS."""
+    layers = _full_attention_layers(config)
+    return DynamicCache(config=config) if layers is None else BlockCache(layers, block)
