@@ -287,7 +287,9 @@ def mini_batches(
     log-probs of the policy before the epoch's updates).
 
     Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce would
-    hang: with `world` > 1 a slot with nothing to train on becomes an all-masked batch."""
+    hang: with `world` > 1 a slot with nothing to train on becomes an all-masked batch. An
+    epoch with nothing to train on at all (every group left out by a filter) is one
+    all-masked batch too: an empty loader would end the fit ("No training batches")."""
     slots = math.ceil(problems_per_rank / problems_per_batch)
     batches = []
     for slot in range(slots):
@@ -302,4 +304,4 @@ def mini_batches(
         else:
             continue
         batches.append(batch)
-    return batches
+    return batches or [empty_batch(pad_id=pad_id)]

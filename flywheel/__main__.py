@@ -228,6 +228,8 @@ def main(args: list[str] | None = None, run: bool = True):
     parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.renames)
     if args is None:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    # An epoch with nothing to train on skips its step on purpose; the data module says why.
+    warnings.filterwarnings("ignore", message="`training_step` returned `None`")
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data_modules.search import SearchDataModule

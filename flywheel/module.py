@@ -13,6 +13,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from flywheel.evaluation import evaluate_sharded
 from flywheel.objectives import (
@@ -192,6 +193,12 @@ class TreeGRPOModule(L.LightningModule):
                 "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
             )
 
+    def _can_skip_steps(self) -> bool:
+        """Lightning skips the optimizer step of a training_step that returns None on one
+        process only; DDP ranks must all run backward, and DeepSpeed refuses None."""
+        trainer = self._trainer
+        return trainer is not None and trainer.world_size == 1 and not isinstance(trainer.strategy, DeepSpeedStrategy)
+
     def on_train_epoch_start(self) -> None:
         # ReST-MCTS*'s KL reference "the policy before this round's training": refreshed at
         # each round's first epoch (restored from the checkpoint, as a submodule, on resume).
@@ -199,8 +206,12 @@ class TreeGRPOModule(L.LightningModule):
         if self.reference is not None and self.objective.kl_reference == "round" and dm.curriculum.round_starts(self.current_epoch):
             self.reference.load_state_dict(self.policy.state_dict())
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         mask = batch["loss_mask"]  # [B, L-1]
+        if not mask.any() and self._can_skip_steps():
+            # Nothing to train on (an epoch whose groups were all left out): no optimizer
+            # step, where a zero-gradient one would still move AdamW's weights (momentum, decay).
+            return None
         values = None
         if self.value_head is not None:
             logprobs, values = self.logprobs_and_values(batch)

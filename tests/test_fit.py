@@ -142,6 +142,23 @@ def test_flat_baselines_fit(tmp_path, overlay, rollout):
             assert [r.advantages[0] for r in problem_rows] == pytest.approx([f - mean for f in finals])
 
 
+def test_an_epoch_with_nothing_to_train_on_skips_its_step_and_the_fit_goes_on(tmp_path, caplog):
+    """Every tree unsolved (one step, no answer) and uniform groups dropped: no epoch has a
+    training row. Each still ends its round, without an optimizer step (the weights stay the
+    shipped policy's), instead of Lightning ending the fit at an empty loader."""
+    caplog.set_level("WARNING", logger="data_modules.search")
+    cli = run_fit(tmp_path, "--data.search.max_depth=1", "--data.search.max_expansions_per_tree=4",
+                  "--data.credit.drop_uniform_groups=true", "--data.hard_set.enabled=false",
+                  "--model.optimizer.weight_decay=0.1")  # a zero-gradient AdamW step would still decay the weights
+    assert cli.trainer.current_epoch == 2
+    assert "epoch 0: nothing to train on" in caplog.text and "epoch 1: nothing to train on" in caplog.text
+    base, _ = load_policy("tiny-countdown")
+    trained = cli.model.policy.state_dict()
+    assert all(torch.equal(value, trained[name]) for name, value in base.state_dict().items())
+    summary = json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2]
+
+
 @pytest.mark.slow
 def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
     cli = run_fit(tmp_path, "--trainer.max_epochs=1", "--data.credit.drop_uniform_groups=true", "--data.hard_set.enabled=false")

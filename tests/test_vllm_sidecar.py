@@ -375,6 +375,10 @@ def processes_with_env(entry: str) -> list[int]:
 SMALL_FIT = ["--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.batching.problems_per_epoch=8",
              "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=8", "--data.eval.samples=2",
              "--model.optimizer.lr=1e-2", "--data.generator.init_args.access_log=true"]  # the tests count requests
+# A SMALL_FIT makes 1 or 2 optimizer steps an epoch: its 8 problems fill 2 mini-batches of 4,
+# less the problems left without a training row (e.g. every trajectory garbled and left out by
+# the degenerate filter after an epoch at lr 1e-2). The server's samples are unseeded on CPU,
+# so the count varies by run (CI saw 3 steps once).
 
 
 def test_quickstart_vllm_fits_through_the_sidecar_pushing_weights_every_epoch(tmp_path, monkeypatch):
@@ -388,11 +392,12 @@ def test_quickstart_vllm_fits_through_the_sidecar_pushing_weights_every_epoch(tm
                 *SMALL_FIT, f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     backend = cli.datamodule.backend
-    assert cli.trainer.global_step == 4
-    assert backend.weight_version == 4  # pushed after epoch 2's steps, before the round-2 evaluation
+    assert 2 <= cli.trainer.global_step <= 4
+    assert backend.weight_version == cli.trainer.global_step  # pushed after epoch 2's steps, before the round-2 evaluation
     assert backend.process is None  # stopped at teardown
     run = Path(cli.trainer.log_dir)
-    assert (run / "vllm_server.log").is_file()
+    text = (run / "vllm_server.log").read_text(errors="replace")
+    assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 2  # one reload after each epoch's steps
     summary = json.loads((run / "summary.json").read_text())
     assert len(summary["rounds"]) == 2
 
@@ -434,7 +439,8 @@ def test_lora_fit_syncs_only_the_adapter_in_place(tmp_path, monkeypatch):
                 f"--trainer.logger.init_args.save_dir={tmp_path}",
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     backend = cli.datamodule.backend
-    assert cli.trainer.global_step == 4 and backend.weight_version == 4 and backend.lora_rank == 4
+    assert 2 <= cli.trainer.global_step <= 4
+    assert backend.weight_version == cli.trainer.global_step and backend.lora_rank == 4
     text = (Path(cli.trainer.log_dir) / "vllm_server.log").read_text(errors="replace")
     loads = len(re.findall(r"POST /v1/load_lora_adapter HTTP", text))
     assert loads == 3, loads  # at launch, then one per sync
