@@ -203,8 +203,7 @@ class SearchDataModule(L.LightningDataModule):
             len(batches), self.epoch_metrics.get("search/reward", float("nan")), seconds,
         )
         if not any(out.rows) and world == 1:
-            log.warning("epoch %d: nothing to train on (every group was left out: unsolved, uniform or degenerate); "
-                        "no optimizer step this epoch", epoch)
+            log.warning("epoch %d: nothing to train on (every group was left out: unsolved, uniform or degenerate)", epoch)
         return DataLoader(batches, batch_size=None, shuffle=False)
 
     def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
