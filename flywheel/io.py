@@ -1,4 +1,5 @@
-"""Atomic file writes: a run killed mid-write never leaves a truncated file behind."""
+"""Atomic file writes (a run killed mid-write never leaves a truncated file behind), and the
+cache folder."""
 
 from __future__ import annotations
 
@@ -35,6 +36,13 @@ def atomic_writer(path: str | os.PathLike) -> Iterator[BinaryIO]:
     _fsync_dir(path.parent)
     for stale in path.parent.glob(f"{prefix}*.tmp"):
         stale.unlink(missing_ok=True)
+
+
+def cache_dir() -> Path:
+    """flywheel's cache folder: `$FLYWHEEL_CACHE`, else `$XDG_CACHE_HOME/flywheel`, else
+    `~/.cache/flywheel` (compiled kernels, converted policies, downloaded wheels)."""
+    root = os.environ.get("FLYWHEEL_CACHE")
+    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flywheel"
 
 
 def _umask() -> int:

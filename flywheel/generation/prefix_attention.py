@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from flywheel.io import cache_dir
+
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "prefix_attention.c"
@@ -48,11 +50,6 @@ class SharedPrompts:
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     mask: torch.Tensor
     row_prompt: torch.Tensor
-
-
-def cache_dir() -> Path:
-    root = os.environ.get("FLYWHEEL_CACHE")
-    return Path(root) if root else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "flywheel"
 
 
 def _library_name() -> str:

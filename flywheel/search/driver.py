@@ -96,14 +96,22 @@ class SearchDriver:
         self.value_fn = value_fn
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
-        self._step_enders: dict[int, bool] = {}
+        self._may_end_step: dict[int, bool] = {}
 
-    def ends_step(self, token: int) -> bool:
-        """Does this token end a step (its text holds the delimiter)? Memoised per token id."""
-        known = self._step_enders.get(token)
-        if known is None:
-            known = self._step_enders[token] = self.step.delimiter is not None and self.step.delimiter in self.decode([token])
-        return known
+    def ends_step(self, piece: Sequence[int]) -> bool:
+        """Does the step whose tokens so far are `piece` end with its last token: does that token
+        complete the delimiter in the step's text? Matched as the generators match a stop string
+        (a BPE tokenizer may spell "\n\n" as "\n" "\n", or inside a larger token), on the text of
+        the step's last few tokens; tokens that cannot complete it are memoised per id."""
+        delimiter = self.step.delimiter
+        if delimiter is None or not piece:
+            return False
+        token = piece[-1]
+        may = self._may_end_step.get(token)
+        if may is None:  # its text holds the delimiter's last character, or is empty or a partial character
+            text = self.decode([token])
+            may = self._may_end_step[token] = not text or "\ufffd" in text or delimiter[-1] in text
+        return may and delimiter in self.decode(piece[-(2 * len(delimiter) + 2):])
 
     def _score_new_nodes(self, trees: list[LiveTree | AgentTree]) -> None:
         """One value-model call for the new non-terminal children of every live tree."""

@@ -32,7 +32,7 @@ class LiveTree:
     """One tree being searched: its state between rounds."""
 
     def __init__(
-        self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step: Callable[[int], bool]
+        self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step: Callable[[Sequence[int]], bool]
     ) -> None:
         self.index = index
         self.step = step

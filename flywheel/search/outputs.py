@@ -194,6 +194,28 @@ def _num(x: float | None) -> float | None:
     return x
 
 
+_CONTEXT_TOKENS = 4
+"""Tokens of the path before a step decoded with it: a character spans at most 4 UTF-8 bytes,
+so at most 4 byte-level tokens."""
+
+
+def step_text(tree: SearchTree, node: int, decode: Callable[[Sequence[int]], str]) -> str:
+    """The text of `node`'s step as it reads in its path, not decoded alone: a character that
+    a byte-level BPE splits between two steps (an emoji, a CJK character) shows whole in the
+    step that completes it instead of as U+FFFD in both, and a SentencePiece step keeps its
+    leading space. Joined along a path, the steps' texts give the path's text."""
+    before: list[int] = []
+    parent = tree.parent[node]
+    while parent > 0 and len(before) < _CONTEXT_TOKENS:
+        before[:0] = tree.tokens[parent]
+        parent = tree.parent[parent]
+    before = before[-_CONTEXT_TOKENS:]
+    head = decode(before).rstrip("\ufffd")  # a partial character at its end is completed by this step
+    whole = decode(before + list(tree.tokens[node]))
+    text = whole[len(head):] if whole.startswith(head) else decode(tree.tokens[node])
+    return text.rstrip("\ufffd") if tree.children[node] else text  # a child completes it
+
+
 def tree_to_json(
     result: TreeResult, decode: Callable[[Sequence[int]], str] | None = None, *, logprobs: bool = True
 ) -> dict[str, Any]:
@@ -224,7 +246,7 @@ def tree_to_json(
         if logprobs:
             entry["logprobs"] = [_num(lp) for lp in tree.logprobs[node]]
         if decode is not None and node:
-            entry["text"] = decode(tree.tokens[node])
+            entry["text"] = step_text(tree, node, decode)
         if verdict is not None:
             entry["verdict"] = {
                 "correct": verdict.correct,

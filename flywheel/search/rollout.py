@@ -27,26 +27,27 @@ from flywheel.tasks.base import StepSpec
 
 
 def split_steps(
-    completion: Completion, step: StepSpec, ends_step: Callable[[int], bool], max_steps: int
+    completion: Completion, step: StepSpec, ends_step: Callable[[Sequence[int]], bool], max_steps: int
 ) -> list[Completion]:
     """Cut a whole continuation into at most `max_steps` steps, as the step rule would have
-    sampled them: after a token that ends a step (it contains the delimiter) or after
-    `step.max_tokens` tokens. Tokens past the `max_steps`-th step are dropped (that step
+    sampled them: after the token that completes the delimiter (`ends_step(piece)` is asked
+    of the step's tokens so far, as a stop string is matched in a step's text: a BPE
+    tokenizer may spell "\n\n" as two "\n" tokens) or after `step.max_tokens` tokens. Tokens past the `max_steps`-th step are dropped (that step
     sits at max depth). Every piece but the last finishes with "stop" ("length" when cut at
     the cap); the last keeps the completion's own finish reason.
 
     >>> c = Completion((1, 9, 2, 9, 3), (-0.1,) * 5, "eos")
-    >>> [p.token_ids for p in split_steps(c, StepSpec(8, "\\n"), lambda t: t == 9, 8)]
+    >>> [p.token_ids for p in split_steps(c, StepSpec(8, "\\n"), lambda piece: piece[-1] == 9, 8)]
     [(1, 9), (2, 9), (3,)]
-    >>> [(p.token_ids, p.finish_reason) for p in split_steps(c, StepSpec(8, "\\n"), lambda t: t == 9, 2)]
+    >>> [(p.token_ids, p.finish_reason) for p in split_steps(c, StepSpec(8, "\\n"), lambda piece: piece[-1] == 9, 2)]
     [((1, 9), 'stop'), ((2, 9), 'stop')]
     """
     ids, lps, ents = completion.token_ids, completion.logprobs, completion.entropies
     pieces: list[Completion] = []
     start = 0
-    for i, token in enumerate(ids):
+    for i in range(len(ids)):
         length = i + 1 - start
-        delimited = step.delimiter is not None and ends_step(token)
+        delimited = step.delimiter is not None and ends_step(ids[start : i + 1])
         if not delimited and length < step.max_tokens:
             continue
         last = i + 1 == len(ids)

