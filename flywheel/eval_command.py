@@ -166,6 +166,7 @@ def run_eval(
     try:
         for name, loaded in loaded_sources.items():
             problems = loaded.problems
+            seconds = generator_.stats.seconds
             with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
                 with torch.no_grad():
                     result = evaluate_sharded(generator_, tokenizer, task, problems, config,
@@ -174,6 +175,7 @@ def run_eval(
             report["results"][name] = {
                 "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
                 "generated_tokens": result.generated_tokens,
+                "generation_seconds": round(generator_.stats.seconds - seconds, 3),  # this rank's sampling time
                 "per_problem": [{"id": i, "n": n, "correct": c} for i, n, c in zip(result.problem_ids, result.samples, result.correct)],
             }
             if rank == 0:

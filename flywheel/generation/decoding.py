@@ -25,17 +25,29 @@ def sample_tokens(
     top_p (the most likely token is always kept). A row's token depends only on its own
     logits, settings and uniform, never on the other rows of the batch.
     """
-    tokens = logits.argmax(dim=-1)  # [B]; argmax returns the first maximal index
     sampled = temperature > 0
     full = (sampled & (top_p >= 1)).nonzero().squeeze(1)
     nucleus = (sampled & (top_p < 1)).nonzero().squeeze(1)
+    # Over a real vocabulary (49k-152k) every pass over [B, V] counts: the argmax only for
+    # greedy rows, no row gather or division when every row samples at temperature 1.
+    greedy = (~sampled).nonzero().squeeze(1)
+    tokens = torch.zeros(len(logits), dtype=torch.long, device=logits.device)
+    if greedy.numel():
+        tokens[greedy] = logits[greedy].argmax(dim=-1)  # argmax returns the first maximal index
     if full.numel():
-        probs = torch.softmax(logits[full] / temperature[full, None], dim=-1)  # [b, V]
+        every = full.numel() == len(logits)
+        scaled = logits if every else logits[full]
+        if not bool((temperature[full] == 1).all()):
+            scaled = scaled / temperature[full, None]
+        probs = torch.softmax(scaled, dim=-1)  # [b, V]
         cdf = probs.cumsum(dim=-1)
         target = uniforms[full, None] * cdf[:, -1:]
         # right=True: the first index whose cdf exceeds the target has positive mass.
-        picked = torch.searchsorted(cdf, target, right=True).squeeze(1)
-        tokens[full] = picked.clamp(max=logits.shape[-1] - 1)
+        picked = torch.searchsorted(cdf, target, right=True).squeeze(1).clamp(max=logits.shape[-1] - 1)
+        if every:
+            tokens = picked
+        else:
+            tokens[full] = picked
     if nucleus.numel():
         probs = torch.softmax(logits[nucleus] / temperature[nucleus, None], dim=-1)
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [b, V]
