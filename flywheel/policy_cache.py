@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import inspect
 import json
 import logging
 import shutil
@@ -142,15 +143,20 @@ def reference_prompt_ids(tokenizer) -> list[int]:
 def greedy_reference(model, prompt_ids: list[int], steps: int = REFERENCE_TOKENS) -> dict:
     """Greedy tokens after `prompt_ids`, each with its log-prob and the margin to the runner-up
     (a token whose margin is below the tolerance may flip on other hardware)."""
+    from transformers import DynamicCache
+
+    # transformers 5.24 names the KV-cache argument `cache`; older 5.x `past_key_values`.
+    kwarg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    cache = {kwarg: DynamicCache()}  # filled in place by every call
     tokens, logprobs, margins = [], [], []
-    out = model(torch.tensor([list(prompt_ids)]), use_cache=True)
+    out = model(torch.tensor([list(prompt_ids)]), use_cache=True, **cache)
     for _ in range(steps):
         top = torch.topk(torch.log_softmax(out.logits[0, -1].float(), dim=-1), 2)
         token = int(top.indices[0])
         tokens.append(token)
         logprobs.append(float(top.values[0]))
         margins.append(float(top.values[0] - top.values[1]))
-        out = model(torch.tensor([[token]]), past_key_values=out.past_key_values, use_cache=True)
+        out = model(torch.tensor([[token]]), use_cache=True, **cache)
     return {"prompt_ids": list(prompt_ids), "tokens": tokens, "logprobs": logprobs, "margins": margins}
 
 

@@ -83,6 +83,29 @@ def test_sample_tokens_nucleus():
     assert got.tolist() == [1, 1, 1]
 
 
+def test_nucleus_among_the_most_likely_tokens_picks_what_the_whole_sort_picks(monkeypatch):
+    """A vocabulary larger than NUCLEUS_CANDIDATES: peaked rows (nucleus among the candidates),
+    flat rows (sorted whole), ties at the top and at the candidates' edge, mixed temperatures
+    and top_p; every pick equals the one a whole-vocabulary stable sort gives."""
+    import flywheel.generation.decoding as decoding
+
+    gen = torch.Generator().manual_seed(0)
+    rows, vocab = 96, 3000
+    logits = torch.randn(rows, vocab, generator=gen) * torch.linspace(0.2, 12.0, rows)[:, None]
+    logits[0, :8] = 40.0                          # eight tied favourites
+    logits[1, :] = 0.0                            # all tied: the nucleus is every token
+    logits[2, 300:] = -50.0                       # 300 tied tokens: the 256 candidates cut the tie
+    temperature = torch.rand(rows, generator=gen) + 0.3
+    top_p = torch.rand(rows, generator=gen) * 0.9 + 0.05
+    for _ in range(4):
+        u = torch.rand(rows, generator=gen)
+        fast = sample_tokens(logits, temperature, top_p, u)
+        monkeypatch.setattr(decoding, "NUCLEUS_CANDIDATES", vocab + 1)  # the whole-sort path only
+        whole = sample_tokens(logits, temperature, top_p, u)
+        monkeypatch.undo()
+        assert torch.equal(fast, whole)
+
+
 # -- log-probs and entropies against teacher forcing ---------------------------------------
 
 

@@ -50,14 +50,46 @@ def sample_tokens(
             tokens[full] = picked
     if nucleus.numel():
         probs = torch.softmax(logits[nucleus] / temperature[nucleus, None], dim=-1)
-        sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)  # [b, V]
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        sorted_probs = sorted_probs.masked_fill(mass_before >= top_p[nucleus, None], 0.0)
-        cdf = sorted_probs.cumsum(dim=-1)
-        target = uniforms[nucleus, None] * cdf[:, -1:]
-        rank = torch.searchsorted(cdf, target, right=True).clamp(max=logits.shape[-1] - 1)
-        tokens[nucleus] = order.gather(1, rank).squeeze(1)
+        tokens[nucleus] = _nucleus_tokens(probs, top_p[nucleus], uniforms[nucleus])
     return tokens
+
+
+NUCLEUS_CANDIDATES = 256
+"""Most likely tokens among which the nucleus is looked for first (`_nucleus_tokens`)."""
+
+
+def _nucleus_tokens(probs: torch.Tensor, top_p: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """Inverse-CDF picks [b] within each row's nucleus, probs [b, V] in the order of a stable
+    descending sort (ties by index). Sorting a real vocabulary (49k-152k) every step costs
+    more than the model's own output layer, so the nucleus is first sought among the
+    `NUCLEUS_CANDIDATES` most likely tokens, put in that same order: a row whose nucleus ends
+    on a value above the last candidate's has exactly the full sort's nucleus there; the
+    other rows (a flat distribution) are sorted whole."""
+    tokens = torch.empty(len(probs), dtype=torch.long, device=probs.device)
+    rest = torch.ones(len(probs), dtype=torch.bool, device=probs.device)
+    if probs.shape[-1] > NUCLEUS_CANDIDATES:
+        values, index = probs.topk(NUCLEUS_CANDIDATES, dim=-1)  # [b, k], descending; ties in any order
+        index, by_index = index.sort(dim=-1)
+        values, order = values.gather(1, by_index).sort(dim=-1, descending=True, stable=True)
+        index = index.gather(1, order)  # value descending, ties by index: the full sort's first k
+        kept = (values.cumsum(dim=-1) - values) < top_p[:, None]  # a prefix of each row
+        last = values.gather(1, (kept.sum(-1, keepdim=True) - 1)).squeeze(1)
+        exact = last > values[:, -1]  # every token as likely as the last kept one is a candidate
+        if bool(exact.any()):
+            tokens[exact] = _pick(values[exact], index[exact], kept[exact], uniforms[exact])
+        rest = ~exact
+    if bool(rest.any()):
+        values, index = probs[rest].sort(dim=-1, descending=True, stable=True)  # [r, V]
+        kept = (values.cumsum(dim=-1) - values) < top_p[rest, None]
+        tokens[rest] = _pick(values, index, kept, uniforms[rest])
+    return tokens
+
+
+def _pick(values: torch.Tensor, index: torch.Tensor, kept: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+    """The token [r] where each row's uniform falls in the CDF of its kept sorted values [r, n]."""
+    cdf = values.masked_fill(~kept, 0.0).cumsum(dim=-1)
+    rank = torch.searchsorted(cdf, uniforms[:, None] * cdf[:, -1:], right=True).clamp(max=values.shape[-1] - 1)
+    return index.gather(1, rank).squeeze(1)
 
 
 def row_settings(rows: list, horizon: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
