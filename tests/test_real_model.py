@@ -183,11 +183,12 @@ def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
     from flywheel.tasks.base import Problem
     from flywheel.tasks.math import MathTask
 
-    prompt = encode_prompt(tok, MathTask(prompt_suffix=""), Problem("hi", "Reply with just the word: yes", "yes"))
+    prompt = encode_prompt(tok, MathTask(prompt_suffix=""), Problem("two", "What is 2 + 2? Answer with one number.", "4"))
     (completion,) = HFGenerator(module.policy, tok).sample(
         [GenerationRequest(prompt, n=1, params=SamplingParams(max_new_tokens=24, temperature=0.0))])[0]
     assert completion.finish_reason == "eos" and completion.token_ids[-1] == IM_END
     assert IM_END not in completion.token_ids[:-1] and len(completion.token_ids) < 24
+    assert tok.decode(completion.token_ids, skip_special_tokens=True) == "The answer is 4."  # measured greedy output
     assert completion.logprobs[-1] > -5  # the model's own end of turn, not a forced one
 
 
