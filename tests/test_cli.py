@@ -19,6 +19,9 @@ GPU_RECIPES = {
     "deepsearch.yaml": ["--trainer.accelerator=cpu", "--trainer.strategy=auto", "--trainer.precision=32-true",
                         "--data.generator=flywheel.generation.backends.HFBackend", "--model.policy=tiny-countdown",
                         "--model.dtype=float32"],
+    # The real model is the realmodel group's (tests/test_real_model.py); here the recipe's
+    # settings are instantiated around the tiny policy.
+    "smollm2_cpu.yaml": ["--model.policy=tiny-countdown"],
 }
 
 

@@ -102,16 +102,26 @@ def test_zero3_fit_syncs_gathered_weights_to_the_sidecar(tmp_path):
 
 
 @pytest.mark.vllm
+@pytest.mark.realmodel
 @pytest.mark.slow
 def test_the_gpu_smoke_script_rehearses_on_cpu(tmp_path):
-    """tools/gpu_smoke.sh with FLYWHEEL_SMOKE_CPU=1: conf/deepsearch.yaml itself (ZeRO-2 from
-    conf/deepspeed/zero2.json, the vLLM sidecar, MathTask on problem files, hard set, two
-    rounds) with only the CUDA parts swapped, so the GPU run meets no config error of ours."""
+    """tools/gpu_smoke.sh with FLYWHEEL_SMOKE_CPU=1: conf/deepsearch.yaml itself on the real
+    SmolLM2-135M-Instruct (ZeRO-2 from conf/deepspeed/zero2.json, the vLLM sidecar, MathTask on
+    problem files, hard set, two rounds), the DeepSpeed checkpoint exported and evaluated through
+    a vLLM server, with only the CUDA parts swapped and the sizes cut, so the GPU run meets no
+    config error of ours. In the real-model group: it needs the converted folder."""
+    from flywheel.policy_cache import converted, get_command
     from test_vllm_sidecar import VLLM_PYTHON, _need_vllm
 
     _need_vllm()
-    env = dict(os.environ, FLYWHEEL_SMOKE_CPU="1", FLYWHEEL_SMOKE_DIR=str(tmp_path / "smoke"), OMP_NUM_THREADS="1",
+    if converted("smollm2-135m-instruct") is None:
+        pytest.skip(f"smollm2-135m-instruct is not converted; run {get_command('smollm2-135m-instruct')}")
+    env = dict(os.environ, FLYWHEEL_SMOKE_CPU="1", FLYWHEEL_SMOKE_DIR=str(tmp_path / "smoke"),
                FLYWHEEL_VLLM_PYTHON=VLLM_PYTHON, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    proc = run_group(["bash", str(ROOT / "tools" / "gpu_smoke.sh")], timeout=1200, cwd=ROOT, env=env)
+    proc = run_group(["bash", str(ROOT / "tools" / "gpu_smoke.sh")], timeout=2400, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    assert "RESULT gpu_smoke=ok cpu_rehearsal=1 rounds=2" in proc.stdout
+    assert "gpu_smoke: policy " + str(converted("smollm2-135m-instruct")) in proc.stdout
+    result = dict(item.split("=", 1) for item in proc.stdout.strip().splitlines()[-1].split()[1:])
+    assert result["gpu_smoke"] == "ok" and result["cpu_rehearsal"] == "1" and result["rounds"] == "2"
+    assert float(result["search_tokens_per_s"]) > 0 and float(result["eval_tokens_per_s"]) > 0
+    assert 0 <= float(result["eval_pass1"]) <= 1 and float(result["peak_rss_gb"]) > 0.5  # the 135M model and its optimizer

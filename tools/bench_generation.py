@@ -24,6 +24,11 @@ the flat batches, the decode passes, their mean batch and the KV width per row
 (docs/performance.md explains the gap with them).
 
     python tools/bench_generation.py --quickstart --skip-sidecar   # the quickstart's search, in-process
+    python tools/bench_generation.py --policy smollm2-135m-instruct --task math --problems 8 --width 4 --k 4 \
+        --max-expansions 16 --repeats 1    # a real pretrained model on conf/smollm2_cpu.yaml's search shapes
+
+`--task math` searches built-in arithmetic with MathTask (the chat template's prompt, fixed
+`--step-tokens` chunks, `--max-depth` of them) instead of Countdown.
 
 Last line: RESULT ... batch_efficiency=<in-process arm, CPU time> batch_efficiency_wall=...
 (and vllm_batch_efficiency=...).
@@ -44,6 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from data_modules.rollout import decoder  # noqa: E402
 from flywheel.evaluation import encode_prompt  # noqa: E402
 from flywheel.generation.base import GenerationRequest, SamplingParams  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
@@ -51,6 +57,7 @@ from flywheel.generation.vllm import VLLMSidecar  # noqa: E402
 from flywheel.policy import load_policy  # noqa: E402
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
+from flywheel.tasks.math import MathTask  # noqa: E402
 from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
@@ -134,6 +141,10 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=1, help="vLLM servers of the sidecar arm")
     parser.add_argument("--block-size", type=int, default=None, help="the servers' KV block size (default: the sidecar's)")
     parser.add_argument("--skip-sidecar", action="store_true", help="the in-process arm only (no vLLM needed)")
+    parser.add_argument("--task", choices=["countdown", "math"], default="countdown",
+                        help="countdown: 3-number Countdown, steps end at a newline; math: built-in arithmetic with MathTask")
+    parser.add_argument("--step-tokens", type=int, default=32, help="--task math: tokens per step")
+    parser.add_argument("--max-depth", type=int, default=8, help="steps per trajectory at most")
     parser.add_argument("--quickstart", action="store_true",
                         help="conf/quickstart.yaml's search: tiny-countdown, 64 expansions, merged duplicate steps, "
                              "random terminal choice")
@@ -162,13 +173,16 @@ def main() -> None:
         policy = str(folder)
     model, tok = load_policy(policy)
     model.eval()
-    task = CountdownTask(numbers_count=3)
+    if args.task == "math":
+        task, split = MathTask(step_tokens=args.step_tokens, max_response_tokens=args.step_tokens * args.max_depth), "arith_test"
+    else:
+        task, split = CountdownTask(numbers_count=3), "test"
     problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
-                for p in task.problems("test")[: args.problems]]
+                for p in task.problems(split)[: args.problems]]
     quickstart = dict(merge_duplicate_steps=True, terminal_choice="random") if args.quickstart else {}
-    config = SearchConfig(max_depth=8, expansion_width=args.width, trajectories_per_tree=args.k,
+    config = SearchConfig(max_depth=args.max_depth, expansion_width=args.width, trajectories_per_tree=args.k,
                           max_expansions_per_tree=args.max_expansions, **quickstart)
-    decode = functools.partial(tok.decode, skip_special_tokens=True)
+    decode = decoder(tok)
 
     def search(generator):
         timed = Timed(generator)
@@ -234,7 +248,7 @@ def main() -> None:
 def report(args, rows: dict, startup: float | None) -> None:
 
     servers = "no vLLM server" if startup is None else f"{args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)"
-    print(f"{args.problems} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
+    print(f"{args.problems} {args.task} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
           f"policy {args.policy}; {servers}; {args.threads} torch thread(s)")
     print(f"{'backend':<8} {'seconds':>8} {'gen tok/s':>10} {'prompt tok':>11} {'computed':>9} {'hit rate':>9} "
           f"{'eff wall':>9} {'eff cpu':>8}")

@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="tiny-countdown", help="policy folder or built-in name for part (b)")
     parser.add_argument("--problems", type=int, default=16, help="Countdown problems searched in part (b)")
     parser.add_argument("--concurrency", type=int, default=16, help="trees live at once in part (b)")
+    parser.add_argument("--max-expansions", type=int, default=256, help="expansions per tree at most in part (b)")
     parser.add_argument("--untrained", action="store_true", help="part (b) with a random tiny model if no policy")
     parser.add_argument("--skip-hf", action="store_true", help="run part (a) only")
     parser.add_argument("--quick", action="store_true", help="smaller parts (a) and (c)")
@@ -320,7 +321,8 @@ def main(argv: list[str] | None = None) -> int:
     result = part_a(args.quick)
     if not args.skip_growth:
         result.update(part_c(args.quick))
-    hf = None if args.skip_hf else part_b(args.policy, args.problems, args.concurrency, args.untrained)
+    hf = None if args.skip_hf else part_b(args.policy, args.problems, args.concurrency, args.untrained,
+                                          max_expansions=args.max_expansions)
     if hf is None:
         result["overhead_pct"] = float("nan")
     else:

