@@ -27,7 +27,8 @@ TOLERANCE = 2e-3
 """fp32 on both sides; batched CPU kernels differ by ~1e-4 (conf/quickstart_vllm.yaml's too)."""
 SIDECAR = ["--data.generator=flywheel.generation.vllm.VLLMSidecar", "--data.generator.init_args.max_model_len=512",
            "--data.generator.init_args.max_num_seqs=64", "--data.generator.init_args.kv_cache_gb=1",
-           f"--data.generator.init_args.logprob_tolerance={TOLERANCE}", "--data.generator.init_args.startup_timeout=900"]
+           f"--data.generator.init_args.logprob_tolerance={TOLERANCE}", "--data.generator.init_args.startup_timeout=900",
+           "--data.generator.init_args.access_log=true"]  # the test counts the reloads
 
 
 @pytest.fixture(scope="module")
