@@ -32,9 +32,10 @@ def split_steps(
     """Cut a whole continuation into at most `max_steps` steps, as the step rule would have
     sampled them: after the token that completes the delimiter (`ends_step(piece)` is asked
     of the step's tokens so far, as a stop string is matched in a step's text: a BPE
-    tokenizer may spell "\n\n" as two "\n" tokens) or after `step.max_tokens` tokens. Tokens past the `max_steps`-th step are dropped (that step
-    sits at max depth). Every piece but the last finishes with "stop" ("length" when cut at
-    the cap); the last keeps the completion's own finish reason.
+    tokenizer may spell "\n\n" as two "\n" tokens) or after `step.max_tokens` tokens.
+    Tokens past the `max_steps`-th step are dropped (that step sits at max depth). Every
+    piece but the last finishes with "stop" ("length" when cut at the cap); the last keeps
+    the completion's own finish reason.
 
     >>> c = Completion((1, 9, 2, 9, 3), (-0.1,) * 5, "eos")
     >>> [p.token_ids for p in split_steps(c, StepSpec(8, "\\n"), lambda piece: piece[-1] == 9, 8)]
