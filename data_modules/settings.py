@@ -39,7 +39,8 @@ class ProblemsConfig:
             problems (None = all); the hard set is screened from it.
         eval_files: held-out problem files; default: the task's built-in `eval_split`.
         eval_split: built-in held-out split.
-        max_eval_problems: evaluate on the first this many held-out problems (None = all).
+        max_eval_problems: evaluate on the first this many held-out problems (None = all),
+            over all `eval_files` together in their order (the split between files is logged).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
         stream: read `train_files` as a litdata stream instead of loading them (the `stream`
             extra; for files too large to hold or screen whole): optimized once into

@@ -43,6 +43,14 @@ class FlywheelCLI(LightningCLI):
                  "first attempt) instead of failing with the folder searched",
         )
 
+    def before_instantiate_classes(self) -> None:
+        from flywheel.finite import non_finite_message, non_finite_settings
+        from flywheel.preflight import PreflightError
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
+            raise PreflightError(non_finite_message(key, value))
+
     def instantiate_classes(self) -> None:
         from flywheel.preflight import PreflightError
 
@@ -124,17 +132,23 @@ def checkpoints_beside_the_run(trainer) -> None:
     """A ModelCheckpoint without a dirpath writes to <logger save_dir>/<run name>/checkpoints:
     fixed across versions, so `--ckpt_path last` finds it, and derived from the run name, so an
     overlay that renames the run (conf/dapo.yaml on top of the quickstart) cannot overwrite
-    another recipe's last.ckpt."""
+    another recipe's last.ckpt. Names are never versioned (`last-v1.ckpt`): a resumed run
+    overwrites its own last.ckpt."""
     from pathlib import Path
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     logger = trainer.logger
     save_dir, name = getattr(logger, "save_dir", None), getattr(logger, "name", None)
-    if not save_dir or not name:
-        return
     for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        # One folder holds one run (preflight refuses a new run where another left checkpoints),
+        # so a name that exists is this run's own, older state: overwrite it. Lightning's counter
+        # would write `last-v1.ckpt` beside a resumed run's `last.ckpt`, which then stays the
+        # stopped run's file (issue 37).
+        callback._enable_version_counter = False
+        if callback.dirpath is None and save_dir and name:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
 
 

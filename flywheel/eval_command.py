@@ -17,6 +17,7 @@ so the result equals the single-process one.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -196,8 +197,8 @@ def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top
     if bad:
         raise PreflightError(f"--k={list(ks)}: every k must be between 1 and --samples={samples}; "
                              f"e.g. --samples {max(bad)} to report pass@{max(bad)}")
-    if not temperature >= 0:
-        raise PreflightError(f"--temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < math.inf:  # NaN and .inf too
+        raise PreflightError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     if not 0 < top_p <= 1:
         raise PreflightError(f"--top_p={top_p}: must be in (0, 1]")
     if max_problems is not None and max_problems < 1:

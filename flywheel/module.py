@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from flywheel.evaluation import evaluate_sharded
+from flywheel.finite import check_finite_fields
 from flywheel.objectives import (
     ObjectiveConfig,
     kl_penalty,
@@ -52,6 +53,7 @@ class OptimizerConfig:
     warmup_steps: int = 10
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "model.optimizer")
         if not self.lr > 0:
             raise ValueError(f"--model.optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:

@@ -202,6 +202,28 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
     return str(path)
 
 
+def check_one_run_per_folder(trainer: Any, resolved: str | None) -> None:
+    """A checkpoint folder holds one run: a new run (no checkpoint to resume) or a run resumed
+    from a checkpoint kept elsewhere must not write where another run's checkpoints are, or
+    its `last.ckpt` and the old run's would be mixed up (issue 37)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.dirpath or "://" in str(callback.dirpath):
+            continue
+        folder = Path(callback.dirpath).expanduser().resolve()
+        present = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
+        if not present or (resolved is not None and Path(str(resolved)).expanduser().resolve().parent == folder):
+            continue
+        what = "a new run" if resolved is None else f"a run resumed from {resolved}"
+        raise PreflightError(
+            f"checkpoint folder {folder} already holds checkpoints of an earlier run ({', '.join(present[:3])}"
+            f"{', ...' if len(present) > 3 else ''}); {what} would overwrite them. Resume that run with "
+            "--ckpt_path last, or write elsewhere: another --trainer.logger.init_args.name (or save_dir), or "
+            "--trainer.callbacks.init_args.dirpath=FOLDER"
+        )
+
+
 def read_checkpoint_meta(path: str) -> dict[str, Any]:
     """The small parts of a checkpoint (hyperparameters, saved settings), loaded lazily
     (memory-mapped; the weights are not read). A damaged file fails with its way out."""
@@ -243,6 +265,8 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     if subcommand == "fit":
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
+    if subcommand == "fit":
+        check_one_run_per_folder(trainer, resolved)
     if resolved is not None and Path(str(resolved)).is_file():
         meta = read_checkpoint_meta(str(resolved))
         recorded = (meta.get("hyper_parameters") or {}).get("policy")

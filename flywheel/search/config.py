@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from flywheel.finite import check_finite_fields
+
 Selection = Literal["frontier", "vanilla_uct", "puct", "puct_agents"]
 DepthBonus = Literal["sqrt", "linear", "log"]
 BackupRule = Literal["constrained", "vanilla"]
@@ -160,6 +162,7 @@ class SearchConfig:
     virtual_loss: float = 1.0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.search")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:

@@ -41,6 +41,8 @@ def load_problems(
     skip_flag: str = "--data.problems.skip_bad_rows",
 ) -> LoadedProblems:
     """Problems from `files` if given, else the task's built-in `split`. Ids must be unique.
+    `limit` takes the first that many problems over all `files` together, in order (how many
+    came from each file is logged).
 
     `check(problem)` raises ValueError for a row the caller cannot use (its message is put
     after the row's `file:line`); such rows are bad rows like malformed ones. `skip_flag` is
@@ -52,14 +54,22 @@ the command's name of `skip_bad_rows`, for the error message."""
         return LoadedProblems(tuple(problems[:limit] if limit else problems), 0)
     problems: list[Problem] = []
     skipped = 0
+    taken: dict[str, int] = {}  # problems per file, in order
     for file in files:
+        if limit and len(problems) >= limit:  # the limit is over all files together
+            break
+        taken[file] = 0
         for _, _, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, check=check, skip_flag=skip_flag):
             if problem is None:
                 skipped += 1
             else:
                 problems.append(problem)
+                taken[file] += 1
             if limit and len(problems) >= limit:
                 break
+    if limit and len(files) > 1:
+        log.info("the first %d problems of %d files: %s", len(problems), len(files),
+                 ", ".join(f"{taken[f]} from {f}" if f in taken else f"none from {f}" for f in files))
     if skipped:
         log.warning("skipped %d malformed problem rows in %s", skipped, ", ".join(files))
     seen: set[str] = set()
