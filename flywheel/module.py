@@ -29,6 +29,7 @@ from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policy import LoraSettings, add_lora, load_policy
+from flywheel.policy_check import load_checked_policy
 from flywheel.value_head import ValueHead, prefix_values
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class TreeGRPOModule(L.LightningModule):
         self.objective = objective
         self.optimizer_config = optimizer
         self.old_logprobs = old_logprobs
-        self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.policy, self.tokenizer = load_checked_policy(policy, dtype, "--model.policy", "--model.dtype")
         self.policy = add_lora(self.policy, lora)
         if packing not in (True, False, "auto"):
             raise ValueError(f"--model.packing must be true, false or auto, got {packing!r}")

@@ -50,6 +50,34 @@ def check_settings(datamodule: Any) -> None:
         )
 
 
+def check_epochs(trainer: Any) -> None:
+    """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
+    search) before it stops (issue 37)."""
+    for flag, value in (("--trainer.max_epochs", trainer.max_epochs), ("--trainer.max_steps", trainer.max_steps)):
+        if value == 0:
+            raise PreflightError(f"{flag}=0: the run would train nothing (and still search one epoch first); "
+                                 "set it to 1 or more, or -1 for no limit")
+
+
+def warn_train_on_held_out(datamodule: Any) -> None:
+    """Training problems that are also held-out problems (`--data.problems.train_split=test`):
+    held-out pass@k then measures memorisation. Said once; the run goes on (a deliberate
+    overfitting check is a use)."""
+    task, pool = datamodule.task, datamodule.pool
+    if pool.config.stream:
+        return
+    held_out = datamodule.eval_problems()
+    train = {task.prompt(p) for p in datamodule.train_pool().values()}
+    shared = sum(task.prompt(p) in train for p in held_out)
+    if shared:
+        cfg = pool.config
+        train = f"--data.problems.train_files={cfg.train_files}" if cfg.train_files else f"--data.problems.train_split={cfg.train_split}"
+        held = f"--data.problems.eval_files={cfg.eval_files}" if cfg.eval_files else f"--data.problems.eval_split={cfg.eval_split}"
+        log.warning("%d of the %d held-out problems (%s) are also training problems (%s): held-out pass@k will "
+                    "measure memorisation, not generalisation; train on another split or files",
+                    shared, len(held_out), held, train)
+
+
 # ---------------------------------------------------------------------- inputs
 def context_limit(model: Any) -> int | None:
     """The policy's longest sequence (prompt + response) in tokens, if its config says."""
@@ -234,17 +262,11 @@ def read_checkpoint_meta(path: str) -> dict[str, Any]:
     return read_checkpoint(path, "--ckpt_path", mmap=True)
 
 
-def same_policy(a: str, b: str) -> bool:
-    """Two `--model.policy` values name the same policy: equal, or the same folder."""
-    if a == b:
-        return True
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
-
-
 def check_policy(recorded: str | None, given: str | None, source: str, flag: str, way_out: str) -> None:
     """Refuse weights trained from one policy loaded into another: same-shaped weights load
     without a word and the scores are wrong (issue 22)."""
+    from flywheel.policy import same_policy
+
     if recorded is None or given is None or same_policy(str(recorded), str(given)):
         return
     if os.sep in str(recorded) and not Path(str(recorded)).expanduser().exists():
@@ -263,6 +285,7 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     (None = fresh). Raises PreflightError."""
     check_settings(datamodule)
     if subcommand == "fit":
+        check_epochs(trainer)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
     if subcommand == "fit":
@@ -281,4 +304,6 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
                 log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
                             resolved, len(changes), "\n  ".join(changes))
     load_inputs(datamodule, model, train=subcommand == "fit")
+    if subcommand == "fit":
+        warn_train_on_held_out(datamodule)
     return resolved
