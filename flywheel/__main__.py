@@ -2,8 +2,8 @@
 
 Before a run starts, flywheel.preflight checks every setting, input file, output folder and
 the checkpoint to resume from; a problem is one line naming the flag and the fix (exit 2).
-On SIGTERM `fit` stops at the next safe point, writes last.ckpt and exits 143
-(flywheel.preemption).
+On SIGTERM (or Ctrl-C) `fit` stops at the next safe point, writes last.ckpt and exits 143
+(130; flywheel.preemption).
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a 
 `fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
 minutes, the built-in tiny policy); the paper's recipe is `--config conf/deepsearch.yaml --model.policy=FOLDER`. \
 Resume with `--ckpt_path last` (fails when the run has no last.ckpt, unless --last_missing_ok=true). \
-On SIGTERM, fit stops at the next safe point, writes last.ckpt and exits 143.
+On SIGTERM or Ctrl-C, fit stops at the next safe point, writes last.ckpt and exits 143 (130 for Ctrl-C).
 """
 
 
@@ -281,7 +281,7 @@ def main(args: list[str] | None = None, run: bool = True):
 
         subcommand = argv[0] if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") else None
         raise PreflightError(parse_error_line(str(err), subcommand)) from None
-    except SIGTERMException as stop:  # stopped at a safe point; last.ckpt written (flywheel.preemption)
+    except SIGTERMException as stop:  # SIGTERM or Ctrl-C: stopped at a safe point, last.ckpt written (flywheel.preemption)
         raise SystemExit(stop.code if isinstance(stop.code, int) else EXIT_CODE) from None
 
 
@@ -296,6 +296,9 @@ def cli() -> None:
     except (PreflightError, CheckpointReadError) as err:
         print(f"flywheel: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except KeyboardInterrupt:  # Ctrl-C before a fit started (or outside one): nothing to save
+        print("flywheel: interrupted (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":
