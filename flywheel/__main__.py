@@ -226,12 +226,33 @@ def check_command_line(argv: list[str]) -> None:
 
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
-    flywheel.viewer. A fit stopped by SIGTERM ends with SystemExit(143)."""
-    from flywheel.command_line import LOG_LEVEL_VARIABLE, check_log_level, long_config_flags
+    flywheel.viewer. A fit stopped by SIGTERM ends with SystemExit(143), by Ctrl-C with 130.
+    An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
+    with OutputWriteError naming the folder (flywheel.io)."""
+    from flywheel.checkpoint import CheckpointReadError
+    from flywheel.command_line import LOG_LEVEL_VARIABLE, check_log_level
+    from flywheel.io import OutputWriteError, cannot_write_message, failed_write
+    from flywheel.preemption import resume_command
+    from flywheel.preflight import PreflightError
 
     level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     argv = sys.argv[1:] if args is None else list(args)
+    try:
+        return _dispatch(argv, args is None, run)
+    except (PreflightError, CheckpointReadError):
+        raise
+    except Exception as err:
+        failed = failed_write(err)
+        if failed is None:
+            raise
+        hint = resume_command(argv) if argv[:1] == ["fit"] else None
+        raise OutputWriteError(cannot_write_message(failed, hint)) from err
+
+
+def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
+    from flywheel.command_line import long_config_flags
+
     if argv[:1] == ["eval"]:
         from flywheel.eval_command import main as eval_main
 
@@ -247,7 +268,7 @@ def main(args: list[str] | None = None, run: bool = True):
     from flywheel.renames import rename_flags
 
     parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.renames)
-    if args is None:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
+    if from_sys_argv:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # An epoch with nothing to train on skips its step on purpose; the data module says why.
     warnings.filterwarnings("ignore", message="`training_step` returned `None`")
@@ -287,8 +308,10 @@ def main(args: list[str] | None = None, run: bool = True):
 
 def cli() -> None:
     """The command line: errors that name a flag and its fix (bad settings, inputs, outputs,
-    checkpoints) are printed as one line and exit 2, without a traceback."""
+    checkpoints) are printed as one line and exit 2, without a traceback; an output that
+    cannot be written mid-run is one line too (exit 1)."""
     from flywheel.checkpoint import CheckpointReadError
+    from flywheel.io import OutputWriteError
     from flywheel.preflight import PreflightError
 
     try:
@@ -296,6 +319,9 @@ def cli() -> None:
     except (PreflightError, CheckpointReadError) as err:
         print(f"flywheel: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OutputWriteError as err:  # mid-run: the files written before are intact
+        print(f"flywheel: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C before a fit started (or outside one): nothing to save
         print("flywheel: interrupted (Ctrl-C)", file=sys.stderr)
         raise SystemExit(130) from None

@@ -10,6 +10,7 @@ checkpoint folder surfaced only after an epoch's search (issue 22). Called by th
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -24,9 +25,9 @@ from flywheel.tasks import Problem, Task
 
 log = logging.getLogger("flywheel.preflight")
 
-SPACE_MARGIN = 1.25
-"""A checkpoint folder must have room for this many checkpoints' worth of bytes (one is
-written beside the old one, then renamed over it)."""
+SPACE_MARGIN = 1.05
+"""A checkpoint file is this much larger than its weights and optimizer moments (the loops',
+data module's and callbacks' state, the pickle's framing)."""
 
 
 class PreflightError(ValueError):
@@ -144,8 +145,10 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
     return weights + 2 * trainable
 
 
-def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0) -> None:
-    """The folder can be created, written, and has room for `need_bytes` more."""
+def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0, what: str = "a checkpoint",
+                 fix: str = "") -> None:
+    """The folder can be created, written, and has room for `need_bytes` more (`what` needs
+    them; `fix` is a further way out)."""
     folder = Path(folder).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -162,8 +165,8 @@ def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0) -> N
     free = shutil.disk_usage(folder).free
     if need_bytes and free < need_bytes * SPACE_MARGIN:
         raise PreflightError(
-            f"no space left on {folder}: a checkpoint needs about {_mb(need_bytes * SPACE_MARGIN)}, "
-            f"{_mb(free)} are free; free space there or write elsewhere with {flag}=FOLDER"
+            f"no space left on {folder}: {what} needs about {_mb(need_bytes * SPACE_MARGIN)}, "
+            f"{_mb(free)} are free; free space there{fix} or write elsewhere with {flag}=FOLDER"
         )
 
 
@@ -183,10 +186,39 @@ def output_folders(trainer: Any) -> Iterable[tuple[str, str, bool]]:
             yield str(callback.dirpath), "--trainer.callbacks.init_args.dirpath", True
 
 
+def checkpoints_at_once(trainer: Any, folder: str) -> tuple[int, str]:
+    """The most checkpoint files the run has in `folder` at one time, and what they are: each
+    ModelCheckpoint's top k (every save when k = -1), `last.ckpt` (preemption writes it even
+    without save_last), and one being written beside the file it replaces (issue 37: one
+    checkpoint was counted, and a folder with room for 1.25 failed at the first epoch's end)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    kept, lasts = 0, 0
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or str(callback.dirpath) != folder:
+            continue
+        if callback.save_top_k < 0:  # every save is kept: one per every_n_epochs over the run
+            epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+            kept += math.ceil(epochs / max(1, callback.every_n_epochs or 1))
+        else:
+            kept += callback.save_top_k
+        lasts += bool(callback.save_last)
+    lasts = max(1, lasts)
+    return kept + lasts + 1, f"top {kept}, {'last.ckpt' if lasts == 1 else f'{lasts} last checkpoints'}, one being written"
+
+
 def check_outputs(trainer: Any, model: Any) -> None:
-    need = checkpoint_bytes(model)
+    one = checkpoint_bytes(model)
     for folder, flag, checkpoints in output_folders(trainer):
-        check_folder(folder, flag, need if checkpoints else 0)
+        if not checkpoints:
+            check_folder(folder, flag)
+            continue
+        copies, parts = checkpoints_at_once(trainer, folder)
+        present = len(list(Path(folder).glob("*.ckpt"))) if Path(folder).is_dir() else 0  # a resume replaces them
+        need = max(1, copies - present)
+        check_folder(folder, flag, need * one, what=f"the run's checkpoints ({copies} at once: {parts}; {_mb(one)} "
+                     f"each{f', {present} there already' if present else ''})",
+                     fix=", keep fewer (--trainer.callbacks.init_args.save_top_k)")
 
 
 # ---------------------------------------------------------------------- the checkpoint
