@@ -123,10 +123,12 @@ def check_configs(argv: list[str]) -> None:
                         f"whose settings it replaces ({', '.join(replaced[:3])}{', ...' if len(replaced) > 3 else ''}); "
                         f"overlays go after the recipe they modify: --config {name} --config {before}")
         earlier.append((name, keys))
-    for arg in argv:
-        value = arg.split("=", 1)[1] if arg.startswith("--") and "=" in arg else arg
-        if not arg.startswith("--config") and value.endswith(NESTED_SUFFIXES) and Path(value).is_file():
-            read_yaml(Path(value), f"{arg.split('=', 1)[0]}: nested config" if arg.startswith("--") else "nested config")
+    flag = None
+    for arg in argv:  # `--data.search=s.yaml` or `--data.search s.yaml`
+        name, _, value = arg.partition("=") if arg.startswith("--") else (flag, "", arg)
+        flag = arg if arg.startswith("--") and "=" not in arg else None
+        if name != "--config" and value.endswith(NESTED_SUFFIXES) and Path(value).is_file():
+            read_yaml(Path(value), f"{name}: nested config" if name else "nested config")
 
 
 def parse_error_line(message: str, subcommand: str | None) -> str:
