@@ -68,8 +68,8 @@ def warn_train_on_held_out(datamodule: Any) -> None:
     if pool.config.stream:
         return
     held_out = datamodule.eval_problems()
-    train = {task.prompt(p) for p in datamodule.train_pool().values()}
-    shared = sum(task.prompt(p) in train for p in held_out)
+    trained = {task.prompt(p) for p in datamodule.train_pool().values()}
+    shared = sum(task.prompt(p) in trained for p in held_out)
     if shared:
         cfg = pool.config
         train = f"--data.problems.train_files={cfg.train_files}" if cfg.train_files else f"--data.problems.train_split={cfg.train_split}"
@@ -190,7 +190,7 @@ def checkpoints_at_once(trainer: Any, folder: str) -> tuple[int, str]:
     """The most checkpoint files the run has in `folder` at one time, and what they are: each
     ModelCheckpoint's top k (every save when k = -1), `last.ckpt` (preemption writes it even
     without save_last), and one being written beside the file it replaces (issue 37: one
-    checkpoint was counted, and a folder with room for 1.25 failed at the first epoch's end)."""
+    checkpoint was counted, so a folder with room for two failed at the first epoch's end)."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     kept, lasts = 0, 0
