@@ -55,8 +55,9 @@ class HeldOutEval(Callback):
                   curriculum: dict[str, Any], partial: bool = False, last: bool = False) -> dict[str, float] | None:
         """Evaluate at the end of round `round_index` (called by the round protocol,
         callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
-        round's summary row. `partial`: the run's budget ended it before the round's last
-        epoch (the row says so; a resumed run's whole-round row replaces it). `last`: the run
+        round's summary row. `partial`: the run ended before the round's last epoch (its
+        token budget, or `--trainer.max_epochs` not a multiple of `--data.epochs_per_round`;
+        the row says so; a resumed run's whole-round row replaces it). `last`: the run
         ends with this round. With `--data.eval.every_tokens` a round that is neither gets
         its row without pass@k (None returned) until that many tokens passed since the last
         evaluation."""

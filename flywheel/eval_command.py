@@ -17,6 +17,7 @@ so the result equals the single-process one.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
@@ -41,7 +42,8 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     (its `hyper_parameters`); `policy` must name the same one, or the recorded folder must be
     gone (then `policy` is where it is now)."""
     from flywheel.checkpoint import read_checkpoint
-    from flywheel.policy import LoraSettings, add_lora, load_policy, merged
+    from flywheel.policy import LoraSettings, add_lora, merged
+    from flywheel.policy_check import load_checked_policy
     from flywheel.preflight import check_policy
 
     ckpt = read_checkpoint(checkpoint, "--checkpoint")
@@ -50,7 +52,7 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     source = policy or recorded
     if source is None:
         raise ValueError(f"{checkpoint} names no policy in its hyper_parameters; pass --policy FOLDER_OR_NAME")
-    model, tokenizer = load_policy(source, dtype)
+    model, tokenizer = load_checked_policy(source, dtype, "--policy" if policy else f"{checkpoint}'s policy", "--dtype")
     weights = {k.removeprefix("policy."): v for k, v in ckpt["state_dict"].items() if k.startswith("policy.")}
     if not weights:
         raise ValueError(f"{checkpoint} holds no policy.* weights; is it a `flywheel fit` checkpoint?")
@@ -82,7 +84,7 @@ def _distributed() -> tuple[int, int]:
 def run_eval(
     checkpoint: str | None = None,
     policy: str | None = None,
-    files: list[str] | None = None,
+    files: list[str] | str | None = None,
     split: str | None = None,
     task: Task | None = None,
     generator: GeneratorBackend | None = None,
@@ -107,8 +109,8 @@ def run_eval(
         policy: a Hugging Face model folder or a built-in policy name; with `checkpoint`, it
             must be the policy the checkpoint was trained from (refused otherwise: same-shaped
             weights would load silently into another model), unless the recorded folder moved.
-        files: held-out problem files (jsonl/parquet with `problem` and `answer`); each is
-            reported on its own.
+        files: held-out problem files (jsonl/parquet with `problem` and `answer`),
+            `[a.jsonl,b.parquet]` or one path; each is reported on its own.
         split: a built-in split of the task (used when no files are given; default "test").
         task: the task that prompts and grades (default: Countdown).
         generator: the sampling backend (default: in-process transformers).
@@ -123,15 +125,20 @@ def run_eval(
         dtype: parameter dtype of the evaluated policy.
         out: folder of eval.json and the TensorBoard events.
     """
-    from flywheel.policy import load_policy
+    from flywheel.policy_check import check_dtype, load_checked_policy
     from flywheel.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
 
+    files = [files] if isinstance(files, str) else files  # one path: a list of one
     if checkpoint is None and policy is None:
         raise PreflightError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
     ks = sorted(set(k or [1, samples]))
     check_eval_settings(samples, ks, temperature, top_p, max_problems, problems_per_batch)
+    check_dtype(dtype, "--dtype")
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit` "
+                             "(e.g. runs/quickstart/checkpoints/last.ckpt), or --policy FOLDER_OR_NAME")
     config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
                         problems_per_batch=problems_per_batch)
     task = task if task is not None else CountdownTask()
@@ -143,7 +150,7 @@ def run_eval(
     if checkpoint is not None:
         model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype)
     else:
-        model, tokenizer = load_policy(policy, dtype)
+        model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
         model.eval()
         step = 0
     # Every source is read and every prompt checked against the policy's context before any sampling.
@@ -198,8 +205,8 @@ def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top
     if bad:
         raise PreflightError(f"--k={list(ks)}: every k must be between 1 and --samples={samples}; "
                              f"e.g. --samples {max(bad)} to report pass@{max(bad)}")
-    if not temperature >= 0:
-        raise PreflightError(f"--temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < math.inf:  # NaN and .inf too
+        raise PreflightError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     if not 0 < top_p <= 1:
         raise PreflightError(f"--top_p={top_p}: must be in (0, 1]")
     if max_problems is not None and max_problems < 1:
@@ -234,6 +241,14 @@ def _metric_names(report: dict[str, Any]) -> list[str]:
 
 
 def main(args: list[str]) -> dict[str, Any]:
+    from argparse import ArgumentError
+
     from jsonargparse import CLI
 
-    return CLI(run_eval, args=args, as_positional=False)
+    from flywheel.command_line import parse_error_line
+    from flywheel.preflight import PreflightError
+
+    try:
+        return CLI(run_eval, args=args, as_positional=False, exit_on_error=False)
+    except ArgumentError as err:  # one line, not jsonargparse's usage dump
+        raise PreflightError(parse_error_line(str(err), "eval")) from None

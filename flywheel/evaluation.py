@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from flywheel.distributed import all_gather, world
+from flywheel.finite import check_finite_fields
 from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
 from flywheel.metrics import pass_at_k
 from flywheel.search.driver import derive_seed
@@ -52,6 +53,7 @@ class EvalConfig:
     every_tokens: int = 0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.eval")
         if self.samples < 1:
             raise ValueError(f"--data.eval.samples must be >= 1, got {self.samples}")
         if not 1 <= self.pass_k <= self.samples:

@@ -4,11 +4,45 @@ cache folder."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Iterator
+
+
+WRITE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
+"""Why a write fails for the folder's sake, not the data's: read-only, no permission, full."""
+
+
+class OutputWriteError(OSError):
+    """A run's output could not be written (its folder turned read-only, or full): the message
+    names the folder and the way out; what was written before is intact."""
+
+
+def failed_write(err: BaseException | None) -> OSError | None:
+    """The OSError of a failed write in `err` or what caused it (Lightning re-raises a
+    TensorBoard write error as "you tried to log -0.5 ...", issue 37), or None."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno in WRITE_ERRNOS:
+            return err
+        err = err.__cause__ if err.__cause__ is not None else (None if err.__suppress_context__ else err.__context__)
+    return None
+
+
+def cannot_write_message(err: OSError, resume: str | None = None) -> str:
+    """One line: the folder that cannot be written, why, and what to do."""
+    name = os.fsdecode(err.filename) if err.filename else None
+    if name is None:  # already worded (AtomicCheckpointIO's "no space left on <folder> ...")
+        what = err.strerror or str(err)
+    else:
+        what = f"cannot write {Path(name).parent} ({err.strerror or os.strerror(err.errno)}; writing {Path(name).name})"
+    way_out = "make the folder writable (or free space there)"
+    return (f"{what}. The run stopped; the files it wrote before are intact: {way_out} and "
+            + (f"resume with: {resume}" if resume else "run the command again, or write elsewhere"))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
 from flywheel.evaluation import evaluate_sharded
+from flywheel.finite import check_finite_fields
 from flywheel.objectives import (
     ObjectiveConfig,
     kl_penalty,
@@ -28,6 +29,7 @@ from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policy import LoraSettings, add_lora, load_policy
+from flywheel.policy_check import load_checked_policy
 from flywheel.value_head import ValueHead, prefix_values
 
 log = logging.getLogger(__name__)
@@ -52,6 +54,7 @@ class OptimizerConfig:
     warmup_steps: int = 10
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "model.optimizer")
         if not self.lr > 0:
             raise ValueError(f"--model.optimizer.lr must be > 0, got {self.lr}")
         if self.warmup_steps < 0:
@@ -106,7 +109,7 @@ class TreeGRPOModule(L.LightningModule):
         self.objective = objective
         self.optimizer_config = optimizer
         self.old_logprobs = old_logprobs
-        self.policy, self.tokenizer = load_policy(policy, dtype)
+        self.policy, self.tokenizer = load_checked_policy(policy, dtype, "--model.policy", "--model.dtype")
         self.policy = add_lora(self.policy, lora)
         if packing not in (True, False, "auto"):
             raise ValueError(f"--model.packing must be true, false or auto, got {packing!r}")

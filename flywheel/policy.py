@@ -53,6 +53,17 @@ def resolve_policy(policy: str) -> Path:
     return path
 
 
+def same_policy(a: str, b: str) -> bool:
+    """Whether two policy values (built-in names or folders) name the same model folder: the
+    built-in `tiny-countdown` and its folder's path are one policy (issue 37)."""
+    if a == b:
+        return True
+    try:
+        return resolve_policy(a).resolve() == resolve_policy(b).resolve()
+    except FileNotFoundError:  # one of them is gone or was never a policy: not provably the same
+        return False
+
+
 def load_policy(policy: str, dtype: str = "float32"):
     """Load (model, tokenizer) from `policy`; the model is in train mode on CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

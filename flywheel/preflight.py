@@ -10,6 +10,7 @@ checkpoint folder surfaced only after an epoch's search (issue 22). Called by th
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -24,9 +25,9 @@ from flywheel.tasks import Problem, Task
 
 log = logging.getLogger("flywheel.preflight")
 
-SPACE_MARGIN = 1.25
-"""A checkpoint folder must have room for this many checkpoints' worth of bytes (one is
-written beside the old one, then renamed over it)."""
+SPACE_MARGIN = 1.05
+"""A checkpoint file is this much larger than its weights and optimizer moments (the loops',
+data module's and callbacks' state, the pickle's framing)."""
 
 
 class PreflightError(ValueError):
@@ -48,6 +49,34 @@ def check_settings(datamodule: Any) -> None:
             f"--data.problems.max_eval_problems={problems.max_eval_problems}: must be >= 1, or null to evaluate "
             "every held-out problem"
         )
+
+
+def check_epochs(trainer: Any) -> None:
+    """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
+    search) before it stops (issue 37)."""
+    for flag, value in (("--trainer.max_epochs", trainer.max_epochs), ("--trainer.max_steps", trainer.max_steps)):
+        if value == 0:
+            raise PreflightError(f"{flag}=0: the run would train nothing (and still search one epoch first); "
+                                 "set it to 1 or more, or -1 for no limit")
+
+
+def warn_train_on_held_out(datamodule: Any) -> None:
+    """Training problems that are also held-out problems (`--data.problems.train_split=test`):
+    held-out pass@k then measures memorisation. Said once; the run goes on (a deliberate
+    overfitting check is a use)."""
+    task, pool = datamodule.task, datamodule.pool
+    if pool.config.stream:
+        return
+    held_out = datamodule.eval_problems()
+    trained = {task.prompt(p) for p in datamodule.train_pool().values()}
+    shared = sum(task.prompt(p) in trained for p in held_out)
+    if shared:
+        cfg = pool.config
+        train = f"--data.problems.train_files={cfg.train_files}" if cfg.train_files else f"--data.problems.train_split={cfg.train_split}"
+        held = f"--data.problems.eval_files={cfg.eval_files}" if cfg.eval_files else f"--data.problems.eval_split={cfg.eval_split}"
+        log.warning("%d of the %d held-out problems (%s) are also training problems (%s): held-out pass@k will "
+                    "measure memorisation, not generalisation; train on another split or files",
+                    shared, len(held_out), held, train)
 
 
 # ---------------------------------------------------------------------- inputs
@@ -116,8 +145,10 @@ def checkpoint_bytes(model: torch.nn.Module) -> int:
     return weights + 2 * trainable
 
 
-def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0) -> None:
-    """The folder can be created, written, and has room for `need_bytes` more."""
+def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0, what: str = "a checkpoint",
+                 fix: str = "") -> None:
+    """The folder can be created, written, and has room for `need_bytes` more (`what` needs
+    them; `fix` is a further way out)."""
     folder = Path(folder).expanduser()
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -134,8 +165,8 @@ def check_folder(folder: str | os.PathLike, flag: str, need_bytes: int = 0) -> N
     free = shutil.disk_usage(folder).free
     if need_bytes and free < need_bytes * SPACE_MARGIN:
         raise PreflightError(
-            f"no space left on {folder}: a checkpoint needs about {_mb(need_bytes * SPACE_MARGIN)}, "
-            f"{_mb(free)} are free; free space there or write elsewhere with {flag}=FOLDER"
+            f"no space left on {folder}: {what} needs about {_mb(need_bytes * SPACE_MARGIN)}, "
+            f"{_mb(free)} are free; free space there{fix} or write elsewhere with {flag}=FOLDER"
         )
 
 
@@ -155,10 +186,39 @@ def output_folders(trainer: Any) -> Iterable[tuple[str, str, bool]]:
             yield str(callback.dirpath), "--trainer.callbacks.init_args.dirpath", True
 
 
+def checkpoints_at_once(trainer: Any, folder: str) -> tuple[int, str]:
+    """The most checkpoint files the run has in `folder` at one time, and what they are: each
+    ModelCheckpoint's top k (every save when k = -1), `last.ckpt` (preemption writes it even
+    without save_last), and one being written beside the file it replaces (issue 37: one
+    checkpoint was counted, so a folder with room for two failed at the first epoch's end)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    kept, lasts = 0, 0
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or str(callback.dirpath) != folder:
+            continue
+        if callback.save_top_k < 0:  # every save is kept: one per every_n_epochs over the run
+            epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else 1
+            kept += math.ceil(epochs / max(1, callback.every_n_epochs or 1))
+        else:
+            kept += callback.save_top_k
+        lasts += bool(callback.save_last)
+    lasts = max(1, lasts)
+    return kept + lasts + 1, f"top {kept}, {'last.ckpt' if lasts == 1 else f'{lasts} last checkpoints'}, one being written"
+
+
 def check_outputs(trainer: Any, model: Any) -> None:
-    need = checkpoint_bytes(model)
+    one = checkpoint_bytes(model)
     for folder, flag, checkpoints in output_folders(trainer):
-        check_folder(folder, flag, need if checkpoints else 0)
+        if not checkpoints:
+            check_folder(folder, flag)
+            continue
+        copies, parts = checkpoints_at_once(trainer, folder)
+        present = len(list(Path(folder).glob("*.ckpt"))) if Path(folder).is_dir() else 0  # a resume replaces them
+        need = max(1, copies - present)
+        check_folder(folder, flag, need * one, what=f"the run's checkpoints ({copies} at once: {parts}; {_mb(one)} "
+                     f"each{f', {present} there already' if present else ''})",
+                     fix=", keep fewer (--trainer.callbacks.init_args.save_top_k)")
 
 
 # ---------------------------------------------------------------------- the checkpoint
@@ -202,6 +262,28 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
     return str(path)
 
 
+def check_one_run_per_folder(trainer: Any, resolved: str | None) -> None:
+    """A checkpoint folder holds one run: a new run (no checkpoint to resume) or a run resumed
+    from a checkpoint kept elsewhere must not write where another run's checkpoints are, or
+    its `last.ckpt` and the old run's would be mixed up (issue 37)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.dirpath or "://" in str(callback.dirpath):
+            continue
+        folder = Path(callback.dirpath).expanduser().resolve()
+        present = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
+        if not present or (resolved is not None and Path(str(resolved)).expanduser().resolve().parent == folder):
+            continue
+        what = "a new run" if resolved is None else f"a run resumed from {resolved}"
+        raise PreflightError(
+            f"checkpoint folder {folder} already holds checkpoints of an earlier run ({', '.join(present[:3])}"
+            f"{', ...' if len(present) > 3 else ''}); {what} would overwrite them. Resume that run with "
+            "--ckpt_path last, or write elsewhere: another --trainer.logger.init_args.name (or save_dir), or "
+            "--trainer.callbacks.init_args.dirpath=FOLDER"
+        )
+
+
 def read_checkpoint_meta(path: str) -> dict[str, Any]:
     """The small parts of a checkpoint (hyperparameters, saved settings), loaded lazily
     (memory-mapped; the weights are not read). A damaged file fails with its way out."""
@@ -212,17 +294,11 @@ def read_checkpoint_meta(path: str) -> dict[str, Any]:
     return read_checkpoint(path, "--ckpt_path", mmap=True)
 
 
-def same_policy(a: str, b: str) -> bool:
-    """Two `--model.policy` values name the same policy: equal, or the same folder."""
-    if a == b:
-        return True
-    pa, pb = Path(a).expanduser(), Path(b).expanduser()
-    return pa.exists() and pb.exists() and pa.resolve() == pb.resolve()
-
-
 def check_policy(recorded: str | None, given: str | None, source: str, flag: str, way_out: str) -> None:
     """Refuse weights trained from one policy loaded into another: same-shaped weights load
     without a word and the scores are wrong (issue 22)."""
+    from flywheel.policy import same_policy
+
     if recorded is None or given is None or same_policy(str(recorded), str(given)):
         return
     if os.sep in str(recorded) and not Path(str(recorded)).expanduser().exists():
@@ -241,8 +317,11 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     (None = fresh). Raises PreflightError."""
     check_settings(datamodule)
     if subcommand == "fit":
+        check_epochs(trainer)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
+    if subcommand == "fit":
+        check_one_run_per_folder(trainer, resolved)
     if resolved is not None and Path(str(resolved)).is_file():
         meta = read_checkpoint_meta(str(resolved))
         recorded = (meta.get("hyper_parameters") or {}).get("policy")
@@ -257,4 +336,6 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
                 log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
                             resolved, len(changes), "\n  ".join(changes))
     load_inputs(datamodule, model, train=subcommand == "fit")
+    if subcommand == "fit":
+        warn_train_on_held_out(datamodule)
     return resolved

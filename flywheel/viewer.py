@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import html
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,8 @@ from flywheel.search.outputs import JSON_FORMAT
 X_GAP, Y_GAP, MARGIN, RADIUS = 26, 84, 40, 8
 VERDICT_COLOURS = {"correct": "#1a9850", "incorrect": "#d73027", "incomplete": "#7f7f7f"}
 TRAJECTORY_COLOUR = "#2166ac"
+
+log = logging.getLogger(__name__)
 
 
 def value_colour(value: float | None) -> str:
@@ -191,31 +194,35 @@ document.body.dataset.rendered = String(nodes.size);
 
 
 def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dict[str, Any]:
-    """One tree from a run folder (its trees/ dumps), a trees jsonl file, or a tree .json file."""
+    """One tree from a run folder (its trees/ dumps; a run root's newest `version_*` with
+    trees), a trees jsonl file, or a tree .json file. A bad path, epoch or index is one
+    PreflightError naming it and what there is."""
+    from flywheel.preflight import PreflightError
+
     path = Path(path)
+    if not path.exists():
+        raise PreflightError(f"{path}: no such run folder or tree file; pass a run's log folder (runs/quickstart/version_0), "
+                             "a trees/epoch_NNNN.jsonl file or a tree .json file")
     if path.is_dir():
-        folder = path / "trees" if (path / "trees").is_dir() else path
+        folder = trees_folder(path)
         files = sorted(folder.glob("epoch_*.jsonl"))
-        if not files:
-            raise FileNotFoundError(
-                f"no saved trees in {folder}: a run saves --data.save_trees trees per epoch into <log_dir>/trees/"
-            )
         if epoch is None:
             path = files[-1]
         else:
             path = folder / f"epoch_{epoch:04d}.jsonl"
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} does not exist; saved epochs: {', '.join(f.stem for f in files)}")
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist")
+            if epoch < 0 or not path.is_file():
+                raise PreflightError(f"--epoch {epoch}: no trees saved for that epoch in {folder}; saved epochs: "
+                                     f"{', '.join(str(int(f.stem.split('_')[1])) for f in files)}")
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
         raise _bad_tree(path, f"not UTF-8 text ({err.reason} at byte {err.start})") from None
     if path.suffix == ".jsonl":
         lines = [(number, line) for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+        if not lines:
+            raise PreflightError(f"{path} holds no trees (an empty file)")
         if not 0 <= index < len(lines):
-            raise IndexError(f"{path} holds {len(lines)} trees; --index must be in 0..{len(lines) - 1}")
+            raise PreflightError(f"--index {index}: {path} holds {len(lines)} trees; choose 0 to {len(lines) - 1}")
         number, text = lines[index]
         where = f"{path}:{number}"
     else:
@@ -227,6 +234,23 @@ def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dic
     if not isinstance(tree, dict) or not isinstance(tree.get("nodes"), list):
         raise _bad_tree(where, "JSON, but not a saved tree (no `nodes` list)")
     return tree
+
+
+def trees_folder(run: Path) -> Path:
+    """The folder of a run's saved trees: `<run>/trees`, the run folder itself, or, given a run
+    root (runs/quickstart), the trees of its newest `version_*` that saved any."""
+    from flywheel.preflight import PreflightError
+
+    for folder in (run / "trees", run):
+        if any(folder.glob("epoch_*.jsonl")):
+            return folder
+    versions = sorted((v for v in run.glob("version_*") if v.is_dir() and any(v.glob("trees/epoch_*.jsonl"))),
+                      key=lambda v: int(v.name.split("_", 1)[1]) if v.name.split("_", 1)[1].isdigit() else -1)
+    if versions:
+        log.info("%s is a run root: showing the trees of its newest version, %s", run, versions[-1].name)
+        return versions[-1] / "trees"
+    raise PreflightError(f"no saved trees in {run}: a run saves --data.save_trees trees per epoch into "
+                         "<log_dir>/trees/ (e.g. runs/quickstart/version_0/trees); pass such a run folder")
 
 
 def _bad_tree(where: Any, why: str) -> ValueError:

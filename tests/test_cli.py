@@ -63,7 +63,7 @@ def test_command_line_overrides_reach_the_components():
 def test_bad_values_fail_with_the_flag_named():
     with pytest.raises(ValueError, match="--data.rollout"):
         SearchDataModule(rollout="tree")
-    with pytest.raises(FileNotFoundError, match="--model.policy"):
+    with pytest.raises(ValueError, match="--model.policy"):  # a PreflightError: one line on the command line
         TreeGRPOModule(policy="/no/such/folder")
 
 

@@ -56,7 +56,7 @@ def test_page_holds_every_node_and_trajectory(tree_json, tmp_path):
     (trees / "epoch_0003.jsonl").write_text(json.dumps(tree_json) + "\n")
     out = main(["tree", str(tmp_path), "--out", str(tmp_path / "t.html")])
     assert out.read_text() == page
-    with pytest.raises(FileNotFoundError, match="epoch_0003"):
+    with pytest.raises(ValueError, match="--epoch 7: no trees saved for that epoch .*saved epochs: 3"):
         main(["tree", str(tmp_path), "--epoch", "7"])
 
 

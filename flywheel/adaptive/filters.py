@@ -30,6 +30,8 @@ import zlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from flywheel.finite import check_finite_fields
+
 # Cc minus \t \n \r, plus the C1 controls and the BMP private-use area.
 _NON_PRINTABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ue000-\uf8ff]")
 _REPLACEMENT = re.compile("\ufffd")
@@ -140,6 +142,7 @@ class DegenerateFilter:
     min_distinct_ratio: float = 1 / 64
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.credit.degenerate_filter")
         fractions = ("max_non_printable_fraction", "max_replacement_fraction", "min_word_fraction", "max_repeat_fraction")
         for name in (*fractions, "min_distinct_ratio"):
             value = getattr(self, name)

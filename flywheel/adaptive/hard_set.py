@@ -17,6 +17,8 @@ import functools
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Literal, Mapping, Sequence, TypeVar
 
+from flywheel.finite import check_finite_fields
+
 C = TypeVar("C")
 Comparison = Literal["lt", "le"]
 
@@ -109,6 +111,7 @@ class HardSetConfig:
     enabled: bool = True
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.hard_set")
         if not _is_int(self.k, 1):
             raise ValueError(f"--data.hard_set.k must be an integer >= 1 (screening samples per problem), got {self.k!r}")
         if not 0.0 < self.delta <= 1.0:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from flywheel.adaptive.hard_set import _is_int, _is_rate
+from flywheel.finite import check_finite_fields
 
 Rule = Literal["paper", "code"]
 Eviction = Literal["oldest", "refuse"]
@@ -47,6 +48,7 @@ class ReplayConfig:
     delta: float = 0.25
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.replay")
         if self.rule not in ("paper", "code"):
             raise ValueError(
                 f"--data.replay.rule={self.rule!r}: choose 'paper' (post-round Pass1@K < delta) "

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, NoReturn
 
+from flywheel.finite import check_finite_fields
+
 Aggregation = Literal["token_mean", "step_mean", "sequence_mean"]
 """How per-token losses become one scalar (see `flywheel.objectives.aggregation`)."""
 
@@ -89,6 +91,7 @@ class ObjectiveConfig:
     value_baseline: bool = False
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "model.objective", allow_inf=("dual_clip",))
         def fail(field: str, why: str, fix: str) -> NoReturn:
             raise ValueError(
                 f"--model.objective.{field}={getattr(self, field)!r} is invalid: {why}. {fix}"

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from flywheel.finite import check_finite_fields
+
 Selection = Literal["frontier", "vanilla_uct", "puct", "puct_agents"]
 DepthBonus = Literal["sqrt", "linear", "log"]
 BackupRule = Literal["constrained", "vanilla"]
@@ -31,12 +33,17 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+MAX_EXPANSION_WIDTH = 1024
+"""The most children one expansion may sample: `expansion_width=10000` produced no token in
+150 s (issue 37); no recipe comes near it (the paper: 8)."""
+
+
 @dataclass(frozen=True)
 class SearchConfig:
     """How one DeepSearch tree is grown, backed up and read out.
 
     Args:
-        expansion_width: n, children sampled per expansion; all are added (§1).
+        expansion_width: n, children sampled per expansion; all are added (§1); at most 1024.
         max_depth: d_T, a node at this depth is terminal (§1). Root (the prompt) is depth 0.
         trajectories_per_tree: K, a tree stops once K terminal trajectories were backed up (§1).
         max_expansions_per_tree: safety cap on expansions (generator requests) per tree; a tree
@@ -160,6 +167,7 @@ class SearchConfig:
     virtual_loss: float = 1.0
 
     def __post_init__(self) -> None:
+        check_finite_fields(self, "data.search")
         for name, allowed in _CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
@@ -167,6 +175,13 @@ class SearchConfig:
         for name in ("expansion_width", "max_depth", "trajectories_per_tree", "max_expansions_per_tree"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--data.search.{name} must be >= 1, got {getattr(self, name)}; set it to 1 or more")
+        if self.expansion_width > MAX_EXPANSION_WIDTH:
+            raise ValueError(
+                f"--data.search.expansion_width={self.expansion_width}: at most {MAX_EXPANSION_WIDTH} children per "
+                "expansion (the paper samples 8); every tree in flight expands in each generator call, so the "
+                "first call alone would sample that many sequences per tree before any progress. Set it to "
+                f"{MAX_EXPANSION_WIDTH} or less"
+            )
         if not 0 < self.gamma_min <= 1:
             raise ValueError(
                 f"--data.search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "

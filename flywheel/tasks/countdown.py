@@ -157,6 +157,7 @@ class CountdownTask(Task):
             target = row.get("target")
             if not isinstance(target, int) or isinstance(target, bool):
                 raise ValueError(f"{where}: `target` must be an integer, got {target!r}")
+            _check_same_problem(row, numbers, target, where)
         elif "problem" in row or "answer" in row:
             numbers = _numbers_from_text(row.get("problem"), where)
             target = _integer_from_text(row.get("answer"), where)
@@ -205,6 +206,22 @@ def _as_countdown(problem: Problem) -> CountdownProblem:
     where = f"problem {problem.id}"
     numbers = _numbers_from_text(problem.question, where)
     return CountdownProblem.create(problem.id, numbers, _integer_from_text(problem.answer, where))
+
+
+def _check_same_problem(row: Mapping[str, Any], numbers: tuple[int, ...], target: int, where: str) -> None:
+    """A row with `numbers`/`target` and also a Countdown `problem`/`answer` pair must state one
+    problem twice, not two (issue 37: the text pair was ignored without a word)."""
+    if "problem" not in row or "answer" not in row:
+        return
+    try:
+        text_numbers, text_target = _numbers_from_text(row["problem"], where), _integer_from_text(row["answer"], where)
+    except ValueError:  # not Countdown text (a description, say): `numbers`/`target` state the problem
+        return
+    if sorted(text_numbers) != sorted(numbers) or text_target != target:
+        raise ValueError(
+            f"{where}: `numbers`/`target` ({list(numbers)} -> {target}) and `problem`/`answer` "
+            f"({row['problem']!r} -> {row['answer']!r}) state different problems; keep one pair"
+        )
 
 
 def _numbers_from_list(value: object, where: str) -> tuple[int, ...]:

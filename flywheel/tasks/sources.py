@@ -12,7 +12,7 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import BinaryIO, Callable, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
 
@@ -41,6 +41,8 @@ def load_problems(
     skip_flag: str = "--data.problems.skip_bad_rows",
 ) -> LoadedProblems:
     """Problems from `files` if given, else the task's built-in `split`. Ids must be unique.
+    `limit` takes the first that many problems over all `files` together, in order (how many
+    came from each file is logged).
 
     `check(problem)` raises ValueError for a row the caller cannot use (its message is put
     after the row's `file:line`); such rows are bad rows like malformed ones. `skip_flag` is
@@ -52,14 +54,22 @@ the command's name of `skip_bad_rows`, for the error message."""
         return LoadedProblems(tuple(problems[:limit] if limit else problems), 0)
     problems: list[Problem] = []
     skipped = 0
+    taken: dict[str, int] = {}  # problems per file, in order
     for file in files:
+        if limit and len(problems) >= limit:  # the limit is over all files together
+            break
+        taken[file] = 0
         for _, _, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, check=check, skip_flag=skip_flag):
             if problem is None:
                 skipped += 1
             else:
                 problems.append(problem)
+                taken[file] += 1
             if limit and len(problems) >= limit:
                 break
+    if limit and len(files) > 1:
+        log.info("the first %d problems of %d files: %s", len(problems), len(files),
+                 ", ".join(f"{taken[f]} from {f}" if f in taken else f"none from {f}" for f in files))
     if skipped:
         log.warning("skipped %d malformed problem rows in %s", skipped, ", ".join(files))
     seen: set[str] = set()
@@ -106,6 +116,11 @@ def checked_rows(
 
 def _rows(path: Path) -> Iterator[tuple[str, object]]:
     """(location, row or the parse error) for every row of a jsonl or parquet file."""
+    if path.is_dir():
+        inside = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
+        raise ValueError(f"problem file {path} is a folder, not a file; "
+                         + (f"pass the files in it (e.g. [{', '.join(str(path / n) for n in inside[:3])}])"
+                            if inside else "it holds no .jsonl or .parquet files"))
     if not path.is_file():
         raise FileNotFoundError(f"problem file {path} does not exist")
     if path.suffix == ".parquet":
@@ -127,8 +142,8 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
     if path.suffix not in (".jsonl", ".json"):
         raise ValueError(f"problem file {path}: expected .jsonl or .parquet")
     with path.open("rb") as fh:
-        for i, raw in enumerate(fh, start=1):
-            if len(raw) > MAX_ROW_BYTES:
+        for i, raw in enumerate(_bounded_lines(fh, MAX_ROW_BYTES), start=1):
+            if raw is None:
                 yield f"{path}:{i}", ValueError(_too_long())
                 continue
             try:
@@ -142,6 +157,24 @@ def _rows(path: Path) -> Iterator[tuple[str, object]]:
                 yield f"{path}:{i}", json.loads(line)
             except json.JSONDecodeError as err:
                 yield f"{path}:{i}", ValueError(f"bad JSON ({err.msg})")
+
+
+def _bounded_lines(fh: BinaryIO, limit: int) -> Iterator[bytes | None]:
+    """The lines of a binary file, each read at most `limit` + 1 bytes at a time: a line longer
+    than `limit` bytes is skipped in chunks and yielded as None, so a 400 MB single-line file
+    costs a few MiB of memory, not the line's size three times over (issue 37)."""
+    while True:
+        raw = fh.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit:
+            yield raw
+            continue
+        while not raw.endswith(b"\n"):
+            raw = fh.readline(limit + 1)
+            if not raw:
+                break
+        yield None
 
 
 def _too_long() -> str:
