@@ -55,7 +55,7 @@ CASES = [
     ("A", "\\boxed{\\text{(A)}}", True),
     ("2", "The final answer is 2.", True),
     ("2", "Answer: 2", True),
-    ("2", "I think it is 2", True),  # the last number (extraction fallback 6)
+    ("2", "I think it is 2", False),  # the last number of prose is never read (issue 36)
     ("2", "\\boxed{2 \\text{ or } 3}", False),
     ("(x+1)^2", "\\boxed{x^2+2x+1}", True),
     ("x^2", "\\boxed{x^3}", False),

@@ -129,6 +129,8 @@ class _Parser:
                 self.take()
                 left = self.node("/", left, self.unary())
             elif self.starts_factor(tok):  # implicit product: 2x, 2\sqrt{3}, (a)(b)
+                if tok[0] == "num" and (left[0] == "n" and self.t[self.i - 1][0] == "num" or self.t[self.i - 1][0] == "name"):
+                    raise Reject("a number after a number or a letter")  # "1 2 3" is a list; "x2", "v0" no products
                 right = self.unary()
                 whole = left[1] if left[0] == "neg" else left
                 if (self.last_was_frac and right[0] == "/" and right[1][0] == "n" and right[2][0] == "n"

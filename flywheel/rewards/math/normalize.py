@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-from flywheel.rewards.math.extract import braced
+from flywheel.rewards.math.spans import braced
+from flywheel.rewards.math.units import UNITS
 
 __all__ = ["normalize", "UNITS"]
 
@@ -29,16 +30,6 @@ _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdo
             "\u00a3": " ", "\u00a0": " ", "\u00bd": "\\frac{1}{2}", "\u2153": "\\frac{1}{3}",
             "\u2154": "\\frac{2}{3}", "\u00bc": "\\frac{1}{4}", "\u00be": "\\frac{3}{4}", "\u2155": "\\frac{1}{5}",
             "\u215b": "\\frac{1}{8}", "\u2248": "\\approx "}
-UNITS = {
-    "cm", "mm", "m", "km", "in", "inch", "inches", "ft", "foot", "feet", "yd", "yard", "yards", "mi", "mile", "miles",
-    "meter", "meters", "metre", "metres", "centimeter", "centimeters", "kilometer", "kilometers", "g", "kg", "gram",
-    "grams", "lb", "lbs", "pound", "pounds", "oz", "ounce", "ounces", "s", "sec", "second", "seconds", "min", "minute",
-    "minutes", "h", "hr", "hour", "hours", "day", "days", "week", "weeks", "year", "years", "dollar", "dollars",
-    "cent", "cents", "unit", "units", "square", "sq", "cubic", "radian", "radians", "yuan", "euro", "euros",
-    "people", "students", "ways", "times", "ml", "liter", "liters", "litres", "mph", "kmh", "hz", "pa", "mol", "ev",
-    "kev", "mev", "gev", "ly", "au", "pc", "kpc", "mpc", "joules", "newtons", "watts", "volts", "kelvin", "apples",
-    "tiles", "marbles", "cookies", "books", "pages", "boxes", "bags", "eggs", "cups", "points", "games", "items",
-}
 _WORD_INFINITY = re.compile(r"\b(?:infinity|inf)\b", re.IGNORECASE)
 
 
@@ -72,7 +63,7 @@ def _thousands(s: str) -> str:
     s = re.sub(r"\{,\}", ",", s)
     s = re.sub(r"(?<![\d.])(\d{1,3})((?:(?:\\,|\\ |\s)\d{3})+)(?![\d,])",
                lambda m: m.group(1) + re.sub(r"\\,|\\ |\s", "", m.group(2)), s)
-    if re.fullmatch(r"-?\$?\s*\d{1,3}(,\d{3})+(\.\d+)?\s*(\\%)?", s.strip()) or re.search(r"\d,\d{3},\d{3}", s):
+    if re.fullmatch(r"-?\$?\s*\d{1,3}(,\d{3})+(\.\d+)?\s*(\\%|[a-zA-Z][\w^{} ]*)?", s.strip()) or re.search(r"\d,\d{3},\d{3}", s):
         s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)
     return s
 
