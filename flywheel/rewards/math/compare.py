@@ -1,11 +1,15 @@
 """Stage 4: equality of two parsed answers (gold first, prediction second).
 
-- numbers: exact rational equality; a decimal side states its precision -- the other side
-  must agree within a relative 1e-6 AND less than one unit of the decimal's last place apart,
-  so a one-cent-off prediction of a 2-decimal gold fails and so does a fraction against a
-  2-decimal rounding of it (gold 0.33, prediction 1/3);
+- numbers: exact rational equality; otherwise a decimal states its precision (issue 36): it
+  stands for a value when it states at least MIN_SIGNIFICANT (6) significant digits and lies
+  less than one unit of its last place from it (rounded or cut off), the coarser decimal's
+  when both sides are decimals. So 0.333333 = 1/3, 0.666667 = 2/3, 1.4142135623730951 =
+  \\sqrt{2}; but 0.33 != 1/3 and 3.14 != \\pi (too few digits to name the value), and
+  16386.17 != 16386.16 (a whole unit of the last place apart);
 - expressions: exact rational-function identity with sympy when small (symbolic.py), else
-  the value at the same random points for every free symbol (40 digits, relative 1e-15);
+  the value at the same random points for every free symbol (40 digits, relative 1e-15;
+  never an absolute tolerance, so 1/2004! != 1/2006!: only a value with irrational parts
+  that evaluates below 1e-30 counts as zero, the residue of 40-digit cancellation);
 - % and degrees: 25\\% equals 25 and 0.25; 60^\\circ equals 60 and \\pi/3;
 - equations: lhs - rhs of one is a constant non-zero multiple of the other's; a labelled
   answer ("x = 5", "(p, q) = (3, 2)", "AB = 4") equals its bare value;
@@ -25,11 +29,15 @@ from flywheel.rewards.math.symbolic import rational_difference_is_zero
 from flywheel.rewards.math.values import (Choice, Equation, Expr, Marked, Matrix, Num, Seq, Union_, Unordered,
                                           Value, is_label)
 
-__all__ = ["answers_equal", "REL_TOL"]
+__all__ = ["answers_equal", "MIN_SIGNIFICANT"]
 
-REL_TOL = 1e-6
-"""Relative tolerance when a side is written as a decimal."""
+MIN_SIGNIFICANT = 6
+"""Significant digits a decimal must state to stand for a value it does not equal exactly:
+printf's %g default, and about one part in 10^5 -- a wrong value in that neighbourhood is
+an unlikely accident. Fewer digits (0.33 for 1/3) are a rounding the problem did not ask for."""
 EXPR_TOL = 1e-15
+ZERO = 10**-30
+"""Below this, a value with irrational parts is 40-digit cancellation residue: zero."""
 SAMPLE_POINTS = 3
 _ERRORS = (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError, ArithmeticError)
 
@@ -115,17 +123,16 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
             return True
         if gold.decimal_places is None and pred.decimal_places is None:
             return False
-    decimals = [v.decimal_places for v in (gold, pred) if isinstance(v, Num) and v.decimal_places is not None]
+    decimals = [v for v in (gold, pred) if isinstance(v, Num) and v.decimal_places is not None]
     symbols = (gold.symbols if isinstance(gold, Expr) else frozenset()) | (
         pred.symbols if isinstance(pred, Expr) else frozenset())
     if decimals:
-        if symbols:
+        coarse = min(decimals, key=lambda v: v.decimal_places)
+        if symbols or _significant(coarse) < MIN_SIGNIFICANT:
             return False
         if isinstance(gold, Num) and isinstance(pred, Num) and gold.exact is not None and pred.exact is not None:
-            diff = abs(gold.exact - pred.exact)  # exact: 16386.17 - 16386.16 is one unit, not 0.00999...
-            unit = Fraction(10) ** -min(decimals)
-            return diff <= Fraction(REL_TOL) * max(abs(gold.exact), abs(pred.exact)) and diff < unit
-        return _decimal_close(_value(gold, budget), _value(pred, budget), min(decimals))
+            return abs(gold.exact - pred.exact) < Fraction(10) ** -coarse.decimal_places  # exact: 0.01 is one unit
+        return _decimal_close(_value(gold, budget), _value(pred, budget), coarse.decimal_places)
     try:
         a, b = _as_node(gold), _as_node(pred)
     except Reject:
@@ -145,7 +152,7 @@ def _numerically_equal(a: tuple, b: tuple, symbols: frozenset, budget: Budget) -
             x, y = numeric(a, env, budget), numeric(b, env, budget)
         except _ERRORS:
             return False
-        if not _close(x, y, EXPR_TOL):
+        if not _close(x, y, EXPR_TOL, _irrational(a), _irrational(b)):
             return False
     return True
 
@@ -166,23 +173,43 @@ def _value(v: Num | Expr, budget: Budget):
     return numeric(v.node, {}, budget)
 
 
+def _significant(v: Num) -> int:
+    """The significant digits a decimal is written with: 0.333333 -> 6, 2.50 -> 3,
+    2.3148 \\times 10^{-3} -> 5."""
+    digits = abs(v.exact * Fraction(10) ** v.decimal_places)
+    return len(str(round(digits))) if digits else 1
+
+
 def _decimal_close(x, y, places: int) -> bool:
-    """Within REL_TOL of each other and less than one unit of the least precise decimal's
-    last place apart (gold 0.33 vs 1/3: no; 16386.17 vs 16386.16: no; gold 2/3 vs
-    0.666666667: yes; \\sqrt{2} vs the float 1.4142135623730951: yes)."""
+    """Less than one unit of the coarser decimal's last place apart (gold 2/3 vs 0.666666667:
+    yes; \\sqrt{2} vs the float 1.4142135623730951: yes)."""
     if HP.isinf(x) or HP.isinf(y) or HP.isnan(x) or HP.isnan(y):
         return False
-    diff = abs(x - y)
-    return diff <= REL_TOL * max(abs(x), abs(y)) and diff < HP.mpf(10) ** (-places)
+    return abs(x - y) < HP.mpf(10) ** (-places)
 
 
-def _close(a, b, rel) -> bool:
+def _close(a, b, rel, zero_a: bool = False, zero_b: bool = False) -> bool:
+    """Relative closeness; `zero_a` / `zero_b`: that side may be cancellation residue, so a
+    value below ZERO there is zero (never a tolerance between two genuinely tiny values)."""
     if a == b:
         return True
     if HP.isinf(a) or HP.isinf(b) or HP.isnan(a) or HP.isnan(b):
         return False
-    diff = abs(a - b)
-    return diff <= rel * max(abs(a), abs(b)) or diff <= HP.mpf(10) ** -30
+    small_a, small_b = abs(a) < ZERO, abs(b) < ZERO
+    if (small_a and small_b) and (zero_a or a == 0) and (zero_b or b == 0):
+        return True
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _irrational(node: tuple) -> bool:
+    """Does node hold a part 40-digit arithmetic rounds (a constant, a function, a root, a
+    non-integer power, an integral), so that a true zero may evaluate to a tiny residue?"""
+    op = node[0]
+    if op in ("f", "log", "root", "int") or (op == "s" and node[1] in ("pi", "e", "i")):
+        return True
+    if op == "^" and not (node[2][0] == "n" and node[2][1].denominator == 1):
+        return True
+    return any(_irrational(p) for p in node[1:] if isinstance(p, tuple))
 
 
 def _points(symbols: frozenset) -> list[dict[str, object]]:
