@@ -106,8 +106,10 @@ def _pieces(clause: str, number_words: bool) -> list[tuple[str, int, int]]:
             elif number_words and core.lower().replace("-", "") in NUMBER_WORDS or \
                     number_words and all(w in NUMBER_WORDS for w in core.lower().split("-")):
                 out.append(("value", start, end))
-            elif core in ("a", "I", "A"):
-                out.append(("ambiguous", start, end))  # an article or a variable: decided below
+            elif core in ("a", "I", "A") or re.fullmatch(r"[A-Za-z]{2,3}", core) and core.lower() not in _NAMES:
+                out.append(("ambiguous", start, end))  # a word or a product of variables ("ab"): decided below
+            elif core in ("%", "\\%", "\u00b0", "^\\circ", "!"):
+                out.append(("value", start, end))  # a mark after the value: "28 %"
             elif _formula(core):
                 out.append(("value" if _has_value(core) else "join", start, end))
             else:
@@ -117,10 +119,11 @@ def _pieces(clause: str, number_words: bool) -> list[tuple[str, int, int]]:
         if s < len(clause):
             out.append(("math", s, e))
         i = e
-    for k, (kind, start, end) in enumerate(out):  # "a = b" is mathematics, "a total of" is not
+    for k, (kind, start, end) in enumerate(out):  # "a = b", "x = ab" are mathematics, "a total of" is not
         if kind == "ambiguous":
             near = {out[j][0] for j in (k - 1, k + 1) if 0 <= j < len(out)}
-            out[k] = ("value" if "join" in near or not near else "word", start, end)
+            alone = not near and end - start == 1
+            out[k] = ("value" if "join" in near or alone else "word", start, end)
     return out
 
 
@@ -140,8 +143,8 @@ def clause_answer(clause: str, *, lead: str, number_words: bool = False) -> str 
         return None  # two values apart: "3 groups of 4"
     while first > 0 and pieces[first - 1][0] == "join":
         first -= 1
-    while last + 1 < len(pieces) and pieces[last + 1][0] == "join":
-        last += 1
+    if last + 1 < len(pieces) and pieces[last + 1][0] == "join":
+        return None  # "x = <words>": the formula runs on into prose
     text = clause.strip().rstrip(".")
     lead_words = [text[s:e].lower().strip(",") for kind, s, e in pieces[:first]]
     trail = [text[s:e].lower().strip(",") for kind, s, e in pieces[last + 1 :]]

@@ -81,14 +81,23 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
             return False
         return _pairwise(entries, other.items, budget) if matrix is gold else _pairwise(other.items, entries, budget)
     for one, other, flip in ((gold, pred, False), (pred, gold, True)):
-        members = _members(one) if isinstance(one, (Unordered, Union_)) else None
-        if members is not None and len(members) == 1:  # "\{3\}" vs "3"
+        members = _distinct(_members(one), budget) if isinstance(one, (Unordered, Union_)) else None
+        if members is not None and len(members) == 1:  # "\{3\}" vs "3", "4, 4, 4" vs "4"
             return answers_equal(other, members[0], budget) if flip else answers_equal(members[0], other, budget)
     return False
 
 
 def _members(v: Value) -> tuple:
     return v.items if isinstance(v, Unordered) else v.parts
+
+
+def _distinct(items: tuple, budget: Budget) -> tuple:
+    """The members of a set, each once (a set written with a member repeated is that set)."""
+    out: list = []
+    for x in items[:64]:
+        if not any(answers_equal(x, y, budget) for y in out):
+            out.append(x)
+    return tuple(out) + items[64:]
 
 
 def _vector(m: Matrix) -> tuple | None:

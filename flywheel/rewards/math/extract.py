@@ -42,6 +42,7 @@ LISTING_LINES = 3
 
 _FINAL = re.compile(r"(?:\bfinal answer|\banswer)\**\s*(?:is\b\s*:?|:|=)\s*\**[ \t]*|\bfinal answer\**[ \t]+(?=[-\d$\\(])",
                     re.IGNORECASE)
+_TEXT = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{([^{}]*)\}")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
 _HEDGE_BEFORE = re.compile(r"\b(?:or|otherwise|alternatively)\b", re.IGNORECASE)
 _BARE_NUMBER = re.compile(r"[ \t]*(?:[-*\u2022][ \t]+)?(?:\$|\*\*|\\\(|\\\[)?\s*-?\d[\d,]*(?:\.\d+)?\s*(?:\$|\*\*|\\\)|\\\])?[ \t.]*")
@@ -69,7 +70,8 @@ def read_answer(completion: str, *, strict: bool = False) -> Extraction | None:
     """The final answer of a completion and its rule, or None (module docstring)."""
     text, ran_on = cut_at_new_turn(completion.replace("\u2212", "-"))
     boxes, joined_by_or, hedged = last_boxes(text)
-    box = Extraction((" or " if joined_by_or else ", ").join(b[2].strip() for b in boxes), "box", hedged) if boxes else None
+    joined = (" or " if joined_by_or else ", ").join(_box_content(b[2]) for b in boxes)
+    box = Extraction(joined, "box", hedged) if boxes else None
     if strict or ran_on or degenerate(text):
         return box
     after_box = without_code(text[boxes[-1][1] :] if boxes else text[-TAIL_CHARS:])
@@ -87,6 +89,18 @@ def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
     """The final answer text of a completion, or None (read_answer without the rule)."""
     found = read_answer(completion, strict=require_box)
     return found.answer if found else None
+
+
+def _box_content(content: str) -> str:
+    """A box's answer: its content, or the value of a sentence written in it
+    ("\\boxed{\\text{The answer is } 42}" -> "42")."""
+    content = content.strip()
+    if not any(len(m.group(1).split()) >= 2 for m in _TEXT.finditer(content)):
+        return content
+    sentence = _TEXT.sub(lambda m: " " + m.group(1) + " ", content)
+    phrase = _FINAL.search(sentence)
+    answer = _phrase_clause(sentence[phrase.end() :] if phrase else sentence)
+    return answer or content
 
 
 def _phrase(text: str) -> Extraction | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from flywheel.rewards.math.clause import NUMBER_WORDS
 from flywheel.rewards.math.spans import braced
 from flywheel.rewards.math.units import UNITS
 
@@ -68,6 +69,24 @@ def _thousands(s: str) -> str:
     return s
 
 
+def _number_words(s: str) -> str:
+    """An answer that is a number in words is that number: "five" -> 5, "twenty-five" -> 25,
+    "three hundred and two" -> 302 (only the whole answer, never a word inside prose)."""
+    words = re.sub(r"\\text\{([^{}]*)\}", r"\1", s).lower().replace("-", " ").replace(" and ", " ").split()
+    if not words or len(words) > 8 or not all(w in NUMBER_WORDS for w in words):
+        return s
+    total, part = 0, 0
+    for w in words:
+        n = NUMBER_WORDS[w]
+        if n == 100:
+            part = (part or 1) * 100
+        elif n >= 1000:
+            total, part = total + (part or 1) * n, 0
+        else:
+            part += n
+    return str(total + part)
+
+
 def normalize(answer: str) -> str:
     """Canonical text of an answer (see the module docstring)."""
     s = answer.strip()
@@ -100,6 +119,7 @@ def normalize(answer: str) -> str:
     s = _DEGREE.sub("^\\\\circ ", s)
     s = _PERCENT.sub(" \\\\% ", s)
     s = _WORD_INFINITY.sub("\\\\infty ", s)
+    s = _number_words(s)
     s = s.replace("\\dots", "").replace("\\ldots", "").replace("\\cdots", "")
     s = re.sub(r"(?<=\d)\\$", "", s)  # a stray trailing backslash: "185\"
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()
