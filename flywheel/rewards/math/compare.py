@@ -146,6 +146,8 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
         a, b = _as_node(gold), _as_node(pred)
     except Reject:
         return _close(_value(gold, budget), _value(pred, budget), EXPR_TOL)
+    if _canonical(a) == _canonical(b):
+        return True  # the same up to the order of sums and products: "F_k F_{n-k-1}" = "F_{n-k-1} F_k"
     exact = rational_difference_is_zero(a, b, symbols)
     if exact is not None:
         return exact
@@ -153,6 +155,24 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
         return True
     # \log without a base is ln in analysis and log10 in contest problems: either reading.
     return (_has_log(a) or _has_log(b)) and _numerically_equal(_log10(a), _log10(b), symbols, budget)
+
+
+def _canonical(node):
+    """node with the operands of every sum and product flattened and sorted: equal
+    canonical forms are equal values (addition and multiplication of scalars commute)."""
+    if not isinstance(node, tuple):
+        return node
+    if node[0] in ("+", "*"):
+        parts: list = []
+        stack = [node[1], node[2]]
+        while stack:
+            part = stack.pop()
+            if part[0] == node[0]:
+                stack.extend((part[1], part[2]))
+            else:
+                parts.append(_canonical(part))
+        return (node[0], *sorted(parts, key=repr))
+    return tuple(_canonical(p) for p in node)
 
 
 def _numerically_equal(a: tuple, b: tuple, symbols: frozenset, budget: Budget) -> bool:

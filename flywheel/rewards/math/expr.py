@@ -5,7 +5,7 @@ sympy, so model output can only ever name the operations listed here.
 Nodes: ("n", Fraction, decimals|None) | ("s", name) | ("+", a, b) | ("neg", a) | ("*", a, b)
 | ("/", a, b) | ("^", a, b) | ("f", name, a) | ("log", base, a) | ("root", a, n) | ("inf",)
 | ("abs", a) | ("fact", a) | ("floor", a) | ("ceil", a) | ("binom", n, k) | ("pm", a, b)
-| ("pct", a) | ("deg", a) | ("int", var, lo, hi, body).
+| ("pct", a) | ("deg", a) | ("int", var, lo, hi, body) | ("sum" | "prod", var, lo, hi, body).
 
 Budgets: nesting depth (MAX_DEPTH) and node count (MAX_NODES); numbers with an exponent
 over 10^4 digits are rejected.
@@ -35,7 +35,7 @@ FUNCS = {"sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan",
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "lambda", "mu", "phi", "omega", "sigma", "tau", "rho",
           "epsilon", "varepsilon", "varphi", "psi", "eta", "xi", "zeta", "kappa", "nu", "chi", "vartheta",
           "Delta", "Gamma", "Omega", "Phi", "Lambda", "Sigma", "Theta"}
-_FACTOR_COMMANDS = {"frac", "sqrt", "binom", "pi", "infty", "int", "lfloor", "lceil"}
+_FACTOR_COMMANDS = {"frac", "sqrt", "binom", "pi", "infty", "int", "lfloor", "lceil", "sum", "prod"}
 
 
 def _tokens(s: str) -> list[tuple[str, str]]:
@@ -269,6 +269,8 @@ class _Parser:
             return self.node("s", name)
         if name == "int":
             return self.integral()
+        if name in ("sum", "prod"):
+            return self.big_operator(name)
         if name in FUNCS:
             base = None
             if name == "log" and self.at("_"):
@@ -307,6 +309,27 @@ class _Parser:
         self.take()
         var = self.take()[1]
         return self.node("int", var, lo, hi, body)
+
+    def big_operator(self, name: str) -> tuple:
+        """\\sum_{k=a}^{b} body / \\prod_{k=a}^{b} body: the body is the product term that
+        follows ("\\sum_{k=1}^{n} k^2 + 1" adds 1 to the sum)."""
+        var = lo = hi = None
+        for _ in range(2):
+            if self.at("_"):
+                self.take()
+                self.expect("{")
+                var = self.take()
+                if var[0] != "name":
+                    raise Reject("index")
+                self.expect("=")
+                lo = self.expr()
+                self.expect("}")
+            elif self.at("^"):
+                self.take()
+                hi = self.nested(self.group_or_atom)
+        if var is None or hi is None:
+            raise Reject("sum bounds")
+        return self.node(name, var[1], lo, hi, self.nested(self.term))
 
     def subscripted(self, name: str) -> tuple:
         if self.at("_"):
