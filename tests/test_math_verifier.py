@@ -143,9 +143,13 @@ def test_extraction():
     assert extract_answer("\\fbox{7}") == "7"
     assert extract_answer("\\boxed{unclosed") is None
     assert extract_answer("nothing here") is None
-    assert verify("2", "nothing").reason == "no_answer"
+    assert verify("2", "nothing to see here").reason == "no_answer"
+    assert verify("2", "nothing").reason == "wrong_value:last_line"  # a one-word response is its answer ("odd")
     assert extract_answer("Final Answer: The largest $n$ is 34.") == "34"
-    assert extract_answer("The answer is 7. <|im_start|>user 8") == "7"
+    # A response that runs on into a new chat turn: only what came before, by the strict rules (issue 36).
+    assert extract_answer("The answer is 7. <|im_start|>user 8") is None
+    assert extract_answer("So \\boxed{7}. <|im_start|>user What is 8?") == "7"
+    assert extract_answer("The answer is 7.<|im_end|>") == "7"  # an end of turn with nothing after it
     assert extract_answer("so $x = 3$", require_box=True) is None
     assert not verify("3", "so $x = 3$", require_box=True).correct
     assert verify("3", "so $x = 3$").correct
