@@ -177,7 +177,7 @@ def _boundaries(text: str, first_only: bool) -> list[int]:
             i = spans[i]
             continue
         c = text[i]
-        if (c == "\n" and not re.match(r"\s*(?:\$\$|\\\[)", text[i + 1 : i + 40])) or c in "!?" or (
+        if (c == "\n" and _line_ends_sentence(text, i)) or c in "!?" or (
                 c == "." and (i + 1 == n or not text[i + 1].isdigit())):
             out.append(i)
             if first_only:
@@ -186,11 +186,23 @@ def _boundaries(text: str, first_only: bool) -> list[int]:
     return out
 
 
+def _line_ends_sentence(text: str, i: int) -> bool:
+    """Does the line break at text[i] end a sentence? Not before display math ("... is\\n\\[
+    12 \\]") nor after an unfinished line ("The total is\\n12"); after punctuation, a math
+    span or a blank line, and before a list item, a heading or a capital letter, it does."""
+    after = text[i + 1 : i + 40]
+    if re.match(r"\s*(?:\$\$|\\\[)", after):
+        return False
+    before = text[max(0, i - 80) : i].rstrip(" \t")
+    return (not before or before[-1] in ".!?:;\n" or before.endswith(("$", "\\]", "\\)", "**", "}"))
+            or re.match(r"[ \t]*(?:\n|[-*#>|]|\d+[.)]\s|[A-Z])", after) is not None)
+
+
 def sentence_end(text: str) -> int:
     """The end of text's first sentence: a period that is not a decimal point, "!", "?" or a
     line break, outside math spans; a line break before display math ("... is\n\\[ 12 \\]")
     does not end it."""
-    ends = _boundaries(text, first_only=True)
+    ends = _boundaries(text[:MAX_ANSWER_CHARS * 4], first_only=True)
     return ends[0] if ends else len(text)
 
 

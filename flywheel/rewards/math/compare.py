@@ -8,8 +8,8 @@
   16386.17 != 16386.16 (a whole unit of the last place apart);
 - expressions: exact rational-function identity with sympy when small (symbolic.py), else
   the value at the same random points for every free symbol (40 digits, relative 1e-15;
-  never an absolute tolerance, so 1/2004! != 1/2006!: only a value with irrational parts
-  that evaluates below 1e-30 counts as zero, the residue of 40-digit cancellation);
+  never an absolute tolerance, so 1/2004! != 1/2006! and e^{-100} != e^{-101}: a value
+  below 1e-30 is zero only when it shrinks at twice the precision, as rounding residue does);
 - % and degrees: 25\\% equals 25 and 0.25; 60^\\circ equals 60 and \\pi/3;
 - equations: lhs - rhs of one is a constant non-zero multiple of the other's; a labelled
   answer ("x = 5", "(p, q) = (3, 2)", "AB = 4") equals its bare value;
@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from flywheel.rewards.math.evaluate import HP, Budget, numeric
+from flywheel.rewards.math.evaluate import HP, NUMERIC_DPS, Budget, numeric
 from flywheel.rewards.math.expr import Reject
 from flywheel.rewards.math.symbolic import rational_difference_is_zero
 from flywheel.rewards.math.values import (Choice, Equation, Expr, Marked, Matrix, Num, Seq, Union_, Unordered,
@@ -37,7 +37,7 @@ printf's %g default, and about one part in 10^5 -- a wrong value in that neighbo
 an unlikely accident. Fewer digits (0.33 for 1/3) are a rounding the problem did not ask for."""
 EXPR_TOL = 1e-15
 ZERO = 10**-30
-"""Below this, a value with irrational parts is 40-digit cancellation residue: zero."""
+"""Below this a value may be 40-digit rounding residue of a zero; `_vanishes` decides."""
 SAMPLE_POINTS = 3
 _ERRORS = (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError, ArithmeticError)
 
@@ -181,7 +181,14 @@ def _numerically_equal(a: tuple, b: tuple, symbols: frozenset, budget: Budget) -
             x, y = numeric(a, env, budget), numeric(b, env, budget)
         except _ERRORS:
             return False
-        if not _close(x, y, EXPR_TOL, _irrational(a), _irrational(b)):
+        if abs(x) < ZERO or abs(y) < ZERO:  # a zero, or a genuinely tiny value?
+            zero_x = abs(x) < ZERO and _vanishes(a, env, budget, x)
+            zero_y = abs(y) < ZERO and _vanishes(b, env, budget, y)
+            if zero_x or zero_y:
+                if not (zero_x and zero_y):
+                    return False
+                continue
+        if not _close(x, y, EXPR_TOL):
             return False
     return True
 
@@ -217,28 +224,21 @@ def _decimal_close(x, y, places: int) -> bool:
     return abs(x - y) < HP.mpf(10) ** (-places)
 
 
-def _close(a, b, rel, zero_a: bool = False, zero_b: bool = False) -> bool:
-    """Relative closeness; `zero_a` / `zero_b`: that side may be cancellation residue, so a
-    value below ZERO there is zero (never a tolerance between two genuinely tiny values)."""
+def _close(a, b, rel) -> bool:
     if a == b:
         return True
     if HP.isinf(a) or HP.isinf(b) or HP.isnan(a) or HP.isnan(b):
         return False
-    small_a, small_b = abs(a) < ZERO, abs(b) < ZERO
-    if (small_a and small_b) and (zero_a or a == 0) and (zero_b or b == 0):
-        return True
     return abs(a - b) <= rel * max(abs(a), abs(b))
 
 
-def _irrational(node: tuple) -> bool:
-    """Does node hold a part 40-digit arithmetic rounds (a constant, a function, a root, a
-    non-integer power, an integral), so that a true zero may evaluate to a tiny residue?"""
-    op = node[0]
-    if op in ("f", "log", "root", "int") or (op == "s" and node[1] in ("pi", "e", "i")):
-        return True
-    if op == "^" and not (node[2][0] == "n" and node[2][1].denominator == 1):
-        return True
-    return any(_irrational(p) for p in node[1:] if isinstance(p, tuple))
+def _vanishes(node: tuple, env: dict, budget: Budget, value) -> bool:
+    """Is a value below ZERO a true zero? Evaluated again at twice the working precision, a
+    zero's rounding residue shrinks (sin(pi): 1e-40 -> 1e-80) while a tiny value stays
+    itself (1/2004!, e^{-100})."""
+    with HP.workdps(2 * NUMERIC_DPS):
+        again = numeric(node, env, budget)
+    return again == 0 or abs(again) < abs(value) * HP.mpf(10) ** (-NUMERIC_DPS // 2)
 
 
 def _points(symbols: frozenset) -> list[dict[str, object]]:

@@ -17,12 +17,13 @@ MAX_BOX_CANDIDATES = 64
 MAX_MATH_SPANS = 64
 
 BOX = re.compile(r"\\(?:boxed|fbox)\s*")
-_LABEL = r"(?:[A-Za-z](?:_\{?\w{1,8}\}?)?(?:\([a-z]\))?\s*=\s*)"
+_LABEL = (r"(?:[A-Za-z](?:_\{?\w{1,8}\}?)?(?:\([a-z]\))?\s*=\s*"
+          r"|(?:\([a-h]\)|[Pp]art\s+\(?[a-h1-9]\)?)\s*:?\s*)")
+"""A name for one part of an answer: "y_1 = ", "f(x) = ", "(a) ", "Part (b): "."""
 _BETWEEN_BOXES = re.compile(
     r"(?:[\s,;.$]|\\[\[\]()]|\\quad|\\qquad|\\[,;: !]|\\text\{[^{}]{0,24}\}|\band\b|\bor\b|&|" + _LABEL + r")*")
 _HEDGE_BETWEEN = re.compile(r"\bor\b|\\text\{\s*or\s*\}")
 _LABEL_BEFORE = re.compile(_LABEL + r"\$?\s*$")
-_LABEL_AT = re.compile(_LABEL)
 _DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|(?<!\\)\$|\*\*")
 _OPENER = {"$$": "$$", "\\]": "\\[", "\\)": "\\(", "$": "$", "**": "**"}
 
@@ -75,11 +76,12 @@ def last_boxes(text: str) -> tuple[list[tuple[int, int, str]], bool, bool]:
             break
         boxes.insert(0, box)
     labels = [_LABEL_BEFORE.search(text, max(0, start - 24), start) for start, _, _ in boxes]
-    plain = len(boxes)  # the boxes after the last label between two of them
-    for i in range(len(boxes) - 1):
-        if _LABEL_AT.search(text[boxes[i][1] : boxes[i + 1][0]]):
-            plain = len(boxes) - i - 1
-    if plain < len(boxes) and all(labels):
+    named = [m is not None and "=" in m.group(0) for m in labels]  # "y_2 = \boxed{..}"
+    plain = len(boxes)  # the boxes after the last one whose name is between it and the one before
+    for i in range(1, len(boxes)):
+        if named[i]:
+            plain = len(boxes) - i
+    if plain < len(boxes) and all(named):
         found = [(s, e, labels[i].group(0).rstrip("$ ") + " " + c) for i, (s, e, c) in enumerate(boxes)]
     else:
         found = boxes[len(boxes) - plain :]
