@@ -51,7 +51,7 @@ _BARE_NUMBER = re.compile(r"[ \t]*(?:[-*\u2022][ \t]+)?(?:\$|\*\*|\\\(|\\\[)?\s*
 _FINISHED = re.compile(r"(?:[.!?:]|\$|\\\]|\\\)|\*\*|\})\s*$")
 _CONCLUDING = re.compile(
     r"(?:so|thus|therefore|hence|finally|overall|altogether|in total|in conclusion|consequently|"
-    r"(?:this gives|we get|we obtain|we find|the result is)|the (?:\w+ ){0,3}(?:is|are|equals))\b", re.IGNORECASE)
+    r"(?:this gives|we get|we obtain|we find|the result is)|the (?:\w+ ){0,5}(?:is|are|equals))\b", re.IGNORECASE)
 _SIGN_OFF = re.compile(r"(?:I hope (?:it|this|that) (?:is|was) (?:correct|right|helpful)|I hope this helps|"
                        r"Hope (?:this|that) helps)[.!]?", re.IGNORECASE)
 _INNER_CONNECTIVE = re.compile(r"(?<=[,;])\s*(?:so|thus|therefore|hence)\b", re.IGNORECASE)
