@@ -274,6 +274,13 @@ ADVERSARIAL = [
     "\\boxed{" + "\\sqrt{" * 500 + "2" + "}" * 500 + "}",
     "x" * 300_000 + "\\boxed{1}",
     "\\boxed{" * 20000,
+    # Issue 36's new paths: a chain of 8x8 matrix products (entry trees grow 16x a product:
+    # their sizes are counted as they are built), nested sums of 10^8 terms, soup and loops.
+    "\\boxed{" + ("\\begin{pmatrix}" + "\\\\".join(["&".join(["x"] * 8)] * 8) + "\\end{pmatrix}") * 5 + "}",
+    "\\boxed{\\sum_{k=1}^{10000} \\sum_{j=1}^{10000} j}",
+    "the " * 50_000 + "1",
+    "`" * 100_000 + "1",
+    "a;\n" * 50_000 + "1",
 ]
 
 

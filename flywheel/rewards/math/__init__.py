@@ -2,14 +2,18 @@
 
 Four bounded stages, none calling eval() or sympify on text (model output is untrusted):
 
-1. extract.py -- the final answer: the last box, else a "final answer" phrase, a `####`
-   line, the last display / inline math or bold, a short formula, the last number
-   (`require_box=True`: boxes only);
-2. normalize.py -- canonical LaTeX: notation, units, separators, %, degrees, lists;
+1. extract.py -- the final answer given as an answer, and the rule that read it: a box, a
+   "final answer" phrase, a `####` line, a last line that is just the answer, a concluding
+   sentence (clause.py: what counts as "just the answer"; response.py: chat turns, code and
+   degenerate text; spans.py: boxes and math spans); boxes only under the strict rules
+   (`require_box`, a `truncated` response, one that ran on into a new chat turn);
+2. normalize.py -- canonical LaTeX: notation, units, separators, %, degrees, number words,
+   lists; units.py converts a quantity into the reference's unit family;
 3. expr.py / values.py -- flywheel's own recursive-descent parser into expression trees and
    a small value language (numbers, expressions, tuples and intervals, sets and lists,
-   unions, matrices, equations, marked % / degree values, multiple choice);
-4. compare.py -- exact rationals, decimal precision as written, sympy identity of small
+   unions, matrices and matrix expressions (matrices.py), equations, marked % / degree
+   values, multiple choice);
+4. compare.py -- exact rationals, decimals at their own precision, sympy identity of small
    rational expressions (symbolic.py, built from the parser's tree), values at random
    points (evaluate.py) for the rest.
 
