@@ -45,6 +45,9 @@ def _unfinished(g: str, rng: random.Random) -> list[str]:
         f"The final answer is not {g}, because",
         f"Maybe {g}",
         f"Let me try {a}: that gives {g}",
+        f"Thus {g} is",
+        f"So the total is {g} for the",
+        f"First, {a} x {b} = {g}",
     ]
 
 
@@ -112,6 +115,11 @@ def _garbage(g: str, rng: random.Random) -> list[str]:
         "I think so.\n" * 8 + g,
         "\ufffd" * 10 + g,
         "}" * 20 + g,
+        "-" * 20 + g,
+        "=" * 20 + g,
+        "#" * 20 + g,
+        "*" * 20 + g,
+        "." * 20 + g,
         soup + "\n" + g,
         consonants + ".\n" + g,
     ]

@@ -35,6 +35,9 @@ _STOP_AFTER = _NOT_AROUND | {"but", "or", "and", "when", "whenever", "because", 
                              "wait", "then", "although", "though", "however", "while", "before", "after", "so",
                              "let", "plus", "minus", "times", "maybe", "perhaps", "possibly", "probably"}
 """Words that continue a sentence past its value: the value was part of the reasoning."""
+_DANGLING = {"is", "are", "was", "were", "be", "the", "a", "an", "of", "to", "for", "with", "by", "in", "on", "at",
+             "from", "as", "that", "which", "we", "it", "this", "these", "its", "their", "our", "into", "than"}
+"""A sentence that ends on one of these stopped mid-way."""
 MAX_TRAILING_WORDS = 12
 """Words after the value ("12 distinct sequences that meet the conditions"); a last line
 allows 3 (a unit)."""
@@ -150,6 +153,8 @@ def clause_answer(clause: str, *, lead: str, number_words: bool = False) -> str 
     trail = [text[s:e].lower().strip(",") for kind, s, e in pieces[last + 1 :]]
     if lead == "none" and (lead_words or len(trail) > 3 or (trail and first == last and pieces[first][0] == "word")):
         return None
+    if trail and trail[-1] in _DANGLING:
+        return None  # "Thus 12 is", "The answer is 12 for the": the sentence never ended
     if set(lead_words[-3:]) & (_NOT_AROUND | TENTATIVE) or set(trail) & _STOP_AFTER or len(trail) > MAX_TRAILING_WORDS:
         return None
     if not all(re.fullmatch(r"[^\W\d_][\w'-]*(?:\^\{?\d\}?|[\u00b2\u00b3])?|[:\u2014-]", w) for w in lead_words + trail):

@@ -153,6 +153,9 @@ class _Parser:
 
     def unary(self) -> tuple:
         tok = self.peek()
+        if tok and tok[1] in "+-" and self.peek(1) and self.peek(1)[1] in "+-" and self.peek(2) \
+                and self.peek(2)[1] in "+-":
+            raise Reject("a run of signs")  # "------12" is a rule line, not -(-(...12))
         if tok and tok[1] == "-":
             self.take()
             return self.node("neg", self.nested(self.unary))

@@ -40,9 +40,9 @@ ANSWER_RULES = ("box", "phrase", "hashes", "last_line", "conclusion")
 LISTING_LINES = 3
 """A response with this many lines that are each a bare number lists candidates."""
 
-_FINAL = re.compile(r"(?:\bfinal answer|\banswer)\**\s*(?:is\b\s*:?|:|=)\s*\**[ \t]*|\bfinal answer\**[ \t]+(?=[-\d$\\(])"
+_FINAL = re.compile(r"(?:\bfinal answer|\banswer)\**\s*(?:is\b\s*:?|:)\s*\**[ \t]*|\bfinal answer\**[ \t]+(?=[-\d$\\(])"
                     r"|\bfinal answer\**[ \t]*(?=\n)", re.IGNORECASE)
-"""An answer phrase: "The final answer is", "Answer:", "answer =", "final answer 10", a
+"""An answer phrase: "The final answer is", "Answer:", "final answer 10", a
 "Final Answer" heading with the answer on the next line."""
 _TEXT = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{([^{}]*)\}")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
