@@ -76,7 +76,7 @@ def read_answer(completion: str, *, strict: bool = False) -> Extraction | None:
     box = Extraction(joined, "box", hedged) if boxes else None
     if strict or ran_on or degenerate(text):
         return box
-    after_box = without_code(text[boxes[-1][1] :] if boxes else text[-TAIL_CHARS:])
+    after_box = without_code((text[boxes[-1][1] :] if boxes else text)[-TAIL_CHARS:])
     phrase = _phrase(after_box)
     if phrase is not None or box is not None:
         return phrase or box
@@ -109,7 +109,7 @@ def _phrase(text: str) -> Extraction | None:
     """The last "final answer" phrase, when the rest of its sentence is the answer and no
     mathematics or #### line follows it (then it was not the final answer). Three or more
     different answers given by phrases are candidates listed: a hedge."""
-    phrases = list(_FINAL.finditer(text[-TAIL_CHARS:]))[-8:]
+    phrases = list(_FINAL.finditer(text))[-8:]
     if not phrases:
         return None
     m = phrases[-1]
@@ -143,7 +143,7 @@ def _phrase_clause(clause: str) -> str | None:
 
 
 def _hashes(text: str) -> Extraction | None:
-    hashes = list(_HASHES.finditer(text[-TAIL_CHARS:]))[-64:]
+    hashes = list(_HASHES.finditer(text))[-64:]
     if not hashes:
         return None
     answer = clause_answer(hashes[-1].group(1), lead="none", number_words=True)

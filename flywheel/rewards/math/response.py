@@ -15,7 +15,6 @@ All linear in the text they look at (at most TAIL_CHARS from the end).
 from __future__ import annotations
 
 import re
-import unicodedata
 
 __all__ = ["TAIL_CHARS", "cut_at_new_turn", "without_code", "degenerate"]
 
