@@ -149,8 +149,8 @@ def clause_answer(clause: str, *, lead: str, number_words: bool = False) -> str 
     if last + 1 < len(pieces) and pieces[last + 1][0] == "join":
         return None  # "x = <words>": the formula runs on into prose
     text = clause.strip().rstrip(".")
-    lead_words = [text[s:e].lower().strip(",") for kind, s, e in pieces[:first]]
-    trail = [text[s:e].lower().strip(",") for kind, s, e in pieces[last + 1 :]]
+    lead_words = [text[s:e].lower().strip(",") for kind, s, e in pieces[:first] if text[s:e] != ","]
+    trail = [text[s:e].lower().strip(",") for kind, s, e in pieces[last + 1 :] if text[s:e] != ","]
     if lead == "none" and (lead_words or len(trail) > 3 or (trail and first == last and pieces[first][0] == "word")):
         return None
     if trail and trail[-1] in _DANGLING:
