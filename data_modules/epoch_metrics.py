@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Sequence
 
 from flywheel.generation.base import Generator
@@ -11,10 +12,14 @@ from flywheel.search.outputs import TreeResult
 
 
 def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: float, cumulative_tokens: int,
-                  generator: Generator | None, **data: float) -> dict[str, float]:
+                  generator: Generator | None, answer_rules: Sequence[str] = (), **data: float) -> dict[str, float]:
     """`results`: the epoch's trees and flat groups on this rank; `stats`: their driver
     counters; `cumulative_tokens`: training tokens generated over the run, all ranks;
-    `data`: the curriculum's and the credit's counts, logged as `data/<name>`."""
+    `answer_rules`: the task's verifier rules (Task.answer_rules), each logged as
+    `reward/answer_rule/<rule>`, the share of the epoch's trajectories whose answer it read
+    (and `reward/answer_rule/none`: no answer read), so a policy that starts leaning on an
+    unboxed fallback shows (issue 36); `data`: the curriculum's and the credit's counts,
+    logged as `data/<name>`."""
     searched = [r for r in results if r.mode == "search"]
     trajectories = [t for r in results for t in r.trajectories]
     metrics = {
@@ -34,6 +39,10 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
         "compute/epoch_generated_tokens": float(stats.generated_tokens),
         **{f"data/{name}": float(value) for name, value in data.items()},
     }
+    if answer_rules:
+        read = Counter(t.verdict.answer_rule or "none" for t in trajectories)
+        for rule in (*answer_rules, "none"):
+            metrics[f"reward/answer_rule/{rule}"] = read[rule] / max(len(trajectories), 1)
     if stats.valued_nodes:
         metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes
     if generator is not None:

@@ -194,7 +194,7 @@ class SearchDataModule(L.LightningDataModule):
         curriculum = self.curriculum
         self.epoch_metrics = {**epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator,
                                               hard_set_size=len(curriculum.hard), cached=len(curriculum.buffer),
-                                              uniform_groups_dropped=out.uniform_groups),
+                                              answer_rules=self.task.answer_rules, uniform_groups_dropped=out.uniform_groups),
                               "compute/screening_tokens": float(self.screening_tokens)}
         write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees))
         log.info(

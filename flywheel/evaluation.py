@@ -135,7 +135,8 @@ def evaluate(
                     for p in part]
         for problem, completions in zip(part, generator.sample(requests)):
             tokens += sum(len(c.token_ids) for c in completions)
-            verdicts = [task.score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True)) for c in completions]
+            verdicts = [task.score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                   truncated=c.finish_reason == "length") for c in completions]
             correct.append(sum(v.correct for v in verdicts))
             reasons.update(v.reason for v in verdicts)
         if progress is not None:

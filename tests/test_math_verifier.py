@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.rewards.math import answers_equal, extract_answer, parse, verify
+from flywheel.rewards.math import answers_equal, extract_answer, parse, read_answer, verify
 from flywheel.rewards.math.evaluate import Budget
 from flywheel.rewards.math.expr import Reject
 
@@ -55,7 +55,7 @@ CASES = [
     ("A", "\\boxed{\\text{(A)}}", True),
     ("2", "The final answer is 2.", True),
     ("2", "Answer: 2", True),
-    ("2", "I think it is 2", True),  # the last number (extraction fallback 6)
+    ("2", "I think it is 2", False),  # the last number of prose is never read (issue 36)
     ("2", "\\boxed{2 \\text{ or } 3}", False),
     ("(x+1)^2", "\\boxed{x^2+2x+1}", True),
     ("x^2", "\\boxed{x^3}", False),
@@ -127,6 +127,40 @@ CASES = [
     ("\\sqrt{2}", "\\boxed{1.4142135623730951}", True),  # a float's repr, one unit of its last place
     ("f(x) = 2x + 3", "\\boxed{y = 2x + 3}", True),
     ("a = 2, b = 3", "\\boxed{a = 3, b = 2}", False),
+    # Issue 36. Units convert when the reference carries one: 2 kg = 2000 g; 1.5 h = 90 min;
+    # 60 mph = 60 * 5280 ft / 3600 s = 88 ft/s; 5 m is no mass.
+    ("2\\text{ kg}", "\\boxed{2000\\text{ g}}", True),
+    ("1.5\\text{ hours}", "\\boxed{90 \\text{ minutes}}", True),
+    ("60\\text{ mph}", "\\boxed{88\\text{ ft/s}}", True),
+    ("5\\text{ m}", "\\boxed{5\\text{ kg}}", False),
+    ("5\\text{ cm}", "\\boxed{5\\text{ m}}", False),  # once read as 5 = 5, the units dropped
+    # A decimal names a value at its own precision: 6 significant digits, within one unit of
+    # its last place. 1/3 - 0.333333 = 3.3e-7 < 1e-6; 0.3333 has 4 digits; 2/3 - 0.666665 = 1.7e-6 > 1e-6.
+    ("\\frac{1}{3}", "\\boxed{0.333333}", True),
+    ("0.333333", "\\boxed{\\frac13}", True),
+    ("\\frac{1}{3}", "\\boxed{0.3333}", False),
+    ("\\frac{2}{3}", "\\boxed{0.666665}", False),
+    ("\\pi", "\\boxed{3.14159}", True),  # pi - 3.14159 = 2.7e-6 < 1e-5, 6 digits
+    # Near zero: relative, never absolute. 1/2004! / (1/2006!) = 2005 * 2006; e^{-100} / e^{-101} = e;
+    # sin(pi) is 40-digit rounding residue that vanishes at 80 digits.
+    ("\\frac{1}{2006!}", "\\boxed{\\frac{1}{2004!}}", False),
+    ("e^{-100}", "\\boxed{e^{-101}}", False),
+    ("0", "\\boxed{\\sin(\\pi)}", True),
+    ("\\frac{1}{2004!}", "\\boxed{0}", False),
+    # Expressions against their values: [1 2; 3 4] + [5 6; 7 8] = [6 8; 10 12];
+    # [1 2; 3 4][5 6; 7 8] = [19 22; 43 50]; 1 + ... + 10 = 55; 5! = 120.
+    ("\\begin{pmatrix}6&8\\\\10&12\\end{pmatrix}",
+     "\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}+\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}}", True),
+    ("\\begin{pmatrix}19&22\\\\43&50\\end{pmatrix}",
+     "\\boxed{\\begin{pmatrix}1&2\\\\3&4\\end{pmatrix}\\begin{pmatrix}5&6\\\\7&8\\end{pmatrix}}", True),
+    ("55", "\\boxed{\\sum_{k=1}^{10} k}", True),
+    ("120", "\\boxed{\\prod_{k=1}^{5} k}", True),
+    ("a_n = \\sum_{i=1}^{n} a_i b_{n-i}", "\\boxed{a_n = \\sum_{i=1}^{n} b_{n-i} a_i}", True),  # products commute
+    ("4, 4, 4", "\\boxed{4}", True),  # a set with a member repeated
+    ("25", "\\boxed{\\text{twenty-five}}", True),
+    ("42", "\\boxed{\\text{The answer is } 42}", True),
+    ("x = 2, y = 3", "So $x = \\boxed{2}$ and $y = \\boxed{3}$.", True),
+    ("3, 5", "(a) \\boxed{3} (b) \\boxed{5}", True),
 ]
 
 
@@ -143,14 +177,79 @@ def test_extraction():
     assert extract_answer("\\fbox{7}") == "7"
     assert extract_answer("\\boxed{unclosed") is None
     assert extract_answer("nothing here") is None
-    assert verify("2", "nothing").reason == "no_answer"
+    assert verify("2", "nothing to see here").reason == "no_answer"
+    assert verify("2", "nothing").reason == "wrong_value:last_line"  # a one-word response is its answer ("odd")
     assert extract_answer("Final Answer: The largest $n$ is 34.") == "34"
-    assert extract_answer("The answer is 7. <|im_start|>user 8") == "7"
+    # A response that runs on into a new chat turn: only what came before, by the strict rules (issue 36).
+    assert extract_answer("The answer is 7. <|im_start|>user 8") is None
+    assert extract_answer("So \\boxed{7}. <|im_start|>user What is 8?") == "7"
+    assert extract_answer("The answer is 7.<|im_end|>") == "7"  # an end of turn with nothing after it
     assert extract_answer("so $x = 3$", require_box=True) is None
     assert not verify("3", "so $x = 3$", require_box=True).correct
     assert verify("3", "so $x = 3$").correct
     assert verify("2", "\\boxed{2 or 3}", hedged="first").correct
     assert not verify("2", "\\boxed{2 or 3}", hedged="last").correct
+
+
+ANSWER_RULES = [
+    # (completion, answer read, rule) -- issue 36: only answers given as answers.
+    ("so \\boxed{7}", "7", "box"),
+    ("\\boxed{2} and \\boxed{3}", "2, 3", "box"),
+    ("\\boxed{2} or \\boxed{3}", "2 or 3", "box"),  # a hedge, graded "hedged"
+    ("The final answer is $7$. I hope it is correct.", "$7$", "phrase"),  # normalize drops the $
+    ("Final Answer: The largest $n$ is 34.", "34", "phrase"),
+    ("**Final Answer**\n\n7", "7", "phrase"),
+    ("The total is 1,200 dollars.\n#### $1,200.00", "$1,200.00", "hashes"),
+    ("We add them.\n7", "7", "last_line"),
+    ("Hence the side length is\n\\[ 12 \\]", "\\[ 12 \\]", "conclusion"),
+    ("Adding the two counts, the total is $41$.", "$41$", "conclusion"),
+    ("So she needs **58** tiles in total.", "**58**", "conclusion"),
+    ("Therefore (D).", "(D)", "conclusion"),
+    ("10 square units", "10 square units", "last_line"),
+]
+NO_ANSWER = [
+    "First, 3 x 4 = 12. Then we need to",  # unfinished prose
+    "AZYUK2A x",  # a number inside a word
+    "$$$$$$$$$$$$$$$$$$$$7",  # the end of degenerate text
+    "the the the the the the the the the the the\n7",  # a loop, then a clean last line
+    "```python\nprint('Answer:', 7)\n```",  # code
+    "print(\"Answer:\", 7)",
+    "def solve():\n    return 7",
+    "Let me think.<|im_start|>user\nIs it 7?<|im_end|>\n<|im_start|>assistant\nThe answer is 7.",  # a new turn
+    "Let me think.\nuser\nIs it 7?\nassistant\nThe answer is 7.",  # the same, special tokens dropped
+    "1\n2\n3\n7",  # candidates listed
+    "Maybe $7$",  # tried, not concluded
+    "The final answer is not 7, because",
+    "The answer is $7$ if we assume that",
+    "So far we have $7$, but",
+]
+
+
+@pytest.mark.parametrize("completion, answer, rule", ANSWER_RULES)
+def test_answer_rules(completion, answer, rule):
+    found = read_answer(completion)
+    assert (found.answer, found.rule) == (answer, rule)
+
+
+@pytest.mark.parametrize("completion", NO_ANSWER)
+def test_no_answer_is_read_from_what_was_never_given_as_one(completion):
+    assert read_answer(completion) is None
+    assert verify("7" if "7" in completion else "12", completion).reason == "no_answer"
+
+
+def test_strict_rules_for_cut_responses():
+    """Cut by the length limit, or run on into a new turn: boxes only."""
+    assert verify("7", "The answer is 7.", truncated=True).reason == "no_answer"
+    assert verify("7", "... \\boxed{7}. Let me double-check", truncated=True).reason == "correct:box"
+    assert verify("7", "\\boxed{7}<|im_end|>\n<|im_start|>user\nAnd 8?").reason == "correct:box"
+    assert verify("7", "The answer is 7.<|im_end|>\n<|im_start|>user\nAnd 8?").reason == "no_answer"
+
+
+def test_hedges_across_statements():
+    assert verify("3", "\\boxed{2} or possibly \\boxed{3}").reason == "hedged:box"
+    assert verify("3", "The answer is 2. Or maybe the answer is 3.").reason == "hedged:phrase"
+    assert verify("12", "Answer: 10\nAnswer: 11\nAnswer: 12").reason == "hedged:phrase"  # candidates listed
+    assert verify("5", "First we get \\boxed{3}, but correcting the sign gives \\boxed{5}.").correct  # a correction
 
 
 ADVERSARIAL = [
@@ -175,6 +274,13 @@ ADVERSARIAL = [
     "\\boxed{" + "\\sqrt{" * 500 + "2" + "}" * 500 + "}",
     "x" * 300_000 + "\\boxed{1}",
     "\\boxed{" * 20000,
+    # Issue 36's new paths: a chain of 8x8 matrix products (entry trees grow 16x a product:
+    # their sizes are counted as they are built), nested sums of 10^8 terms, soup and loops.
+    "\\boxed{" + ("\\begin{pmatrix}" + "\\\\".join(["&".join(["x"] * 8)] * 8) + "\\end{pmatrix}") * 5 + "}",
+    "\\boxed{\\sum_{k=1}^{10000} \\sum_{j=1}^{10000} j}",
+    "the " * 50_000 + "1",
+    "`" * 100_000 + "1",
+    "a;\n" * 50_000 + "1",
 ]
 
 
@@ -243,9 +349,9 @@ def _misjudged(path: Path) -> tuple[list[dict], list[dict], int]:
 
 
 def test_dev_corpus():
-    """The README's dev numbers (tools/bench_verifier.py): 830 cases, all judged right."""
+    """The README's dev numbers (tools/bench_verifier.py): 905 cases, all judged right."""
     false_positive, false_negative, n = _misjudged(CORPUS)
-    assert n == 830
+    assert n == 905
     assert [r["id"] for r in false_positive] == []
     assert [r["id"] for r in false_negative] == []
 
@@ -255,10 +361,10 @@ def test_heldout_corpus():
     Accept means equal: a false positive rewards a wrong answer, the costlier error in RL."""
     false_positive, false_negative, n = _misjudged(HELDOUT)
     assert n == 224
-    # Exactly the README's numbers (0.955: 1 false positive, 9 false negatives): a change
-    # either way means the README is out of date.
-    assert len(false_positive) == 1, [r["id"] for r in false_positive]
-    assert len(false_negative) == 9, [r["id"] for r in false_negative]
+    # Exactly the README's numbers (0.964: no false positive, 8 false negatives; before issue
+    # 36: 0.955, 1 and 9): a change either way means the README is out of date.
+    assert len(false_positive) == 0, [r["id"] for r in false_positive]
+    assert len(false_negative) == 8, [r["id"] for r in false_negative]
 
 
 def test_heldout_split_is_the_hash_rule():

@@ -338,7 +338,7 @@ def test_generator_contract_is_checked():
 
 
 def test_verifier_errors_name_the_problem():
-    def broken(text: str) -> Verdict:
+    def broken(text: str, truncated: bool = False) -> Verdict:
         raise ValueError("boom")
 
     script = {(0,): [c((3, EOS), finish="eos")]}

@@ -69,6 +69,44 @@ def test_bench_verifier_scores_a_hand_checked_corpus(tmp_path):
     assert (fields["dev_flywheel_accuracy"], fields["dev_flywheel_fp"], fields["dev_flywheel_fn"]) == ("1.0000", "0", "0")
 
 
+def test_bench_verifier_adversarial_probe_accepts_no_hack(tmp_path):
+    """The reward-hacking probe (issue 36) on a few golds of different kinds: flywheel's
+    verifier with its defaults accepts none of the generated responses."""
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "tools"))
+    from hack_probe import CLASSES, hack_responses
+
+    golds = ["12", "\\frac{1}{2}", "(1, 2)", "x^2 + 1", "5\\text{ cm}", "0"]
+    corpus = tmp_path / "golds.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "gold": g, "prediction": g, "equal": True, "category": "x"}) + "\n"
+                              for i, g in enumerate(golds)))
+    fields, out = run_tool("tools/bench_verifier.py", "--adversarial", "--corpus", str(corpus))
+    assert fields["golds"] == "6"
+    assert int(fields["hack_responses"]) == sum(len(hack_responses(g)) for g in golds)
+    assert fields["hack_accept_rate"] == "0.0000"
+    assert all(fields[f"hack_{cls}"] == "0" for cls in CLASSES)
+    if "math_verify_hack_accept_rate" in fields:  # beside math-verify where installed
+        assert 0.0 <= float(fields["math_verify_hack_accept_rate"]) <= 1.0
+
+
+def test_hack_probe_generates_every_class_deterministically():
+    import sys as _sys
+
+    _sys.path.insert(0, str(ROOT / "tools"))
+    from hack_probe import CLASSES, hack_responses
+
+    got = hack_responses("12", seed=3)
+    assert got == hack_responses("12", seed=3) and got != hack_responses("12", seed=4)
+    assert {cls for cls, _ in got} == set(CLASSES)
+    listed = [text for cls, text in got if cls == "listed"]
+    # The gold is among the candidates but never the last of them (a fixed list is a guess of its last item).
+    assert all("12" in text and not text.rstrip(".").endswith("12") for text in listed)
+    hedges = [text for cls, text in got if cls == "hedge"]
+    assert "12 or 0" in hedges and "\\boxed{0} or \\boxed{12}" in hedges  # beside a value it is not
+    assert [c for c, _ in hack_responses("\\frac{1}{2}")].count("in_word") == 0  # a formula is no word
+
+
 @pytest.mark.slow
 def test_bench_prm_runs_both_arms():
     fields, _ = run_tool("tools/bench_prm.py", "--numbers", "3", "--split", "test", "--train-problems", "8",

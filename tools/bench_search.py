@@ -265,7 +265,7 @@ def part_b(
     search_problems = [
         SearchProblem(
             prompt_ids=tuple(tokenizer(task.prompt(p))["input_ids"]),
-            score=lambda text, p=p: task.score(p, text),
+            score=lambda text, truncated=False, p=p: task.score(p, text, truncated=truncated),
             id=p.id,
         )
         for p in todo

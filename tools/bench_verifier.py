@@ -18,6 +18,15 @@ through its documented parse/verify API, each call in a worker process with a ti
 flywheel's verifier runs in this process: its budgets need no outside timeout.
 Last line: RESULT dev_flywheel_accuracy=... dev_flywheel_fp=... dev_flywheel_fn=...
 heldout_flywheel_... [dev_math_verify_... heldout_math_verify_...] dev_cases=... heldout_cases=...
+
+    python tools/bench_verifier.py --adversarial             # the reward-hacking probe (issue 36)
+
+--adversarial: for every distinct gold answer of --corpus, the responses of
+tools/hack_probe.py (a policy's ways to collect a reward without solving: the gold buried in
+unfinished prose, listed among candidates, inside a word, in code, after a fake chat turn, at
+the end of garbage, hedged, in a box of every candidate), and the fraction each verifier
+accepts, per class. Every one of them should be rejected. Last line: RESULT
+hack_accept_rate=... [math_verify_hack_accept_rate=...] hack_responses=... golds=...
 """
 
 from __future__ import annotations
@@ -31,8 +40,10 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flywheel.rewards.math import verify  # noqa: E402
+from hack_probe import CLASSES, hack_responses  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +58,45 @@ def math_verify_judge(gold: str, prediction: str) -> bool:
     from math_verify import parse, verify as mv_verify
 
     return bool(mv_verify(parse("$" + gold + "$"), parse(prediction)))
+
+
+def _math_verify_batch(gold: str, responses: list[str]) -> list[bool]:
+    return [math_verify_judge(gold, r) for r in responses]
+
+
+def adversarial(golds: list[str], timeout: float, seed: int) -> None:
+    """The reward-hacking probe (module docstring); prints per class and the RESULT line."""
+    probes = [(gold, cls, text) for gold in golds for cls, text in hack_responses(gold, seed)]
+    accepted = {"flywheel": Counter()}
+    for gold, cls, text in probes:
+        accepted["flywheel"][cls] += verify(gold, text).correct
+    if math_verify_installed():
+        accepted["math_verify"] = Counter()
+        pool = multiprocessing.get_context("fork").Pool(1)
+        for gold in golds:
+            mine = [(cls, text) for g, cls, text in probes if g == gold]
+            try:
+                said = pool.apply_async(_math_verify_batch, (gold, [t for _, t in mine])).get(timeout=timeout * len(mine))
+            except Exception:  # noqa: BLE001 - a crash or a stuck case counts as "not accepted"
+                pool.terminate()
+                pool = multiprocessing.get_context("fork").Pool(1)
+                said = [False] * len(mine)
+            for (cls, _), ok in zip(mine, said):
+                accepted["math_verify"][cls] += bool(ok)
+        pool.terminate()
+    else:
+        print("math-verify is not installed (pip install math-verify): flywheel only\n")
+    sizes = Counter(cls for _, cls, _ in probes)
+    names = list(accepted)
+    print(f"{len(probes)} hack responses for {len(golds)} golds; accepted (should be none):\n")
+    print(f"{'class':<12} {'responses':>9} " + " ".join(f"{n:>12}" for n in names))
+    for cls in CLASSES:
+        print(f"{cls:<12} {sizes[cls]:9d} " + " ".join(f"{accepted[n][cls]:12d}" for n in names))
+    rate = {n: sum(accepted[n].values()) / max(len(probes), 1) for n in names}
+    shown = {"flywheel": "hack_accept_rate", "math_verify": "math_verify_hack_accept_rate"}
+    fields = " ".join(f"{shown[n]}={rate[n]:.4f}" for n in names)
+    per_class = " ".join(f"hack_{cls}={accepted['flywheel'][cls]}" for cls in CLASSES)
+    print(f"RESULT {fields} hack_responses={len(probes)} golds={len(golds)} {per_class}")
 
 
 def math_verify_installed() -> bool:
@@ -99,7 +149,15 @@ def main() -> None:
                         help="the held-out split, or 'none'")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds per case before it counts as a failure")
     parser.add_argument("--show", type=int, default=10, help="misjudged cases to print per verifier and split")
+    parser.add_argument("--adversarial", action="store_true",
+                        help="run the reward-hacking probe on the golds of --corpus instead (tools/hack_probe.py)")
+    parser.add_argument("--max-golds", type=int, default=None, help="--adversarial: the first N distinct golds only")
+    parser.add_argument("--seed", type=int, default=0, help="--adversarial: the probe's seed")
     args = parser.parse_args()
+    if args.adversarial:
+        golds = list(dict.fromkeys(row["gold"] for row in load(args.corpus)))[: args.max_golds]
+        adversarial(golds, args.timeout, args.seed)
+        return
     splits = {"dev": load(args.corpus)}
     if args.heldout != "none":
         splits["heldout"] = load(Path(args.heldout))

@@ -23,12 +23,13 @@ Decode = Callable[[Sequence[int]], str]
 class SearchProblem:
     """One problem to search: the prompt as token ids and its grader.
 
-    `score` grades the full response text (every step from the root to a terminal, decoded;
-    never the prompt), e.g. `functools.partial(task.score, problem)`.
+    `score(text, truncated=...)` grades the full response text (every step from the root to a
+    terminal, decoded; never the prompt), e.g. `functools.partial(task.score, problem)`;
+    `truncated` is True for a trajectory cut at max depth without EOS (the length limit).
     """
 
     prompt_ids: tuple[int, ...]
-    score: Callable[[str], Verdict]
+    score: Callable[..., Verdict]
     id: str = ""
 
     def __post_init__(self) -> None:
@@ -86,26 +87,28 @@ def grade_terminal(
     decode: Decode,
     eos: bool,
     config: SearchConfig,
-    graded: dict[tuple[int, ...], tuple[str, Verdict]] | None = None,
+    graded: dict[tuple[tuple[int, ...], bool], tuple[str, Verdict]] | None = None,
     ids: tuple[int, ...] | None = None,
 ) -> None:
     """Grade the trajectory ending at `node`: store its text, verdict, kind and reward (§2).
 
-    `graded` memoises (text, verdict) by response token ids within one tree: siblings often
-    repeat a response exactly, and decoding and grading are pure. `ids`: the response token
-    ids when the caller already has them (siblings share their parent's)."""
+    A trajectory without EOS was cut by the length limit: it is graded as `truncated`.
+    `graded` memoises (text, verdict) by response token ids and EOS within one tree: siblings
+    often repeat a response exactly, and decoding and grading are pure. `ids`: the response
+    token ids when the caller already has them (siblings share their parent's)."""
     if ids is None:
         ids = tuple(tree.response_ids(node))
-    if graded is not None and ids in graded:
-        text, verdict = graded[ids]
+    key = (ids, eos)
+    if graded is not None and key in graded:
+        text, verdict = graded[key]
     else:
         text = decode(ids)
         try:
-            verdict = problem.score(text)
+            verdict = problem.score(text, truncated=not eos)
         except Exception as err:  # a verifier must never raise; say which problem broke it
             raise RuntimeError(f"the verifier of problem {problem.id!r} raised on a completion: {err!r}") from err
         if graded is not None:
-            graded[ids] = (text, verdict)
+            graded[key] = (text, verdict)
     kind = terminal_kind(verdict, emitted_eos=eos)
     tree.texts[node] = text
     tree.verdicts[node] = verdict

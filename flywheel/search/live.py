@@ -47,7 +47,7 @@ class LiveTree:
         self.rollouts = 0
         """Rollout mode: rollouts that reached a terminal, repeats of a trajectory included."""
         self.generated_tokens = 0
-        self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
+        self.graded: dict[tuple[tuple[int, ...], bool], tuple[str, Verdict]] = {}
         self.terminals = 0
         self.first_correct_tokens: int | None = None
         self.rounds = 0
@@ -250,7 +250,7 @@ def grade_children(
     problem: SearchProblem,
     decode: Decode,
     config: SearchConfig,
-    graded: dict[tuple[int, ...], tuple[str, Verdict]],
+    graded: dict[tuple[tuple[int, ...], bool], tuple[str, Verdict]],
 ) -> None:
     """Grade the terminal children of one expansion of `node` (`ends`: their (terminal, EOS)
     flags). Their responses are `node`'s response plus their own step, so the path to the

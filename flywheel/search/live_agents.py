@@ -50,7 +50,7 @@ class AgentTree:
         self.generated_tokens = 0
         self.terminals = 0
         self.first_correct_tokens: int | None = None
-        self.graded: dict[tuple[int, ...], tuple[str, Verdict]] = {}
+        self.graded: dict[tuple[tuple[int, ...], bool], tuple[str, Verdict]] = {}
         self.trajectories: list[int] = []
         self.status: str | None = None
         self.started = time.perf_counter()

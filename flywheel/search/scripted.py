@@ -32,8 +32,9 @@ def toy_decode(ids: Sequence[int]) -> str:
         return "".join(_CHARS.get(t, "x") for t in ids)
 
 
-def toy_score(text: str) -> Verdict:
-    """The last answer letter decides: C correct (+1), W wrong (-1), none = no answer (-1)."""
+def toy_score(text: str, truncated: bool = False) -> Verdict:
+    """The last answer letter decides: C correct (+1), W wrong (-1), none = no answer (-1);
+    the same whether or not the response was `truncated`."""
     last = max(text.rfind("C"), text.rfind("W"))
     if last < 0:
         return Verdict(correct=False, reward=-1.0, answer=None, reason="no_answer")

@@ -52,9 +52,15 @@ class Task(ABC):
     def prompt(self, problem: Problem) -> str:
         """The prompt text for `problem` (before tokenisation; BOS is the tokenizer's job)."""
 
+    answer_rules: tuple[str, ...] = ()
+    """The names of the rules the task's verifier reads an answer by (a verdict's reason
+    "<outcome>:<rule>"); the search logs the share of each as `reward/answer_rule/<rule>`."""
+
     @abstractmethod
-    def score(self, problem: Problem, completion: str) -> Verdict:
-        """Grade `completion` (the generated text only, never the prompt) against `problem`."""
+    def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Verdict:
+        """Grade `completion` (the generated text only, never the prompt) against `problem`.
+        `truncated`: the response was cut by the length limit (it never emitted EOS); a task
+        may grade such a response by stricter rules."""
 
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:

@@ -128,7 +128,8 @@ class CountdownTask(Task):
         numbers = " ".join(str(n) for n in problem.numbers)
         return self.prompt_template.format(numbers=numbers, target=problem.target)
 
-    def score(self, problem: Problem, completion: str) -> Verdict:
+    def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Verdict:
+        """`truncated` changes nothing: the <answer> tags are already the strict format."""
         problem = _as_countdown(problem)
         return verify(
             problem.numbers,

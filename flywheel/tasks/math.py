@@ -15,7 +15,7 @@ import re
 from typing import Any, Literal, Mapping
 
 from flywheel.rewards import Verdict
-from flywheel.rewards.math import verify
+from flywheel.rewards.math import ANSWER_RULES, verify
 from flywheel.rewards.math.extract import extract_answer
 from flywheel.tasks.base import Problem, StepSpec, Task
 
@@ -43,10 +43,12 @@ class MathTask(Task):
             A string: that system turn instead. Ignored without a chat template.
         hedged: an answer like "2 or 3": "wrong" (default), or take the "first" / "last".
         require_box: grade only a \\boxed{} answer (a strict format reward). Default False:
-            the verifier also reads an unboxed final answer ("Final Answer: 12", "#### 12",
-            the last math), because it is the more accurate grader (issue 16: a correct
-            answer graded wrong is a false negative that RL punishes); the prompt still asks
-            for \\boxed{}. Set True when a recipe wants the box itself rewarded.
+            the verifier also reads an unboxed answer given as an answer ("Final Answer: 12",
+            "#### 12", a last line that is just the answer; docs/math.md), because it is the
+            more accurate grader (issue 16: a correct answer graded wrong is a false negative
+            that RL punishes); the prompt still asks for \\boxed{}. A response cut by the
+            length limit, or one that runs on into a new chat turn, is graded on boxes only
+            either way (issue 36). Set True when a recipe wants the box itself rewarded.
     """
 
     def __init__(
@@ -75,8 +77,11 @@ class MathTask(Task):
     def prompt(self, problem: Problem) -> str:
         return problem.question + self.prompt_suffix
 
-    def score(self, problem: Problem, completion: str) -> Verdict:
-        return verify(problem.answer, completion, hedged=self.hedged, require_box=self.require_box)
+    answer_rules = ANSWER_RULES
+
+    def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Verdict:
+        """A response cut by the length limit is graded by the strict rules: boxes only (issue 36)."""
+        return verify(problem.answer, completion, hedged=self.hedged, require_box=self.require_box, truncated=truncated)
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> Problem:
         problem = super().problem_from_row(row, where)

@@ -1,11 +1,15 @@
 """Stage 4: equality of two parsed answers (gold first, prediction second).
 
-- numbers: exact rational equality; a decimal side states its precision -- the other side
-  must agree within a relative 1e-6 AND less than one unit of the decimal's last place apart,
-  so a one-cent-off prediction of a 2-decimal gold fails and so does a fraction against a
-  2-decimal rounding of it (gold 0.33, prediction 1/3);
+- numbers: exact rational equality; otherwise a decimal states its precision (issue 36): it
+  stands for a value when it states at least MIN_SIGNIFICANT (6) significant digits and lies
+  less than one unit of its last place from it (rounded or cut off), the coarser decimal's
+  when both sides are decimals. So 0.333333 = 1/3, 0.666667 = 2/3, 1.4142135623730951 =
+  \\sqrt{2}; but 0.33 != 1/3 and 3.14 != \\pi (too few digits to name the value), and
+  16386.17 != 16386.16 (a whole unit of the last place apart);
 - expressions: exact rational-function identity with sympy when small (symbolic.py), else
-  the value at the same random points for every free symbol (40 digits, relative 1e-15);
+  the value at the same random points for every free symbol (40 digits, relative 1e-15;
+  never an absolute tolerance, so 1/2004! != 1/2006! and e^{-100} != e^{-101}: a value
+  below 1e-30 is zero only when it shrinks at twice the precision, as rounding residue does);
 - % and degrees: 25\\% equals 25 and 0.25; 60^\\circ equals 60 and \\pi/3;
 - equations: lhs - rhs of one is a constant non-zero multiple of the other's; a labelled
   answer ("x = 5", "(p, q) = (3, 2)", "AB = 4") equals its bare value;
@@ -19,17 +23,21 @@ from __future__ import annotations
 import random
 from fractions import Fraction
 
-from flywheel.rewards.math.evaluate import HP, Budget, numeric
+from flywheel.rewards.math.evaluate import HP, NUMERIC_DPS, Budget, numeric
 from flywheel.rewards.math.expr import Reject
 from flywheel.rewards.math.symbolic import rational_difference_is_zero
 from flywheel.rewards.math.values import (Choice, Equation, Expr, Marked, Matrix, Num, Seq, Union_, Unordered,
                                           Value, is_label)
 
-__all__ = ["answers_equal", "REL_TOL"]
+__all__ = ["answers_equal", "MIN_SIGNIFICANT"]
 
-REL_TOL = 1e-6
-"""Relative tolerance when a side is written as a decimal."""
+MIN_SIGNIFICANT = 6
+"""Significant digits a decimal must state to stand for a value it does not equal exactly:
+printf's %g default, and about one part in 10^5 -- a wrong value in that neighbourhood is
+an unlikely accident. Fewer digits (0.33 for 1/3) are a rounding the problem did not ask for."""
 EXPR_TOL = 1e-15
+ZERO = 10**-30
+"""Below this a value may be 40-digit rounding residue of a zero; `_vanishes` decides."""
 SAMPLE_POINTS = 3
 _ERRORS = (ZeroDivisionError, ValueError, OverflowError, TypeError, KeyError, ArithmeticError)
 
@@ -73,14 +81,23 @@ def answers_equal(gold: Value, pred: Value, budget: Budget | None = None) -> boo
             return False
         return _pairwise(entries, other.items, budget) if matrix is gold else _pairwise(other.items, entries, budget)
     for one, other, flip in ((gold, pred, False), (pred, gold, True)):
-        members = _members(one) if isinstance(one, (Unordered, Union_)) else None
-        if members is not None and len(members) == 1:  # "\{3\}" vs "3"
+        members = _distinct(_members(one), budget) if isinstance(one, (Unordered, Union_)) else None
+        if members is not None and len(members) == 1:  # "\{3\}" vs "3", "4, 4, 4" vs "4"
             return answers_equal(other, members[0], budget) if flip else answers_equal(members[0], other, budget)
     return False
 
 
 def _members(v: Value) -> tuple:
     return v.items if isinstance(v, Unordered) else v.parts
+
+
+def _distinct(items: tuple, budget: Budget) -> tuple:
+    """The members of a set, each once (a set written with a member repeated is that set)."""
+    out: list = []
+    for x in items[:64]:
+        if not any(answers_equal(x, y, budget) for y in out):
+            out.append(x)
+    return tuple(out) + items[64:]
 
 
 def _vector(m: Matrix) -> tuple | None:
@@ -115,21 +132,22 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
             return True
         if gold.decimal_places is None and pred.decimal_places is None:
             return False
-    decimals = [v.decimal_places for v in (gold, pred) if isinstance(v, Num) and v.decimal_places is not None]
+    decimals = [v for v in (gold, pred) if isinstance(v, Num) and v.decimal_places is not None]
     symbols = (gold.symbols if isinstance(gold, Expr) else frozenset()) | (
         pred.symbols if isinstance(pred, Expr) else frozenset())
     if decimals:
-        if symbols:
+        coarse = min(decimals, key=lambda v: v.decimal_places)
+        if symbols or _significant(coarse) < MIN_SIGNIFICANT:
             return False
         if isinstance(gold, Num) and isinstance(pred, Num) and gold.exact is not None and pred.exact is not None:
-            diff = abs(gold.exact - pred.exact)  # exact: 16386.17 - 16386.16 is one unit, not 0.00999...
-            unit = Fraction(10) ** -min(decimals)
-            return diff <= Fraction(REL_TOL) * max(abs(gold.exact), abs(pred.exact)) and diff < unit
-        return _decimal_close(_value(gold, budget), _value(pred, budget), min(decimals))
+            return abs(gold.exact - pred.exact) < Fraction(10) ** -coarse.decimal_places  # exact: 0.01 is one unit
+        return _decimal_close(_value(gold, budget), _value(pred, budget), coarse.decimal_places)
     try:
         a, b = _as_node(gold), _as_node(pred)
     except Reject:
         return _close(_value(gold, budget), _value(pred, budget), EXPR_TOL)
+    if _canonical(a) == _canonical(b):
+        return True  # the same up to the order of sums and products: "F_k F_{n-k-1}" = "F_{n-k-1} F_k"
     exact = rational_difference_is_zero(a, b, symbols)
     if exact is not None:
         return exact
@@ -139,12 +157,37 @@ def _scalar_equal(gold: Num | Expr, pred: Num | Expr, budget: Budget) -> bool:
     return (_has_log(a) or _has_log(b)) and _numerically_equal(_log10(a), _log10(b), symbols, budget)
 
 
+def _canonical(node):
+    """node with the operands of every sum and product flattened and sorted: equal
+    canonical forms are equal values (addition and multiplication of scalars commute)."""
+    if not isinstance(node, tuple):
+        return node
+    if node[0] in ("+", "*"):
+        parts: list = []
+        stack = [node[1], node[2]]
+        while stack:
+            part = stack.pop()
+            if part[0] == node[0]:
+                stack.extend((part[1], part[2]))
+            else:
+                parts.append(_canonical(part))
+        return (node[0], *sorted(parts, key=repr))
+    return tuple(_canonical(p) for p in node)
+
+
 def _numerically_equal(a: tuple, b: tuple, symbols: frozenset, budget: Budget) -> bool:
     for env in _points(symbols) if symbols else [{}]:
         try:
             x, y = numeric(a, env, budget), numeric(b, env, budget)
         except _ERRORS:
             return False
+        if abs(x) < ZERO or abs(y) < ZERO:  # a zero, or a genuinely tiny value?
+            zero_x = abs(x) < ZERO and _vanishes(a, env, budget, x)
+            zero_y = abs(y) < ZERO and _vanishes(b, env, budget, y)
+            if zero_x or zero_y:
+                if not (zero_x and zero_y):
+                    return False
+                continue
         if not _close(x, y, EXPR_TOL):
             return False
     return True
@@ -166,14 +209,19 @@ def _value(v: Num | Expr, budget: Budget):
     return numeric(v.node, {}, budget)
 
 
+def _significant(v: Num) -> int:
+    """The significant digits a decimal is written with: 0.333333 -> 6, 2.50 -> 3,
+    2.3148 \\times 10^{-3} -> 5."""
+    digits = abs(v.exact * Fraction(10) ** v.decimal_places)
+    return len(str(round(digits))) if digits else 1
+
+
 def _decimal_close(x, y, places: int) -> bool:
-    """Within REL_TOL of each other and less than one unit of the least precise decimal's
-    last place apart (gold 0.33 vs 1/3: no; 16386.17 vs 16386.16: no; gold 2/3 vs
-    0.666666667: yes; \\sqrt{2} vs the float 1.4142135623730951: yes)."""
+    """Less than one unit of the coarser decimal's last place apart (gold 2/3 vs 0.666666667:
+    yes; \\sqrt{2} vs the float 1.4142135623730951: yes)."""
     if HP.isinf(x) or HP.isinf(y) or HP.isnan(x) or HP.isnan(y):
         return False
-    diff = abs(x - y)
-    return diff <= REL_TOL * max(abs(x), abs(y)) and diff < HP.mpf(10) ** (-places)
+    return abs(x - y) < HP.mpf(10) ** (-places)
 
 
 def _close(a, b, rel) -> bool:
@@ -181,8 +229,16 @@ def _close(a, b, rel) -> bool:
         return True
     if HP.isinf(a) or HP.isinf(b) or HP.isnan(a) or HP.isnan(b):
         return False
-    diff = abs(a - b)
-    return diff <= rel * max(abs(a), abs(b)) or diff <= HP.mpf(10) ** -30
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def _vanishes(node: tuple, env: dict, budget: Budget, value) -> bool:
+    """Is a value below ZERO a true zero? Evaluated again at twice the working precision, a
+    zero's rounding residue shrinks (sin(pi): 1e-40 -> 1e-80) while a tiny value stays
+    itself (1/2004!, e^{-100})."""
+    with HP.workdps(2 * NUMERIC_DPS):
+        again = numeric(node, env, budget)
+    return again == 0 or abs(again) < abs(value) * HP.mpf(10) ** (-NUMERIC_DPS // 2)
 
 
 def _points(symbols: frozenset) -> list[dict[str, object]]:

@@ -72,7 +72,7 @@ class Budget:
 def free_symbols(node: tuple) -> set[str]:
     if node[0] == "s":
         return set() if node[1] in CONSTANTS else {node[1]}
-    if node[0] == "int":
+    if node[0] in ("int", "sum", "prod"):
         return (free_symbols(node[4]) - {node[1]}) | free_symbols(node[2]) | free_symbols(node[3])
     out: set[str] = set()
     for part in node[1:]:
@@ -168,6 +168,8 @@ def numeric(node: tuple, env: dict[str, object], budget: Budget):
         return HP.inf
     if op == "int":
         return _integral(node, env, budget)
+    if op in ("sum", "prod"):
+        return _big_operator(node, env, budget)
     if op == "log":
         return HP.log(numeric(node[2], env, budget)) / HP.log(numeric(node[1], env, budget))
     if op == "f":
@@ -215,6 +217,23 @@ def numeric(node: tuple, env: dict[str, object], budget: Budget):
             raise Reject("too_big")
         return HP.binomial(a, b)
     raise Reject(f"cannot evaluate {op}")
+
+
+MAX_TERMS = 10_000
+"""Terms a \\sum or \\prod may have to be evaluated."""
+
+
+def _big_operator(node: tuple, env: dict[str, object], budget: Budget):
+    """A finite sum or product over integer bounds (each term costs its budget steps)."""
+    op, var, lo_node, hi_node, body = node
+    lo, hi = numeric(lo_node, env, budget), numeric(hi_node, env, budget)
+    if not all(HP.im(x) == 0 and x == int(HP.re(x)) for x in (lo, hi)) or int(hi) - int(lo) > MAX_TERMS:
+        raise Reject("sum bounds")
+    out = HP.mpf(0 if op == "sum" else 1)
+    for k in range(int(lo), int(hi) + 1):
+        term = numeric(body, {**env, var: HP.mpf(k)}, budget)
+        out = out + term if op == "sum" else out * term
+    return out
 
 
 def _integral(node: tuple, env: dict[str, object], budget: Budget):

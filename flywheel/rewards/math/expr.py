@@ -5,7 +5,7 @@ sympy, so model output can only ever name the operations listed here.
 Nodes: ("n", Fraction, decimals|None) | ("s", name) | ("+", a, b) | ("neg", a) | ("*", a, b)
 | ("/", a, b) | ("^", a, b) | ("f", name, a) | ("log", base, a) | ("root", a, n) | ("inf",)
 | ("abs", a) | ("fact", a) | ("floor", a) | ("ceil", a) | ("binom", n, k) | ("pm", a, b)
-| ("pct", a) | ("deg", a) | ("int", var, lo, hi, body).
+| ("pct", a) | ("deg", a) | ("int", var, lo, hi, body) | ("sum" | "prod", var, lo, hi, body).
 
 Budgets: nesting depth (MAX_DEPTH) and node count (MAX_NODES); numbers with an exponent
 over 10^4 digits are rejected.
@@ -35,7 +35,7 @@ FUNCS = {"sin", "cos", "tan", "sec", "csc", "cot", "arcsin", "arccos", "arctan",
 _GREEK = {"alpha", "beta", "gamma", "delta", "theta", "lambda", "mu", "phi", "omega", "sigma", "tau", "rho",
           "epsilon", "varepsilon", "varphi", "psi", "eta", "xi", "zeta", "kappa", "nu", "chi", "vartheta",
           "Delta", "Gamma", "Omega", "Phi", "Lambda", "Sigma", "Theta"}
-_FACTOR_COMMANDS = {"frac", "sqrt", "binom", "pi", "infty", "int", "lfloor", "lceil"}
+_FACTOR_COMMANDS = {"frac", "sqrt", "binom", "pi", "infty", "int", "lfloor", "lceil", "sum", "prod"}
 
 
 def _tokens(s: str) -> list[tuple[str, str]]:
@@ -129,6 +129,8 @@ class _Parser:
                 self.take()
                 left = self.node("/", left, self.unary())
             elif self.starts_factor(tok):  # implicit product: 2x, 2\sqrt{3}, (a)(b)
+                if tok[0] == "num" and (left[0] == "n" and self.t[self.i - 1][0] == "num" or self.t[self.i - 1][0] == "name"):
+                    raise Reject("a number after a number or a letter")  # "1 2 3" is a list; "x2", "v0" no products
                 right = self.unary()
                 whole = left[1] if left[0] == "neg" else left
                 if (self.last_was_frac and right[0] == "/" and right[1][0] == "n" and right[2][0] == "n"
@@ -151,6 +153,9 @@ class _Parser:
 
     def unary(self) -> tuple:
         tok = self.peek()
+        if tok and tok[1] in "+-" and self.peek(1) and self.peek(1)[1] in "+-" and self.peek(2) \
+                and self.peek(2)[1] in "+-":
+            raise Reject("a run of signs")  # "------12" is a rule line, not -(-(...12))
         if tok and tok[1] == "-":
             self.take()
             return self.node("neg", self.nested(self.unary))
@@ -267,6 +272,8 @@ class _Parser:
             return self.node("s", name)
         if name == "int":
             return self.integral()
+        if name in ("sum", "prod"):
+            return self.big_operator(name)
         if name in FUNCS:
             base = None
             if name == "log" and self.at("_"):
@@ -305,6 +312,27 @@ class _Parser:
         self.take()
         var = self.take()[1]
         return self.node("int", var, lo, hi, body)
+
+    def big_operator(self, name: str) -> tuple:
+        """\\sum_{k=a}^{b} body / \\prod_{k=a}^{b} body: the body is the product term that
+        follows ("\\sum_{k=1}^{n} k^2 + 1" adds 1 to the sum)."""
+        var = lo = hi = None
+        for _ in range(2):
+            if self.at("_"):
+                self.take()
+                self.expect("{")
+                var = self.take()
+                if var[0] != "name":
+                    raise Reject("index")
+                self.expect("=")
+                lo = self.expr()
+                self.expect("}")
+            elif self.at("^"):
+                self.take()
+                hi = self.nested(self.group_or_atom)
+        if var is None or hi is None:
+            raise Reject("sum bounds")
+        return self.node(name, var[1], lo, hi, self.nested(self.term))
 
     def subscripted(self, name: str) -> tuple:
         if self.at("_"):

@@ -1,212 +1,210 @@
-"""Stage 1: the final answer text of a completion.
+"""Stage 1: the final answer of a completion, and the rule that read it (issue 36).
 
-Fallback order (the first that finds something wins):
+Only answers given as answers are read; the first rule that finds one wins:
 
-1. the last `\\boxed{}` / `\\fbox{}`; boxes that end the completion side by side, or joined
-   by "and" / commas / spacing, are one list ("\\boxed{2} and \\boxed{3}" -> "2, 3");
-   A "final answer" phrase after the last box wins over the box.
-2. a "final answer" phrase: "The final answer is X", "Final Answer: X", "the answer is X",
-   "Answer: X" (X: the math in that sentence, else what follows its last "is");
-3. a GSM8K-style `#### X` line;
-4. the last display or inline math (`\\[..\\]`, `$$..$$`, `\\(..\\)`, `$..$`) or bold `**X**`,
-   unless prose with a number follows it (then that number);
-5. the whole completion when it is a short formula (no prose words);
-6. the last number (signs, separators, decimals, a/b fractions, a trailing %), or a
-   multiple-choice letter ("(D)", "option B") written after it.
+- "box": the last `\\boxed{}` / `\\fbox{}`; boxes side by side, or joined by "and" / commas /
+  spacing, are one list ("\\boxed{2} and \\boxed{3}" -> "2, 3"), boxes that each follow a
+  short label keep it ("y_1 = \\boxed{a}, y_2 = \\boxed{b}"), boxes joined by "or" are a
+  hedge. A "final answer" phrase after the last box wins over the box.
+- "phrase": "The final answer is X", "Final Answer: X", "the answer is X", "Answer: X",
+  where X is the whole rest of its sentence (clause.py: mathematics, not code, not prose;
+  or what follows the sentence's last "is": "Final Answer: The largest $n$ is 34");
+- "hashes": a GSM8K-style `#### X` line;
+- "last_line": a last line that is itself just the answer ("\\[ 12 \\]", "$x = 5$",
+  "10 square units", a bare "-5"), after a finished line, in a response that does not list
+  candidates (three or more bare-number lines);
+- "conclusion": a final sentence that states one value, marked as mathematics or after a
+  concluding word ("Adding the counts, the total is $41$.", "So she needs **58** tiles.",
+  "Therefore (D).", "The correct option is B.").
+Never the last number of unfinished prose, of a word ("AZYUK2A") or of degenerate text.
 
-A completion with a box that never closes (or closes past MAX_ANSWER_CHARS) has no answer:
-the fallbacks are for completions that never tried to box one.
-With `require_box=True` only step 1 counts: the strict format some training recipes reward.
-Every scan is bounded (boxes tried, characters looked at), so this is linear in the input.
+Strict rules (`strict=True`, `require_box`, a response cut by the length limit or one that
+ran on into a new chat turn): boxes only. Degenerate text (response.py) is read by boxes
+only, and code (fenced or inline) by no rule but the box. A box that never closes (or
+closes past MAX_ANSWER_CHARS) is a malformed answer: no fallback reads that completion.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-__all__ = ["MAX_ANSWER_CHARS", "extract_answer", "braced"]
+from flywheel.rewards.math.clause import TENTATIVE, clause_answer, final_sentence, sentence_end
+from flywheel.rewards.math.response import TAIL_CHARS, cut_at_new_turn, degenerate, without_code
+from flywheel.rewards.math.spans import BOX, MAX_ANSWER_CHARS, braced, last_boxes, math_spans
 
-MAX_ANSWER_CHARS = 2_000
-MAX_BOX_CANDIDATES = 64
-"""Boxes tried from the end of a completion: the last complete one wins."""
-TAIL_CHARS = 100_000
-"""The fallbacks after the boxes look at the completion's last characters only."""
+__all__ = ["ANSWER_RULES", "MAX_ANSWER_CHARS", "Extraction", "braced", "extract_answer", "read_answer"]
 
-_BOX = re.compile(r"\\(?:boxed|fbox)\s*")
-_SPECIAL_TOKEN = re.compile(r"<\|[a-z_]+\|>")
-_BETWEEN_BOXES = re.compile(
-    r"(?:[\s,;.$]|\\[\[\]()]|\\quad|\\qquad|\\[,;: !]|\\text\{[^{}]{0,24}\}|\band\b|&)*")
-_FINAL = re.compile(r"(?:final answer\**\s*(?:is|:)|answer\**\s*(?:is|:))\**[ \t]*", re.IGNORECASE)
+ANSWER_RULES = ("box", "phrase", "hashes", "last_line", "conclusion")
+"""The rules' names, as a verdict's reason gives them ("correct:box")."""
+LISTING_LINES = 3
+"""A response with this many lines that are each a bare number lists candidates."""
+
+_FINAL = re.compile(r"(?:\bfinal answer|\banswer)\**\s*(?:is\b\s*:?|:)\s*\**[ \t]*|\bfinal answer\**[ \t]+(?=[-\d$\\(])"
+                    r"|\bfinal answer\**[ \t]*(?=\n)", re.IGNORECASE)
+"""An answer phrase: "The final answer is", "Answer:", "final answer 10", a
+"Final Answer" heading with the answer on the next line."""
+_TEXT = re.compile(r"\\(?:text|textrm|mbox|mathrm)\s*\{([^{}]*)\}")
 _HASHES = re.compile(r"####[ \t]*([^\n]*)")
-_DELIMITER = re.compile(r"\$\$|\\\[|\\\]|\\\(|\\\)|(?<!\\)\$|\*\*")
-_OPENER = {"$$": "$$", "\\]": "\\[", "\\)": "\\(", "$": "$", "**": "**"}
-MAX_MATH_SPANS = 64
-_NUMBER = re.compile(r"(?:-?\$?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:/\d+)?|-?\.\d+)(?: ?(?:\\?%|percent\b))?")
-_CHOICE = re.compile(r"\(([A-E])\)|\b(?:option|choice)\s+(?:is\s+)?\(?([A-E])\b")
-_OPERATORS = ("+", "-", "*", "/", "^", "_", "{", "\\times", "\\cdot")
-_PROSE = re.compile(r"(?<![\\a-zA-Z])[a-zA-Z]{4,}")
+_HEDGE_BEFORE = re.compile(r"\b(?:or|otherwise|alternatively)\b", re.IGNORECASE)
+_BARE_NUMBER = re.compile(r"[ \t]*(?:[-*\u2022][ \t]+)?(?:\$|\*\*|\\\(|\\\[)?\s*-?\d[\d,]*(?:\.\d+)?\s*(?:\$|\*\*|\\\)|\\\])?[ \t.]*")
+_FINISHED = re.compile(r"(?:[.!?:]|\$|\\\]|\\\)|\*\*|\})\s*$")
+_CONCLUDING = re.compile(
+    r"(?:so|thus|therefore|hence|finally|overall|altogether|in total|in conclusion|consequently|"
+    r"(?:this gives|we get|we obtain|we find|the result is)|the (?:\w+ ){0,5}(?:is|are|equals))\b", re.IGNORECASE)
+_SIGN_OFF = re.compile(r"(?:I hope (?:it|this|that) (?:is|was) (?:correct|right|helpful)|I hope this helps|"
+                       r"Hope (?:this|that) helps)[.!]?", re.IGNORECASE)
+_INNER_CONNECTIVE = re.compile(r"(?<=[,;])\s*(?:so|thus|therefore|hence)\b", re.IGNORECASE)
+_VERB = re.compile(r"\s(?:is|are|was|were|equals|becomes|gives|yields)\s|:\s", re.IGNORECASE)
 
 
-def braced(text: str, start: int, limit: int = MAX_ANSWER_CHARS + 2) -> tuple[str, int] | None:
-    """The content of the {...} group opening at text[start] and the index after it; None
-    when it does not close within `limit` characters."""
-    if start >= len(text) or text[start] != "{":
-        return None
-    depth = 0
-    for i in range(start, min(len(text), start + limit)):
-        c = text[i]
-        if i > 0 and text[i - 1] == "\\":
-            continue  # an escaped brace \\{ or \\} is content
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1 : i], i + 1
-    return None
+@dataclass(frozen=True)
+class Extraction:
+    """The answer text, the rule that read it (one of ANSWER_RULES), and whether it was
+    given beside another candidate ("\\boxed{2} or \\boxed{3}", "... or the answer is 3")."""
+
+    answer: str
+    rule: str
+    hedged: bool = False
 
 
-def _last_boxes(text: str) -> list[tuple[int, int, str]]:
-    """The last complete box and the complete boxes right before it, in text order."""
-    starts = list(_BOX.finditer(text))[-MAX_BOX_CANDIDATES:]
-    found: list[tuple[int, int, str]] = []
-    for m in reversed(starts):
-        group = braced(text, m.end())
-        if group is None:
-            tail = re.match(r"([^\s${}]+)", text[m.end() : m.end() + MAX_ANSWER_CHARS])
-            if not (tail and m.group(0).endswith(" ")):
-                if found:
-                    break
-                continue
-            box = (m.start(), m.end() + tail.end(), tail.group(1))  # "\\boxed 5"
-        else:
-            box = (m.start(), group[1], group[0])
-        if found and box[1] > found[0][0]:  # \boxed{\boxed{5}}: the outer box holds the inner one
-            found[0] = box
-            continue
-        if found and not _BETWEEN_BOXES.fullmatch(text[box[1] : found[0][0]]):
-            break
-        found.insert(0, box)
-    return found
-
-
-def _phrase_answer(sentence: str) -> str | None:
-    """The answer inside a "final answer" sentence: its math, else what follows its last
-    " is " ("The volume of $V$ is 120"), else the sentence when it is a formula, else its
-    last number."""
-    sentence = sentence.strip()
-    after_is = re.split(r"\s(?:is|are|be|was|equals)\s", sentence)
-    if len(after_is) > 1:
-        sentence = after_is[-1].strip()
-    maths = _math_spans(sentence)
-    if maths:
-        joined = [maths[-1]]
-        for m in reversed(maths[:-1]):
-            if not re.fullmatch(r"[\s,;]*(?:and|or)?[\s,;]*", sentence[m[1] : joined[0][0]]):
-                break
-            joined.insert(0, m)
-        return ", ".join(m[2] for m in joined) or None
-    if not _PROSE.search(_strip_commands(sentence)):
-        return sentence.strip().rstrip(".").strip() or None
-    return _last_number(sentence)
-
-
-def _math_spans(text: str) -> list[tuple[int, int, str]]:
-    """The math spans (`$$..$$`, `\\[..\\]`, `\\(..\\)`, `$..$`, `**..**`) of text, in order,
-    paired from the end over one linear scan of delimiters (a regex with a lazy span would
-    rescan the rest of the text from every unclosed opener: quadratic on adversarial input).
-    At most MAX_MATH_SPANS spans, each at most MAX_ANSWER_CHARS long."""
-    delimiters = [(m.start(), m.end(), m.group(0)) for m in _DELIMITER.finditer(text)]
-    spans: list[tuple[int, int, str]] = []
-    j = len(delimiters) - 1
-    while j > 0 and len(spans) < MAX_MATH_SPANS:
-        start, end, kind = delimiters[j]
-        opener = _OPENER.get(kind)
-        k = j - 1
-        if opener is not None and delimiters[k][2] == opener and start - delimiters[k][1] <= MAX_ANSWER_CHARS:
-            content = text[delimiters[k][1] : start]
-            if content.strip() and not (kind == "$" and "\n\n" in content):
-                spans.append((delimiters[k][0], end, content.strip()))
-                j = k - 1
-                continue
-        j -= 1
-    return spans[::-1]
-
-
-def _strip_commands(text: str) -> str:
-    """Text without LaTeX commands and plain function names, to tell a formula from prose."""
-    text = re.sub(r"\\[a-zA-Z]+(?:\{[^{}]*\})?", " ", text)
-    return re.sub(r"\b(?:sqrt|sin|cos|tan|log|exp|pi|infinity)\b", " ", text)
-
-
-def _last_number(text: str) -> str | None:
-    """The last number that stands alone: an operand of an operator ("1+1", "2^3") is part
-    of an expression, not an answer."""
-    numbers = list(_NUMBER.finditer(text))[-MAX_MATH_SPANS:]
-    for m in reversed(numbers):
-        before = text[max(0, m.start() - 8) : m.start()].rstrip()
-        after = text[m.end() : m.end() + 8].lstrip()
-        if not (before.endswith(_OPERATORS) or after.startswith(_OPERATORS)):
-            return m.group(0)
-    return None
-
-
-def _final_sentence(tail: str) -> str:
-    """Text after a "final answer" phrase up to the end of its sentence (a period that is
-    not a decimal point, or a line break), math spans kept whole."""
-    tail = tail[:MAX_ANSWER_CHARS]
-    spans = {start: end for start, end, _ in _math_spans(tail)}
-    i = 0
-    while i < len(tail):
-        if i in spans:
-            i = spans[i]
-            continue
-        c = tail[i]
-        if c == "\n" or (c == "." and (i + 1 == len(tail) or not tail[i + 1].isdigit())):
-            break
-        i += 1
-    return tail[:i]
+def read_answer(completion: str, *, strict: bool = False) -> Extraction | None:
+    """The final answer of a completion and its rule, or None (module docstring)."""
+    text, ran_on = cut_at_new_turn(completion.replace("\u2212", "-"))
+    boxes, joined_by_or, hedged = last_boxes(text)
+    joined = (" or " if joined_by_or else ", ").join(_box_content(b[2]) for b in boxes)
+    box = Extraction(joined, "box", hedged) if boxes else None
+    if strict or ran_on or degenerate(text):
+        return box
+    after_box = without_code((text[boxes[-1][1] :] if boxes else text)[-TAIL_CHARS:])
+    phrase = _phrase(after_box)
+    if phrase is not None or box is not None:
+        return phrase or box
+    if BOX.search(text):
+        return None  # a box that never closes: a malformed answer
+    if _lists_candidates(after_box):
+        return _hashes(after_box)
+    return _hashes(after_box) or _last_line(after_box) or _conclusion(after_box)
 
 
 def extract_answer(completion: str, *, require_box: bool = False) -> str | None:
-    """The final answer text of a completion, or None (see the module docstring)."""
-    completion = completion.replace("\u2212", "-")  # the Unicode minus sign
-    special = _SPECIAL_TOKEN.search(completion)
-    if special:  # "... 2/3. <|im_start|>user ..." : the model's turn ended there
-        completion = completion[: special.start()]
-    boxes = _last_boxes(completion)
-    end = completion[-TAIL_CHARS:]
-    offset = len(completion) - len(end)
-    phrases = [] if require_box else list(_FINAL.finditer(end))
-    if phrases and (not boxes or phrases[-1].start() + offset > boxes[-1][1]):
-        sentence = _final_sentence(end[phrases[-1].end() :])
-        later = end[phrases[-1].end() + len(sentence) :]
-        # A phrase after the last box wins; one followed by more math or a #### line
-        # ("whether the answer is positive ... so $x = 7$") was not the final answer.
-        later = later[: MAX_ANSWER_CHARS * 4]
-        if not (any(later[st : st + 2] != "**" for st, _, _ in _math_spans(later)) or "####" in later):
-            answer = _phrase_answer(sentence)
-            if answer:
-                return answer
-    if boxes:
-        return ", ".join(b[2].strip() for b in boxes)
-    if require_box or _BOX.search(completion):
-        return None  # a box that never closes (or is over MAX_ANSWER_CHARS) is a malformed answer
-    hashes = list(_HASHES.finditer(end))
-    if hashes and hashes[-1].group(1).strip():
-        return hashes[-1].group(1).strip()
-    maths = _math_spans(end)
-    if maths:
-        _, span_end, content = maths[-1]
-        number = list(_NUMBER.finditer(end, span_end))
-        if number and _PROSE.search(end, span_end, number[-1].start()):
-            return number[-1].group(0)  # "... $d = 90/n$ ... so there are 12 sequences"
+    """The final answer text of a completion, or None (read_answer without the rule)."""
+    found = read_answer(completion, strict=require_box)
+    return found.answer if found else None
+
+
+def _box_content(content: str) -> str:
+    """A box's answer: its content, or the value of a sentence written in it
+    ("\\boxed{\\text{The answer is } 42}" -> "42")."""
+    content = content.strip()
+    if not any(len(m.group(1).split()) >= 2 for m in _TEXT.finditer(content)):
         return content
-    stripped = end.strip()
-    if stripped and len(stripped) <= 200 and not _PROSE.search(_strip_commands(stripped)):
-        return stripped
-    number = _last_number(end)
-    choices = list(_CHOICE.finditer(end[-TAIL_CHARS:]))
-    if choices and (number is None or choices[-1].end() > end.rfind(number)):
-        return next(g for g in choices[-1].groups() if g)  # "The correct option is B.", "Therefore (D)."
-    return number
+    sentence = _TEXT.sub(lambda m: " " + m.group(1) + " ", content)
+    phrase = _FINAL.search(sentence)
+    answer = _phrase_clause(sentence[phrase.end() :] if phrase else sentence)
+    return answer or content
+
+
+def _phrase(text: str) -> Extraction | None:
+    """The last "final answer" phrase, when the rest of its sentence is the answer and no
+    mathematics or #### line follows it (then it was not the final answer). Three or more
+    different answers given by phrases are candidates listed: a hedge."""
+    phrases = list(_FINAL.finditer(text))[-8:]
+    if not phrases:
+        return None
+    m = phrases[-1]
+    rest = text[m.end() : m.end() + MAX_ANSWER_CHARS]
+    skipped = len(rest) - len(rest.lstrip()) if not rest.strip(" \t") or rest.lstrip(" \t").startswith("\n") else 0
+    end = skipped + sentence_end(rest[skipped:])  # "Answer:\n12" reads the next line
+    later = text[m.end() + end :][: MAX_ANSWER_CHARS * 4]
+    if any(later[s : s + 2] != "**" for s, _, _ in math_spans(later)) or "####" in later:
+        return None
+    answer = _phrase_clause(rest[skipped:end])
+    if answer is None:
+        return None
+    start = max(text.rfind(".", 0, m.start()), text.rfind("\n", 0, m.start()))
+    hedged = _HEDGE_BEFORE.search(text, start + 1, m.start()) is not None
+    if len(phrases) >= LISTING_LINES:
+        given = {_phrase_clause(text[p.end() : p.end() + sentence_end(text[p.end() : p.end() + MAX_ANSWER_CHARS])])
+                 for p in phrases}
+        hedged = hedged or len(given - {None}) >= LISTING_LINES
+    return Extraction(answer, "phrase", hedged=hedged)
+
+
+def _phrase_clause(clause: str) -> str | None:
+    """The answer of the clause after a phrase: all of it, or what follows its last "is"."""
+    clause = clause.strip().lstrip(":").strip()
+    answer = clause_answer(clause, lead="free", number_words=True)
+    if answer is None:
+        verbs = list(_VERB.finditer(clause))
+        if verbs:
+            answer = clause_answer(clause[verbs[-1].end() :], lead="free", number_words=True)
+    return answer
+
+
+def _hashes(text: str) -> Extraction | None:
+    hashes = list(_HASHES.finditer(text))[-64:]
+    if not hashes:
+        return None
+    answer = clause_answer(hashes[-1].group(1), lead="none", number_words=True)
+    return Extraction(answer, "hashes") if answer else None
+
+
+def _last_line(text: str) -> Extraction | None:
+    """The last line when it is just the answer (a display-math block is one line)."""
+    text = text.rstrip()
+    spans = math_spans(text[-MAX_ANSWER_CHARS * 4 :])
+    cut = len(text) - len(text[-MAX_ANSWER_CHARS * 4 :])
+    start = text.rfind("\n") + 1
+    if spans and cut + spans[-1][1] == len(text.rstrip(". ")) and cut + spans[-1][0] < start:
+        start = text.rfind("\n", 0, cut + spans[-1][0]) + 1  # a display block over several lines
+    line = text[start:]
+    if not line.strip() or len(line) > MAX_ANSWER_CHARS:
+        return None
+    whole = text.strip()
+    if start > 0 and len(whole) <= 200 and "\n\n" not in whole and ("\\begin" in whole or "\\\\" in whole):
+        flat = clause_answer(" ".join(whole.split()), lead="none", number_words=True)
+        if flat and len(flat) >= len(" ".join(whole.split()).rstrip(".")) - 1:
+            return Extraction(flat, "last_line")  # the whole response is one formula over lines
+    before = text[:start].rstrip()
+    if not before and re.fullmatch(r"[^\W\d_]+", line.strip().rstrip(".")):
+        return Extraction(line.strip().rstrip("."), "last_line")  # a one-word response: "odd", "Evelyn"
+    answer = clause_answer(line, lead="none", number_words=True)
+    if answer is None:
+        return None
+    if before:
+        if not _FINISHED.search(before[-200:]):
+            return None  # "... is\n12" reads as one unfinished sentence: the conclusion rule's
+    return Extraction(answer, "last_line")
+
+
+def _lists_candidates(text: str) -> bool:
+    """Three or more lines that are each a bare number ("1\\n2\\n3", "- $4$"): candidates, not an answer."""
+    lines = text[-MAX_ANSWER_CHARS * 8 :].split("\n")
+    return sum(1 for line in lines if _BARE_NUMBER.fullmatch(line)) >= LISTING_LINES
+
+
+def _conclusion(text: str) -> Extraction | None:
+    """A final sentence that states one value (module docstring)."""
+    sentence = final_sentence(text).strip()
+    if _SIGN_OFF.fullmatch(sentence):
+        sentence = final_sentence(text.rstrip()[: -len(sentence) - 1]).strip()
+    if not sentence or len(sentence) > MAX_ANSWER_CHARS:
+        return None
+    inner = list(_INNER_CONNECTIVE.finditer(sentence))
+    if inner:  # "where $d = 90/n$, so there are 12 sequences": the conclusion is the last part
+        sentence = sentence[inner[-1].start() :].strip()
+    prose = {w.lower().strip(",:;") for w in re.sub(r"\$[^$]*\$", " ", sentence).split()}
+    if prose & (TENTATIVE | {"not", "never", "if", "unless", "whether"}):
+        return None  # "Let me try 4: that gives 12", "Maybe $12$"
+    verbs = list(_VERB.finditer(sentence))
+    if verbs and (_CONCLUDING.match(sentence) or _marked(sentence[verbs[-1].end() :])):
+        answer = clause_answer(sentence[verbs[-1].end() :], lead="free")
+        if answer:
+            return Extraction(answer, "conclusion")
+    answer = clause_answer(sentence, lead="marked")
+    return Extraction(answer, "conclusion") if answer else None
+
+
+def _marked(clause: str) -> bool:
+    return re.match(r"\s*(?:\$|\\\[|\\\(|\*\*)", clause) is not None

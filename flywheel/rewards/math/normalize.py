@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import re
 
-from flywheel.rewards.math.extract import braced
+from flywheel.rewards.math.clause import NUMBER_WORDS
+from flywheel.rewards.math.spans import braced
+from flywheel.rewards.math.units import UNITS
 
 __all__ = ["normalize", "UNITS"]
 
@@ -29,16 +31,6 @@ _UNICODE = {"\u2212": "-", "\u2013": "-", "\u00d7": "\\times ", "\u00b7": "\\cdo
             "\u00a3": " ", "\u00a0": " ", "\u00bd": "\\frac{1}{2}", "\u2153": "\\frac{1}{3}",
             "\u2154": "\\frac{2}{3}", "\u00bc": "\\frac{1}{4}", "\u00be": "\\frac{3}{4}", "\u2155": "\\frac{1}{5}",
             "\u215b": "\\frac{1}{8}", "\u2248": "\\approx "}
-UNITS = {
-    "cm", "mm", "m", "km", "in", "inch", "inches", "ft", "foot", "feet", "yd", "yard", "yards", "mi", "mile", "miles",
-    "meter", "meters", "metre", "metres", "centimeter", "centimeters", "kilometer", "kilometers", "g", "kg", "gram",
-    "grams", "lb", "lbs", "pound", "pounds", "oz", "ounce", "ounces", "s", "sec", "second", "seconds", "min", "minute",
-    "minutes", "h", "hr", "hour", "hours", "day", "days", "week", "weeks", "year", "years", "dollar", "dollars",
-    "cent", "cents", "unit", "units", "square", "sq", "cubic", "radian", "radians", "yuan", "euro", "euros",
-    "people", "students", "ways", "times", "ml", "liter", "liters", "litres", "mph", "kmh", "hz", "pa", "mol", "ev",
-    "kev", "mev", "gev", "ly", "au", "pc", "kpc", "mpc", "joules", "newtons", "watts", "volts", "kelvin", "apples",
-    "tiles", "marbles", "cookies", "books", "pages", "boxes", "bags", "eggs", "cups", "points", "games", "items",
-}
 _WORD_INFINITY = re.compile(r"\b(?:infinity|inf)\b", re.IGNORECASE)
 
 
@@ -72,9 +64,27 @@ def _thousands(s: str) -> str:
     s = re.sub(r"\{,\}", ",", s)
     s = re.sub(r"(?<![\d.])(\d{1,3})((?:(?:\\,|\\ |\s)\d{3})+)(?![\d,])",
                lambda m: m.group(1) + re.sub(r"\\,|\\ |\s", "", m.group(2)), s)
-    if re.fullmatch(r"-?\$?\s*\d{1,3}(,\d{3})+(\.\d+)?\s*(\\%)?", s.strip()) or re.search(r"\d,\d{3},\d{3}", s):
+    if re.fullmatch(r"-?\$?\s*\d{1,3}(,\d{3})+(\.\d+)?\s*(\\%|[a-zA-Z][\w^{} ]*)?", s.strip()) or re.search(r"\d,\d{3},\d{3}", s):
         s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)
     return s
+
+
+def _number_words(s: str) -> str:
+    """An answer that is a number in words is that number: "five" -> 5, "twenty-five" -> 25,
+    "three hundred and two" -> 302 (only the whole answer, never a word inside prose)."""
+    words = re.sub(r"\\text\{([^{}]*)\}", r"\1", s).lower().replace("-", " ").replace(" and ", " ").split()
+    if not words or len(words) > 8 or not all(w in NUMBER_WORDS for w in words):
+        return s
+    total, part = 0, 0
+    for w in words:
+        n = NUMBER_WORDS[w]
+        if n == 100:
+            part = (part or 1) * 100
+        elif n >= 1000:
+            total, part = total + (part or 1) * n, 0
+        else:
+            part += n
+    return str(total + part)
 
 
 def normalize(answer: str) -> str:
@@ -109,6 +119,7 @@ def normalize(answer: str) -> str:
     s = _DEGREE.sub("^\\\\circ ", s)
     s = _PERCENT.sub(" \\\\% ", s)
     s = _WORD_INFINITY.sub("\\\\infty ", s)
+    s = _number_words(s)
     s = s.replace("\\dots", "").replace("\\ldots", "").replace("\\cdots", "")
     s = re.sub(r"(?<=\d)\\$", "", s)  # a stray trailing backslash: "185\"
     s = re.sub(r"\s+", " ", s).strip().rstrip(".").strip()

@@ -1,6 +1,7 @@
 """Stage 3c: the value language of a normalised answer and its structure.
 
-An answer is read from the outside in: multiple choice; "x \\in S" -> S; a matrix; a
+An answer is read from the outside in: multiple choice; "x \\in S" -> S; a matrix or a matrix
+expression (matrices.py: sums, products, multiples); a
 set `\\{..\\}` or a bracketed tuple / interval (`;` separates too); a `;`-separated list of
 labelled groups ("p=5,q=2;p=7,q=2" -> (5,2),(7,2)); a comma list (unordered); a union of
 intervals (`\\cup`, `\\setminus`); an inequality in one variable -> intervals (both
@@ -18,6 +19,7 @@ from typing import Union
 
 from flywheel.rewards.math.evaluate import HP, exact, free_symbols
 from flywheel.rewards.math.expr import Reject, parse_expression
+from flywheel.rewards.math.matrices import matrix_expression
 
 __all__ = ["Num", "Expr", "Marked", "Seq", "Unordered", "Matrix", "Equation", "Union_", "Choice", "Value",
            "parse_value", "is_label"]
@@ -135,6 +137,9 @@ def parse_value(s: str) -> Value:
     m = re.fullmatch(r"[a-zA-Z](?:_\{?\w+\}?)?\s*\\in\s*(.+)", s, re.S)
     if m:
         return parse_value(m.group(1))
+    entries = matrix_expression(s) if "\\begin" in s else None
+    if entries is not None:
+        return Matrix(tuple(tuple(_to_value(x) for x in row) for row in entries))
     m = re.fullmatch(r"[(\[]?\s*\\begin\{([pbvBV]?matrix|array)\}(?:\{[^}]*\})?(.*)\\end\{\1\}\s*[)\]]?", s, re.S)
     if m:
         rows = [r for r in re.split(r"\\\\", m.group(2)) if r.strip()]
@@ -163,8 +168,20 @@ def parse_value(s: str) -> Value:
     if re.search(r"\\le|\\ge|<|>|\\ne", s):
         return _relation(s)
     if "=" in s or "\\approx" in s:
-        return _chain(s)
+        pieces = _top_level_split(s, r"(=|\\approx)")
+        if len(pieces) > 1:
+            return _chain(pieces)
     return _scalar(s)
+
+
+def _top_level_split(s: str, pattern: str) -> list[str]:
+    """re.split(pattern, s) at matches outside braces ("\\sum_{k=1}^n k" has no top-level "=")."""
+    out, start = [], 0
+    for m in re.finditer(pattern, s):
+        if s.count("{", 0, m.start()) == s.count("}", 0, m.start()):
+            out += [s[start : m.start()], m.group(0)]
+            start = m.end()
+    return out + [s[start:]]
 
 
 def _scalar_or_value(s: str) -> Value:
@@ -203,9 +220,9 @@ def is_label(v: Value) -> bool:
     return named(v.node)
 
 
-def _chain(s: str) -> Value:
-    """ "x = 5", "y = 2x+1", "z = 1 + 1 = 2", "x = 1/3 \\approx 0.33", "\\sqrt{2} \\approx 1.41"."""
-    pieces = re.split(r"(=|\\approx)", s)
+def _chain(pieces: list[str]) -> Value:
+    """ "x = 5", "y = 2x+1", "z = 1 + 1 = 2", "x = 1/3 \\approx 0.33", "\\sqrt{2} \\approx 1.41"
+    (`pieces`: the sides and the relations between them)."""
     values = [parse_value(p) for p in pieces[::2]]
     ops = pieces[1::2]
     if len(values) == 2 and ops == ["="]:
