@@ -14,11 +14,9 @@ folder is not there."""
 
 from __future__ import annotations
 
-import functools
 import html
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from procs import run_group
 
 pytestmark = pytest.mark.realmodel
 
@@ -222,21 +221,17 @@ SMALL = [
 ]
 
 
-def flywheel(*args: str, cwd: Path, **popen) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-m", "flywheel", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
+def command(*args: str) -> dict:
+    """`python -m flywheel ARGS` as Popen / run_group arguments, importing this checkout."""
+    return {"args": [sys.executable, "-m", "flywheel", *args],
+            "env": dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")}
 
 
-def finish(proc: subprocess.Popen, timeout: float) -> str:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        raise AssertionError(f"timed out after {timeout} s:\n{out[-4000:]}") from None
-    assert proc.returncode == 0, out[-4000:]
-    return out
+def finish(*args: str, cwd: Path, timeout: float) -> str:
+    c = command(*args)
+    proc = run_group(c["args"], timeout=timeout, cwd=cwd, env=c["env"])
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
@@ -246,19 +241,21 @@ def test_fit_killed_then_resumed_evaluated_and_viewed_on_the_real_model(folder, 
     last` finishes it; then `flywheel eval` and `flywheel tree` on the result."""
     fit = ["fit", "--config", str(ROOT / "conf" / "smollm2_cpu.yaml"), *SMALL, f"--trainer.logger.init_args.save_dir={tmp_path}"]
     last = tmp_path / "smollm2_cpu" / "checkpoints" / "last.ckpt"
-    proc = flywheel(*fit, cwd=tmp_path)
+    c = command(*fit)
+    proc = subprocess.Popen(c["args"], env=c["env"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
     deadline = time.monotonic() + 1500
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(2)
-    assert last.exists(), finish(proc, 1)
-    time.sleep(5)  # into epoch 1's search
+    time.sleep(5 if last.exists() else 0)  # into epoch 1's search
     os.killpg(proc.pid, signal.SIGKILL)
     first = proc.communicate()[0]
+    assert last.exists(), first[-4000:]
     assert "epoch 0:" in first and "eval round 1" in first, first[-3000:]
     run = next((tmp_path / "smollm2_cpu").glob("version_*"))
     assert [r["round"] for r in json.loads((run / "summary.json").read_text())["rounds"]] == [1]
 
-    out = finish(flywheel(*fit, "--ckpt_path", "last", cwd=tmp_path), 1500)
+    out = finish(*fit, "--ckpt_path", "last", cwd=tmp_path, timeout=1500)
     assert "resuming" in out
     summary = json.loads((run / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2] and summary["eval_problems"] == 4
@@ -275,14 +272,14 @@ def test_fit_killed_then_resumed_evaluated_and_viewed_on_the_real_model(folder, 
     assert not torch.equal(base, trained)  # the steps moved the weights
 
     report = tmp_path / "eval"
-    finish(flywheel("eval", "--checkpoint", str(last), "--task=flywheel.tasks.MathTask",
-                    "--task.init_args.max_response_tokens=64", "--split", "arith_test", "--max_problems", "4",
-                    "--samples", "2", "--k", "[1,2]", "--out", str(report), cwd=tmp_path), 900)
+    finish("eval", "--checkpoint", str(last), "--task=flywheel.tasks.MathTask", "--task.init_args.max_response_tokens=64",
+           "--split", "arith_test", "--max_problems", "4", "--samples", "2", "--k", "[1,2]", "--out", str(report),
+           cwd=tmp_path, timeout=900)
     results = json.loads(next(report.glob("*.json")).read_text())
     assert "pass@1" in json.dumps(results) and "pass@2" in json.dumps(results)
 
     page = tmp_path / "tree.html"
-    finish(flywheel("tree", str(run), "--out", str(page), cwd=tmp_path), 300)
+    finish("tree", str(run), "--out", str(page), cwd=tmp_path, timeout=300)
     dumped = json.loads((run / "trees").glob("epoch_*.jsonl").__next__().read_text().splitlines()[0])
     texts = [n["text"] for n in dumped["nodes"] if n.get("text") and len(n["text"].strip()) > 8]
     assert texts and dumped["prompt_text"].count("Compute") == 1
