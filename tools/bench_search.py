@@ -243,7 +243,7 @@ def load_part_b_policy(policy: str, untrained: bool, wide_hidden: int = 0):
 def part_b(
     policy: str, problems: int, concurrency: int, untrained: bool, *, wide_hidden: int = 0, max_expansions: int = 256
 ) -> dict[str, float] | None:
-    title = "a wider untrained policy" if wide_hidden else "tiny policy"
+    title = "a wider untrained policy" if wide_hidden else f"policy {policy}"
     print(f"== (b) share of wall time outside generator calls, {title} through HFGenerator (CPU)")
     try:
         import torch
