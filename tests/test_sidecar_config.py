@@ -37,6 +37,13 @@ def test_launch_command_flags_and_user_flags_last():
     assert lora[lora.index("--max-lora-rank") + 1] == "8"  # the least rank vLLM accepts above 4
 
 
+def test_the_probe_tolerance_follows_the_servers_dtype_unless_set():
+    # fp32: a server that missed a sync shows; bf16: rounding alone moves a deep model's log-probs ~0.07.
+    assert VLLMSidecar().logprob_tolerance == 1e-3
+    assert VLLMSidecar(dtype="bfloat16").logprob_tolerance == VLLMSidecar(dtype="float16").logprob_tolerance == 0.15
+    assert VLLMSidecar(dtype="bfloat16", logprob_tolerance=0.3).logprob_tolerance == 0.3
+
+
 def test_bad_replica_settings_are_refused():
     with pytest.raises(ValueError, match="replicas"):
         VLLMSidecar(replicas=0)

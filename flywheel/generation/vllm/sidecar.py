@@ -48,6 +48,8 @@ from flywheel.objectives import token_logprobs
 SERVED_NAME = "policy"
 ADAPTER_NAME = "policy-lora"
 PYTHON_ENV = "FLYWHEEL_VLLM_PYTHON"
+PROBE_TOLERANCE = {"float32": 1e-3, "bfloat16": 0.15, "float16": 0.15}
+"""The weight-sync probe's default log-prob tolerance by the servers' dtype (`logprob_tolerance`)."""
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 """The values vLLM accepts for --max-lora-rank."""
 
@@ -76,6 +78,10 @@ class VLLMSidecar(GeneratorBackend):
         max_retries: attempts per request; a launched server that died is restarted first.
         max_concurrency: requests in flight at once, over all servers.
         logprob_tolerance: largest |server - trainer| log-prob allowed by the probe after a sync.
+            None: `PROBE_TOLERANCE` for the servers' dtype, 1e-3 in float32 (where a server
+            that missed a sync shows) and 0.15 in bfloat16 / float16, where rounding alone
+            moves a 30-layer model's log-probs by ~0.07 (SmolLM2-135M, bf16 trainer against an
+            fp32 server), so the probe there catches a wrong model, not a missed small step.
         log_dir: where the servers' logs go (vllm_server.log, vllm_server_1.log, ...; default:
             the run's log folder).
         send_seeds: pass each request's seed to the server (reproducible samples). Default:
@@ -115,7 +121,7 @@ class VLLMSidecar(GeneratorBackend):
         request_timeout: float = 300.0,
         max_retries: int = 3,
         max_concurrency: int = 64,
-        logprob_tolerance: float = 1e-3,
+        logprob_tolerance: float | None = None,
         log_dir: str | None = None,
         send_seeds: bool | None = None,
         staging_dir: str | None = None,
@@ -141,7 +147,7 @@ class VLLMSidecar(GeneratorBackend):
         self.request_timeout = request_timeout
         self.max_retries = max_retries
         self.max_concurrency = max_concurrency
-        self.logprob_tolerance = logprob_tolerance
+        self.logprob_tolerance = PROBE_TOLERANCE.get(dtype, 0.15) if logprob_tolerance is None else logprob_tolerance
         self.log_dir = Path(log_dir) if log_dir else None
         self.send_seeds = torch.cuda.is_available() if send_seeds is None else send_seeds
         self.access_log = access_log
