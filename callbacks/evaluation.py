@@ -14,9 +14,9 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from tqdm.auto import tqdm
 
-from flywheel.evaluation import evaluate_sharded, shard
+from flywheel.reporting.evaluation import evaluate_sharded, shard
 from flywheel.io import atomic_write_json
-from flywheel.report import write_run_report
+from flywheel.reporting.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
 
@@ -173,7 +173,7 @@ class HeldOutEval(Callback):
 
 
 def config_file(trainer: L.Trainer) -> str | None:
-    """The name of this part of the run's config file in the log folder (flywheel.run_settings)."""
+    """The name of this part of the run's config file in the log folder (flywheel.run.settings)."""
     from lightning.pytorch.cli import SaveConfigCallback
 
     return next((c.config_filename for c in trainer.callbacks if isinstance(c, SaveConfigCallback)), None)

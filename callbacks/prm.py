@@ -22,7 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
-from flywheel.distributed import all_gather
+from flywheel.run.distributed import all_gather
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
 from flywheel.prm.targets import tree_samples
 

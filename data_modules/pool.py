@@ -1,7 +1,7 @@
 """ProblemPool: the run's training and held-out problems, read once from `--data.problems.*`.
 
 The training pool is a seeded subset when `max_train_problems` is set (the hard set is
-screened from it); the held-out problems are the first `max_eval_problems`. flywheel.preflight
+screened from it); the held-out problems are the first `max_eval_problems`. flywheel.run.preflight
 sets `row_check` and reads both before the first search, so a bad file fails early. With
 `stream`, the training files are a litdata stream instead (data_modules.streaming): `draw`
 takes each epoch's problems from it, and its position is part of the checkpoint.
@@ -32,7 +32,7 @@ class ProblemPool:
     def __init__(self, task: Task, config: ProblemsConfig, seed: int) -> None:
         self.task, self.config, self.seed = task, config, seed
         self.row_check: Callable[[Problem], None] | None = None
-        """Raises ValueError for a problem row the policy cannot take (set by flywheel.preflight)."""
+        """Raises ValueError for a problem row the policy cannot take (set by flywheel.run.preflight)."""
         self.skipped_rows = 0
         """Malformed training rows skipped (`--data.problems.skip_bad_rows`)."""
         self._train: dict[str, Problem] | None = None

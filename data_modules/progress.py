@@ -1,5 +1,5 @@
 """The progress bar of a search, flat sampling or screening pass, which is also where a
-SIGTERM stops the pass (flywheel.preemption): after every round of generator calls."""
+SIGTERM stops the pass (flywheel.run.preemption): after every round of generator calls."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 from tqdm.auto import tqdm
 
-from flywheel.preemption import stop_point
+from flywheel.run.preemption import stop_point
 
 
 @contextmanager

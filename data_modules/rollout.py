@@ -15,7 +15,7 @@ from typing import Any, Callable, Literal, Sequence
 from data_modules.examples import TrainingRow, mixed_rows, rows_from_result, weight_paths
 from data_modules.settings import Credit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
-from flywheel.evaluation import encode_prompt
+from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem

@@ -10,8 +10,8 @@ from data_modules.curriculum import Curriculum, RoundChange
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from flywheel.adaptive import HardSetConfig, pass1_rates
-from flywheel.distributed import all_gather
-from flywheel.evaluation import EvalConfig, evaluate
+from flywheel.run.distributed import all_gather
+from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Generator
 from flywheel.tasks import Problem, Task
 

@@ -33,11 +33,11 @@ from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
-from flywheel.distributed import all_gather, all_sum
-from flywheel.evaluation import EvalConfig
+from flywheel.run.distributed import all_gather, all_sum
+from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
-from flywheel.preemption import SIGTERMException
+from flywheel.run.preemption import SIGTERMException
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task

@@ -6,7 +6,7 @@ itself when built and names the flag and the fix; every default is written here 
 The search (`--data.search.*`), the hard set (`--data.hard_set.*`), the replay buffer
 (`--data.replay.*`) and the held-out evaluation (`--data.eval.*`) have their own dataclasses
 next to the code that reads them. Flags of the flat layout these sections replaced
-(`--data.credit.advantage`, `--data.batching.mini_batch_problems`, ...) are translated by flywheel.renames.
+(`--data.credit.advantage`, `--data.batching.mini_batch_problems`, ...) are translated by flywheel.run.renames.
 """
 
 from __future__ import annotations

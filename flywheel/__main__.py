@@ -1,9 +1,9 @@
 """`python -m flywheel fit|validate|test --config conf/X.yaml`: the LightningCLI entry point.
 
-Before a run starts, flywheel.preflight checks every setting, input file, output folder and
+Before a run starts, flywheel.run.preflight checks every setting, input file, output folder and
 the checkpoint to resume from; a problem is one line naming the flag and the fix (exit 2).
 On SIGTERM (or Ctrl-C) `fit` stops at the next safe point, writes last.ckpt and exits 143
-(130; flywheel.preemption).
+(130; flywheel.run.preemption).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class FlywheelCLI(LightningCLI):
 
     def before_instantiate_classes(self) -> None:
         from flywheel.finite import non_finite_message, non_finite_settings
-        from flywheel.preflight import PreflightError
+        from flywheel.run.preflight import PreflightError
 
         config = self.config[self.subcommand] if self.subcommand else self.config
         for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
@@ -54,7 +54,7 @@ class FlywheelCLI(LightningCLI):
     def instantiate_classes(self) -> None:
         from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-        from flywheel.preflight import PreflightError
+        from flywheel.run.preflight import PreflightError
 
         try:
             super().instantiate_classes()
@@ -67,13 +67,13 @@ class FlywheelCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-        from flywheel.checkpoint import AtomicCheckpointIO
+        from flywheel.run.checkpoint import AtomicCheckpointIO
 
         trainer = super().instantiate_trainer(**kwargs)
         strategy = trainer.strategy
         deepspeed = any(c.__name__ == "DeepSpeedStrategy" for c in type(strategy).__mro__)
         if deepspeed and isinstance(getattr(strategy, "config", None), dict):
-            from flywheel.deepspeed_config import check_deepspeed_config
+            from flywheel.run.deepspeed_config import check_deepspeed_config
 
             check_deepspeed_config(strategy.config, where="--trainer.strategy's DeepSpeed config")
             # Without it Lightning builds the training data during setup just to read a batch
@@ -82,7 +82,7 @@ class FlywheelCLI(LightningCLI):
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
         add_round_protocol(trainer)
-        from flywheel.preemption import Preemption
+        from flywheel.run.preemption import Preemption
 
         trainer.callbacks.append(Preemption(self.argv))
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
@@ -91,11 +91,11 @@ class FlywheelCLI(LightningCLI):
         return trainer
 
     def preflight(self) -> None:
-        """flywheel.preflight's checks, before anything is searched, trained or evaluated."""
-        from flywheel.preflight import preflight
+        """flywheel.run.preflight's checks, before anything is searched, trained or evaluated."""
+        from flywheel.run.preflight import preflight
 
         config = self.config[self.subcommand]
-        from flywheel.run_settings import RunSettings
+        from flywheel.run.settings import RunSettings
 
         saver = next((c for c in self.trainer.callbacks if isinstance(c, RunSettings)), None)
         resolved = preflight(self.trainer, self.model, self.datamodule, self.subcommand, config.ckpt_path,
@@ -114,7 +114,7 @@ class FlywheelCLI(LightningCLI):
         self.preflight()
 
     def before_fit(self) -> None:
-        from flywheel.checkpoint import continue_logging
+        from flywheel.run.checkpoint import continue_logging
 
         self.preflight()
         config = self.config[self.subcommand]
@@ -212,9 +212,9 @@ On SIGTERM or Ctrl-C, fit stops at the next safe point, writes last.ckpt and exi
 def check_command_line(argv: list[str]) -> None:
     """What LightningCLI would accept but run badly: `fit` without a config (a 1000-epoch run
     of the defaults into ./lightning_logs), and config files that do not parse, hold nothing,
-    or come in the wrong order (flywheel.command_line)."""
-    from flywheel.command_line import check_configs, config_files
-    from flywheel.preflight import PreflightError
+    or come in the wrong order (flywheel.run.command_line)."""
+    from flywheel.run.command_line import check_configs, config_files
+    from flywheel.run.preflight import PreflightError
 
     if argv[:1] == ["fit"] and not config_files(argv) and not any(
             a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
@@ -226,15 +226,15 @@ def check_command_line(argv: list[str]) -> None:
 
 
 def main(args: list[str] | None = None, run: bool = True):
-    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.eval_command; `tree` to
-    flywheel.viewer; `get-policy` to flywheel.policy_cache. A fit stopped by SIGTERM ends with
+    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `tree` to
+    flywheel.reporting.viewer; `get-policy` to flywheel.policies.registry. A fit stopped by SIGTERM ends with
     SystemExit(143), by Ctrl-C with 130. An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
     with OutputWriteError naming the folder (flywheel.io)."""
-    from flywheel.checkpoint import CheckpointReadError
-    from flywheel.command_line import LOG_LEVEL_VARIABLE, check_log_level
+    from flywheel.run.checkpoint import CheckpointReadError
+    from flywheel.run.command_line import LOG_LEVEL_VARIABLE, check_log_level
     from flywheel.io import OutputWriteError, cannot_write_message, failed_write
-    from flywheel.preemption import resume_command
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preemption import resume_command
+    from flywheel.run.preflight import PreflightError
 
     level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -252,18 +252,18 @@ def main(args: list[str] | None = None, run: bool = True):
 
 
 def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
-    from flywheel.command_line import long_config_flags
+    from flywheel.run.command_line import long_config_flags
 
     if argv[:1] == ["eval"]:
-        from flywheel.eval_command import main as eval_main
+        from flywheel.reporting.eval_command import main as eval_main
 
         return eval_main(argv[1:])
     if argv[:1] == ["tree"]:
-        from flywheel.viewer import main as tree_main
+        from flywheel.reporting.viewer import main as tree_main
 
         return tree_main(argv[1:])
     if argv[:1] == ["get-policy"]:
-        from flywheel.policy_cache import main as get_policy_main
+        from flywheel.policies.registry import main as get_policy_main
 
         if code := get_policy_main(argv[1:]):
             raise SystemExit(code)
@@ -272,9 +272,9 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         print(USAGE)
     argv = long_config_flags(argv)  # `-c FILE` is `--config FILE` for every check below
     check_command_line(argv)
-    from flywheel.renames import rename_flags
+    from flywheel.run.renames import rename_flags
 
-    parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.renames)
+    parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.run.renames)
     if from_sys_argv:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # An epoch with nothing to train on skips its step on purpose; the data module says why.
@@ -285,8 +285,8 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
 
     from data_modules.search import SearchDataModule
     from flywheel.module import TreeGRPOModule
-    from flywheel.preemption import EXIT_CODE
-    from flywheel.run_settings import RunSettings
+    from flywheel.run.preemption import EXIT_CODE
+    from flywheel.run.settings import RunSettings
 
     raise_errors = {"exit_on_error": False}  # jsonargparse's errors become one line (parse_error_line)
     try:
@@ -304,12 +304,12 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
             argv=argv,
         )
     except ArgumentError as err:
-        from flywheel.command_line import parse_error_line
-        from flywheel.preflight import PreflightError
+        from flywheel.run.command_line import parse_error_line
+        from flywheel.run.preflight import PreflightError
 
         subcommand = argv[0] if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") else None
         raise PreflightError(parse_error_line(str(err), subcommand)) from None
-    except SIGTERMException as stop:  # SIGTERM or Ctrl-C: stopped at a safe point, last.ckpt written (flywheel.preemption)
+    except SIGTERMException as stop:  # SIGTERM or Ctrl-C: stopped at a safe point, last.ckpt written (flywheel.run.preemption)
         raise SystemExit(stop.code if isinstance(stop.code, int) else EXIT_CODE) from None
 
 
@@ -317,9 +317,9 @@ def cli() -> None:
     """The command line: errors that name a flag and its fix (bad settings, inputs, outputs,
     checkpoints) are printed as one line and exit 2, without a traceback; an output that
     cannot be written mid-run is one line too (exit 1)."""
-    from flywheel.checkpoint import CheckpointReadError
+    from flywheel.run.checkpoint import CheckpointReadError
     from flywheel.io import OutputWriteError
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     try:
         main(None if sys.argv[1:] else ["--help"])

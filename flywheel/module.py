@@ -15,7 +15,7 @@ import lightning as L
 import torch
 from lightning.pytorch.strategies import DeepSpeedStrategy
 
-from flywheel.evaluation import evaluate_sharded
+from flywheel.reporting.evaluation import evaluate_sharded
 from flywheel.finite import check_finite_fields
 from flywheel.objectives import (
     ObjectiveConfig,
@@ -26,11 +26,11 @@ from flywheel.objectives import (
     truncated_importance_weight,
 )
 from flywheel.objectives.value import value_baseline_advantages, value_loss
-from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
-from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
-from flywheel.policy import LoraSettings, add_lora, load_policy
-from flywheel.policy_check import load_checked_policy
-from flywheel.value_head import ValueHead, prefix_values
+from flywheel.training.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
+from flywheel.training.tree_attention import enable_tree_attention, uses_tree_attention
+from flywheel.policies.load import LoraSettings, add_lora, load_policy
+from flywheel.policies.check import load_checked_policy
+from flywheel.training.value_head import ValueHead, prefix_values
 
 log = logging.getLogger(__name__)
 
@@ -76,11 +76,11 @@ class TreeGRPOModule(L.LightningModule):
             generator/trainer mismatch. "behaviour": the generator's own log-probs are
             pi_old (no extra forward pass).
         dtype: parameter dtype of the policy ("float32" or "bfloat16").
-        packing: compute each tree's shared prefixes once (flywheel.packing): the mini-batch's
+        packing: compute each tree's shared prefixes once (flywheel.training.packing): the mini-batch's
             trajectories become one token trie, attention is block-sparse over each token's
-            ancestors (flywheel.tree_attention), log-probs are laid back out per trajectory,
+            ancestors (flywheel.training.tree_attention), log-probs are laid back out per trajectory,
             so the loss is the same. "auto" (default): pack a mini-batch when a flat pass would
-            compute >= 1.2x its packed tokens (flywheel.packing.packing_pays); true: always;
+            compute >= 1.2x its packed tokens (flywheel.training.packing.packing_pays); true: always;
             false: never. Llama and Qwen2 families with sdpa attention; other attention
             implementations get a dense ancestor mask, other models one row per trajectory
             (said once).
@@ -322,6 +322,6 @@ class TreeGRPOModule(L.LightningModule):
         self._eval_step(positions, "test")
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        from flywheel.checkpoint import RUN_KEY, run_record
+        from flywheel.run.checkpoint import RUN_KEY, run_record
 
         checkpoint[RUN_KEY] = run_record(self.trainer)

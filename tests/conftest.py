@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from flywheel.tiny import build_char_tokenizer
+from flywheel.policies.tiny import build_char_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,14 +9,14 @@ from types import SimpleNamespace
 import pytest
 
 from data_modules.epoch_metrics import epoch_metrics
-from flywheel.evaluation import EvalConfig, evaluate
+from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Completion
 from flywheel.rewards import Verdict
 from flywheel.search import DriverStats, SearchConfig, SearchProblem, flat_rollouts, run_search
 from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks import MathTask, Problem
 from flywheel.tasks.base import StepSpec
-from flywheel.tiny import build_char_tokenizer
+from flywheel.policies.tiny import build_char_tokenizer
 
 
 def recording_score(seen: list):

@@ -14,14 +14,14 @@ import torch
 
 from flywheel.__main__ import main
 from flywheel.assets import asset_path
-from flywheel.evaluation import EvalConfig
+from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.base import SamplingParams
 from flywheel.objectives import ObjectiveConfig
-from flywheel.preflight import PreflightError, check_policy, preflight
+from flywheel.run.preflight import PreflightError, check_policy, preflight
 from flywheel.search.config import SearchConfig
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.sources import MAX_ROW_BYTES, load_problems
-from flywheel.viewer import load_tree
+from flywheel.reporting.viewer import load_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "conf" / "quickstart.yaml")

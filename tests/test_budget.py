@@ -11,7 +11,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from callbacks.budget import GenerationBudget
-from flywheel.evaluation import EvalConfig
+from flywheel.reporting.evaluation import EvalConfig
 from flywheel.__main__ import main
 
 ROOT = Path(__file__).resolve().parents[1]

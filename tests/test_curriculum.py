@@ -110,7 +110,7 @@ def test_generator_settings_fail_at_construction_with_the_flag_named():
 
 def test_the_live_generator_is_built_once_and_pushes_only_new_weight_versions():
     from flywheel.generation.backends import LiveGenerator
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     policy, tok = load_policy("tiny-countdown")
     live = LiveGenerator(HFBackend())

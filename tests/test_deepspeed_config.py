@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from flywheel.deepspeed_config import DeepSpeedConfigError, check_deepspeed_config
+from flywheel.run.deepspeed_config import DeepSpeedConfigError, check_deepspeed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,7 +40,7 @@ def _fit(tmp_path: Path, *args: str, env: dict | None = None, timeout: float = 6
 def test_the_cli_checks_the_deepspeed_config_and_sets_the_logging_batch_size(tmp_path):
     sys.path.insert(0, str(SCRIPT.parent))
     from flywheel.__main__ import main
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     base = ["--config", str(ROOT / "conf" / "quickstart.yaml"), STRATEGY, f"--trainer.default_root_dir={tmp_path}"]
     cli = main([*base, f"--trainer.strategy.config={ROOT / 'conf' / 'deepspeed' / 'zero3.json'}"], run=False)
@@ -66,7 +66,7 @@ def test_zero2_checkpoint_folder_exports_to_the_trained_hf_model(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     from transformers import AutoModelForCausalLM
 
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     exported = AutoModelForCausalLM.from_pretrained(out).state_dict()
     trained = torch.load(saved)
@@ -110,7 +110,7 @@ def test_the_gpu_smoke_script_rehearses_on_cpu(tmp_path):
     problem files, hard set, two rounds), the DeepSpeed checkpoint exported and evaluated through
     a vLLM server, with only the CUDA parts swapped and the sizes cut, so the GPU run meets no
     config error of ours. In the real-model group: it needs the converted folder."""
-    from flywheel.policy_cache import converted, get_command
+    from flywheel.policies.registry import converted, get_command
     from test_vllm_sidecar import VLLM_PYTHON, _need_vllm
 
     _need_vllm()

@@ -12,8 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from flywheel.__main__ import main
 from procs import run_group
-from flywheel.evaluation import merge_shards, shard
-from flywheel.evaluation import EvalResult
+from flywheel.reporting.evaluation import merge_shards, shard
+from flywheel.reporting.evaluation import EvalResult
 from flywheel.tasks import Problem
 from flywheel.tasks.countdown import CountdownTask
 

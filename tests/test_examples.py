@@ -182,7 +182,7 @@ def test_a_search_credited_best_of_n_trains_on_its_correct_trajectories_only(one
     from data_modules.rollout import rollout
     from data_modules.settings import Credit
     from flywheel.generation.hf import HFGenerator
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
     from flywheel.tasks.countdown import CountdownTask
 
     model, tokenizer = load_policy("tiny-countdown")

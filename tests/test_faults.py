@@ -18,9 +18,9 @@ from flywheel.tasks.sources import MAX_ROW_BYTES, load_problems
 from data_modules.search import SearchDataModule
 from data_modules.settings import ProblemsConfig
 from flywheel.__main__ import main
-from flywheel.checkpoint import AtomicCheckpointIO, CheckpointReadError, unreadable_checkpoint_message
+from flywheel.run.checkpoint import AtomicCheckpointIO, CheckpointReadError, unreadable_checkpoint_message
 from flywheel.module import TreeGRPOModule
-from flywheel.preflight import PreflightError, check_folder, load_inputs
+from flywheel.run.preflight import PreflightError, check_folder, load_inputs
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.math import MathTask
 
@@ -146,7 +146,7 @@ def test_a_full_disk_is_reported_as_no_space_left_on_the_folder(tiny_disk):
     # Before: a full checkpoint folder surfaced at the first save as a bare zip-writer error.
     module = TreeGRPOModule()
     with pytest.raises(PreflightError, match=f"no space left on {tiny_disk}: a checkpoint needs about"):
-        from flywheel.preflight import checkpoint_bytes
+        from flywheel.run.preflight import checkpoint_bytes
 
         check_folder(tiny_disk, "--trainer.callbacks.init_args.dirpath", checkpoint_bytes(module.policy))
     (tiny_disk / "last.ckpt").write_bytes(b"the previous checkpoint")
@@ -167,7 +167,7 @@ def test_ckpt_path_last_without_a_last_checkpoint_names_the_folder_and_what_is_t
     shutil.copy(epoch_file, others / "checkpoints" / epoch_file.name)
     refused(fit_args(others, "--ckpt_path", "last"), f"checkpoints there: {others / 'checkpoints' / epoch_file.name}")
 
-    from flywheel.preflight import resolve_ckpt_path
+    from flywheel.run.preflight import resolve_ckpt_path
 
     cli = main(fit_args(tmp_path)[1:], run=False)  # run=False: no subcommand
     assert resolve_ckpt_path(cli.trainer, "last", missing_ok=True) is None  # a scheduler's first attempt starts fresh
@@ -189,8 +189,8 @@ def test_a_checkpoint_from_before_the_settings_rename_resumes_under_the_old_flag
     """A run started when the data settings were flat (`--data.mini_batch_problems`, ...) goes
     on with its old command line: the flags are translated with a warning, and the settings
     its checkpoint recorded compare under the new names (no setting reads as dropped)."""
-    from flywheel.renames import RENAMED
-    from flywheel.run_settings import SETTINGS_KEY
+    from flywheel.run.renames import RENAMED
+    from flywheel.run.settings import SETTINGS_KEY
 
     shutil.copytree(run / "checkpoints", tmp_path / "checkpoints")
     path = tmp_path / "checkpoints" / "last.ckpt"

@@ -9,7 +9,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
-from flywheel.policy import load_policy
+from flywheel.policies.load import load_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 

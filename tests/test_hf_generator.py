@@ -14,7 +14,7 @@ import torch
 from flywheel.generation import Completion, GenerationRequest, Generator, SamplingParams
 from flywheel.generation.decoding import _StopStrings, sample_tokens
 from flywheel.generation.hf import HFGenerator
-from flywheel.tiny import build_tiny_llama
+from flywheel.policies.tiny import build_tiny_llama
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
@@ -435,8 +435,8 @@ def test_qwen2_family(tok):
 def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thread):
     import functools
 
-    from flywheel.evaluation import encode_prompt
-    from flywheel.policy import load_policy
+    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.policies.load import load_policy
     from flywheel.search import SearchConfig, SearchDriver, SearchProblem
     from flywheel.tasks.countdown import CountdownTask
 

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 
 from flywheel.generation.kv_cache import BlockCache, block_cache, compaction
-from flywheel.tiny import build_tiny_llama
+from flywheel.policies.tiny import build_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
 
@@ -98,6 +98,6 @@ def test_keep_first_matches_a_reordered_dynamic_cache(model):
 
 def test_tree_attention_decodes_with_the_block_cache():
     from flywheel.generation.kv_cache import MASKED_IMPLEMENTATIONS
-    from flywheel.tree_attention import TREE_ATTENTION
+    from flywheel.training.tree_attention import TREE_ATTENTION
 
     assert TREE_ATTENTION in MASKED_IMPLEMENTATIONS  # a packable model's generator keeps the block cache

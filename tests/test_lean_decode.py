@@ -13,7 +13,7 @@ from flywheel.generation.base import GenerationRequest, SamplingParams
 from flywheel.generation.hf import HFGenerator
 from flywheel.generation.kv_cache import BlockCache, block_cache
 from flywheel.generation.lean_decode import LeanDecoder, lean_decoder
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # fixtures one_thread and tok: conftest.py
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flywheel.policy import LoraSettings, add_lora, load_policy, merged
+from flywheel.policies.load import LoraSettings, add_lora, load_policy, merged
 
 pytest.importorskip("peft")
 
@@ -49,7 +49,7 @@ def test_negative_rank_is_refused():
 def test_fit_with_lora_moves_only_adapters_and_exports_a_merged_model(tmp_path):
     from test_fit import run_fit
 
-    from flywheel.eval_command import load_checkpoint_policy
+    from flywheel.reporting.eval_command import load_checkpoint_policy
     from flywheel.prm.model import ValueModel
 
     cli = run_fit(tmp_path, "--model.lora.rank=4", "--model.packing=true", "--model.optimizer.lr=1e-2")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from flywheel.__main__ import main
-from flywheel.evaluation import encode_prompt
+from flywheel.reporting.evaluation import encode_prompt
 from flywheel.rewards.math import answers_equal, parse
 from flywheel.tasks import MathTask, Problem
-from flywheel.tiny import build_char_tokenizer
+from flywheel.policies.tiny import build_char_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""Unbiased pass@k (flywheel/metrics.py) against the closed form 1 - C(n-c, k) / C(n, k) on
+"""Unbiased pass@k (flywheel/reporting/metrics.py) against the closed form 1 - C(n-c, k) / C(n, k) on
 hand-worked counts, k = n and c = 0 included; the torchmetric's mean over problems; and the
 module's doctests."""
 
@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-import flywheel.metrics as metrics
-from flywheel.metrics import PassAtK, pass_at_k
+import flywheel.reporting.metrics as metrics
+from flywheel.reporting.metrics import PassAtK, pass_at_k
 
 
 def test_doctests_run_and_pass():

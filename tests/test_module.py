@@ -8,7 +8,7 @@ import torch
 
 from data_modules.examples import TrainingRow, collate
 from flywheel.module import OptimizerConfig, TreeGRPOModule
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 
 
 def make_module(tmp_path) -> TreeGRPOModule:

@@ -12,7 +12,7 @@ import pytest
 from flywheel.__main__ import main
 from flywheel.io import OutputWriteError
 from flywheel.module import TreeGRPOModule
-from flywheel.preflight import PreflightError
+from flywheel.run.preflight import PreflightError
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--data.batching.problems_per_epoch=4", "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=2",

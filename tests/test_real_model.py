@@ -36,7 +36,7 @@ IM_START, IM_END = 1, 2
 
 @pytest.fixture(scope="module")
 def folder() -> Path:
-    from flywheel.policy_cache import converted, get_command
+    from flywheel.policies.registry import converted, get_command
 
     found = converted(NAME)
     if found is None:
@@ -67,8 +67,8 @@ def arith(n: int):
 
 # ---------------------------------------------------------------- the folder and the tokenizer
 def test_the_name_resolves_to_a_plain_folder_that_matches_its_conversion_reference(folder, tok):
-    from flywheel.policy import resolve_policy
-    from flywheel.policy_cache import MANIFEST, verify_policy
+    from flywheel.policies.load import resolve_policy
+    from flywheel.policies.registry import MANIFEST, verify_policy
 
     assert resolve_policy(NAME) == folder
     config = json.loads((folder / "config.json").read_text())
@@ -81,7 +81,7 @@ def test_the_name_resolves_to_a_plain_folder_that_matches_its_conversion_referen
 
 
 def test_the_chat_prompt_keeps_the_templates_default_system_turn_unless_the_task_sets_one(tok):
-    from flywheel.evaluation import encode_prompt
+    from flywheel.reporting.evaluation import encode_prompt
     from flywheel.tasks.math import DEEPSEARCH_PROMPT_SUFFIX, MathTask
 
     problem = arith(1)[0]
@@ -176,7 +176,7 @@ def test_search_and_training_agree_on_log_probs_with_end_of_turn_tokens_in_the_p
 
 
 def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
-    from flywheel.evaluation import encode_prompt
+    from flywheel.reporting.evaluation import encode_prompt
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.hf import HFGenerator
     from flywheel.tasks.base import Problem

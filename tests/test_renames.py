@@ -1,4 +1,4 @@
-"""Renamed settings (flywheel.renames): a flag of the flat data layout, on the command line or
+"""Renamed settings (flywheel.run.renames): a flag of the flat data layout, on the command line or
 in a YAML `--config`, reaches its new section with a one-line warning naming the new flag;
 settings recorded in a checkpoint before the rename compare under the new names."""
 
@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from flywheel.__main__ import main
-from flywheel.renames import RENAMED, rename_config, rename_flags, rename_settings, renamed
-from flywheel.run_settings import changed_settings
+from flywheel.run.renames import RENAMED, rename_config, rename_flags, rename_settings, renamed
+from flywheel.run.settings import changed_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +27,7 @@ def test_old_names_map_to_their_sections_and_new_names_are_left_alone():
 
 
 def test_command_line_flags_are_rewritten_in_both_spellings(caplog):
-    with caplog.at_level(logging.WARNING, logger="flywheel.renames"):
+    with caplog.at_level(logging.WARNING, logger="flywheel.run.renames"):
         out = rename_flags(["fit", "--data.advantage=outcome", "--data.mini_batch_problems", "4", "--data.seed=1"])
     assert out == ["fit", "--data.credit.advantage=outcome", "--data.batching.mini_batch_problems", "4", "--data.seed=1"]
     lines = caplog.text.strip().splitlines()
@@ -52,7 +52,7 @@ def test_old_flags_and_an_old_yaml_reach_the_components(tmp_path, caplog):
     config.write_text(yaml.safe_dump({"data": {"advantage": "subtree", "mini_batch_problems": 4,
                                                "degenerate_filter": {"max_period": 64}},
                                       "eval": {"at_start": False}}))
-    with caplog.at_level(logging.WARNING, logger="flywheel.renames"):
+    with caplog.at_level(logging.WARNING, logger="flywheel.run.renames"):
         cli = main(["--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(config),
                     "--data.flat_samples=3", "--data.max_eval_problems=5"], run=False)
     dm = cli.datamodule

@@ -14,7 +14,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
-from flywheel.checkpoint import CheckpointReadError
+from flywheel.run.checkpoint import CheckpointReadError
 from procs import run_group
 
 ROOT = Path(__file__).resolve().parents[1]

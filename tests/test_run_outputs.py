@@ -14,7 +14,7 @@ import torch
 
 from data_modules.search import SearchDataModule
 from flywheel.__main__ import main
-from flywheel.preflight import PreflightError
+from flywheel.run.preflight import PreflightError
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = str(ROOT / "conf" / "quickstart.yaml")

@@ -116,7 +116,7 @@ def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from flywheel.__main__ import main
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     root = Path(__file__).resolve().parents[1]
     cli = main(["fit", "--config", str(root / "conf" / "quickstart.yaml"), "--config", str(root / "conf" / "rest_mcts.yaml"),
@@ -160,7 +160,7 @@ def test_rest_mcts_recipe_runs_the_whole_loop_and_reports_every_round(tmp_path):
 
 
 def test_report_shows_the_value_model_auc_per_round_only_when_there_is_one():
-    from flywheel.report import report_markdown
+    from flywheel.reporting.report import report_markdown
 
     rounds = [{"round": 1, "epoch": 4, "eval_pass1": 0.1, "eval_passk": 0.3, "prm_auc": 0.6789},
               {"round": 2, "epoch": 9, "eval_pass1": 0.2, "eval_passk": 0.4, "prm_auc": None}]

@@ -265,7 +265,7 @@ def test_a_launch_that_fails_on_rank_0_is_raised_on_every_rank():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     return load_policy("tiny-countdown")
 

@@ -10,7 +10,7 @@ import torch
 from flywheel.generation.base import GenerationRequest, SamplingParams
 from flywheel.generation.vllm import Server, VLLMSidecar
 from flywheel.generation.vllm.weights import full_state
-from flywheel.policy import LoraSettings, add_lora, load_policy
+from flywheel.policies.load import LoraSettings, add_lora, load_policy
 
 
 def test_routing_keeps_a_tree_on_one_server_and_spreads_the_rest():

@@ -1,4 +1,4 @@
-"""The character tokenizer and the tiny model builders (flywheel/tiny.py)."""
+"""The character tokenizer and the tiny model builders (flywheel/policies/tiny.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from flywheel.tiny import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_llama
+from flywheel.policies.tiny import DEFAULT_ALPHABET, build_char_tokenizer, build_tiny_llama
 
 TRACE = "5 9 8|67\n9*8=72\n72-5=67\n<answer>(9*8)-5</answer>"
 

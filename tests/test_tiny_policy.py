@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from flywheel.assets import asset_path
 from flywheel.generation import GenerationRequest, SamplingParams
 from flywheel.generation.hf import HFGenerator
-from flywheel.policy import load_policy
+from flywheel.policies.load import load_policy
 from flywheel.rewards.countdown import verify
 from flywheel.tasks.countdown import CountdownTask
 
@@ -116,7 +116,7 @@ def test_shipped_weights_score_what_the_card_says_within_sampling_error(policy, 
 
 
 def test_the_card_is_measured_by_the_run_s_evaluator_with_the_card_s_seeds(policy, results):
-    """tools/make_tiny_policy.py grades through flywheel.evaluation (the evaluator of fit, eval
+    """tools/make_tiny_policy.py grades through flywheel.reporting.evaluation (the evaluator of fit, eval
     and validate) yet keeps the per-problem seeds the shipped card was measured with: on 40
     test problems it counts what sampling those seeds directly counts. (The whole card,
     1,100 problems x 8 samples, reproduces eval_results.json exactly: the make_tiny_policy

@@ -14,7 +14,7 @@ from data_modules.examples import TrainingRow, collate
 from flywheel.module import OptimizerConfig, TreeGRPOModule
 from flywheel.objectives import ObjectiveConfig
 from flywheel.objectives.value import step_start_values, step_starts, value_baseline_advantages, value_loss
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 
 
 def test_docstring_examples():

@@ -9,12 +9,12 @@ import subprocess
 import pytest
 
 from flywheel.__main__ import main
-from flywheel.evaluation import encode_prompt
+from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.hf import HFGenerator
-from flywheel.policy import load_policy
+from flywheel.policies.load import load_policy
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem
 from flywheel.tasks.countdown import CountdownTask
-from flywheel.viewer import expansion_order, render_tree_html, value_colour
+from flywheel.reporting.viewer import expansion_order, render_tree_html, value_colour
 
 
 def test_value_colour_scale():

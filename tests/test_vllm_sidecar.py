@@ -44,7 +44,7 @@ def sidecar(tmp_path_factory):
     """Two servers launched by one sidecar, serving the shipped head-size-32 policy."""
     _need_vllm()
     from flywheel.generation.vllm import VLLMSidecar
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     model, tok = load_policy("tiny-countdown-h3")
     backend = VLLMSidecar(replicas=2, python=VLLM_PYTHON, log_dir=str(tmp_path_factory.mktemp("vllm")), max_num_seqs=64,
@@ -267,7 +267,7 @@ def test_an_attached_sidecar_without_the_secret_is_refused_saying_how_to_fix_it(
 
 
 def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
-    from flywheel.evaluation import encode_prompt
+    from flywheel.reporting.evaluation import encode_prompt
     from flywheel.search import SearchConfig, SearchDriver, SearchProblem
     from flywheel.tasks.countdown import CountdownTask
 
@@ -315,7 +315,7 @@ def test_attaching_to_a_server_whose_control_routes_answer_without_a_secret_is_r
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.vllm import Server, VLLMSidecar
     from flywheel.generation.vllm.middleware import MIDDLEWARE
-    from flywheel.policy import load_policy
+    from flywheel.policies.load import load_policy
 
     model, tok = load_policy("tiny-countdown-h3")
     folder = tmp_path / "model"

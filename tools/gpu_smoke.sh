@@ -36,7 +36,7 @@ if subprocess.run([vllm_python, "-c", "import vllm"], capture_output=True).retur
     missing.append(f"vllm (for {vllm_python})")
 if (not cpu and not torch.cuda.is_available()) or missing:
     sys.exit(f"gpu_smoke: needs {'a CUDA GPU and ' if not cpu else ''}{', '.join(missing) or 'nothing else'} installed")
-from flywheel.policy_cache import REGISTRY_POLICIES, get_policy
+from flywheel.policies.registry import REGISTRY_POLICIES, get_policy
 from flywheel.tasks.math import MathTask
 if policy in REGISTRY_POLICIES:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")

@@ -4,7 +4,7 @@
     python tools/make_tiny_policy.py --out /tmp/p --steps 200 --seed 1   # a variant elsewhere
     python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
 
-A character tokenizer and a small Llama built from config (flywheel.tiny), trained by SFT on
+A character tokenizer and a small Llama built from config (flywheel.policies.tiny), trained by SFT on
 solver traces of the TRAIN split only ("5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>"
 then EOS), with the loss on the completion and EOS, never on the prompt. It is deliberately
 UNDERTRAINED: a correct-only SFT base that solves some held-out problems but far from all
@@ -41,7 +41,7 @@ from tiny_policy_sft import Recipe, problem_traces, train_sft  # noqa: E402
 
 from flywheel.assets import asset_path  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
-from flywheel.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
 __all__ = ["Recipe", "evaluate", "main"]
 log = logging.getLogger("make_tiny_policy")

@@ -1,5 +1,5 @@
 """The tiny policy's evaluation and model card (tools/make_tiny_policy.py): the held-out
-splits sampled at T = 1.0 through the run's one evaluator (flywheel.evaluation) with the card's
+splits sampled at T = 1.0 through the run's one evaluator (flywheel.reporting.evaluation) with the card's
 per-problem seeds, and the README.md written from those measurements.
 """
 
@@ -14,7 +14,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from flywheel.evaluation import EvalConfig, evaluate_sharded
+from flywheel.reporting.evaluation import EvalConfig, evaluate_sharded
 from flywheel.generation.hf import HFGenerator
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
 from tiny_policy_sft import Recipe
@@ -51,7 +51,7 @@ def evaluate(
     problems: list[CountdownProblem], recipe: Recipe, split_seed: int,
 ) -> SplitScore:
     """Sample `eval_samples` completions per problem (seeded per problem) and grade them with
-    the run's one evaluator (flywheel.evaluation), in one generator call. The task's response
+    the run's one evaluator (flywheel.reporting.evaluation), in one generator call. The task's response
     budget is the length cap (`eval_max_new_tokens`)."""
     start = time.perf_counter()
     n = recipe.eval_samples
@@ -141,10 +141,10 @@ Verdicts of all samples:
   (4000 3-number + 4000 4-number hard problems), up to {recipe.max_solutions} distinct traces per problem
   ({summary['train_traces']} in all); each visit of a problem picks one of its traces at random. Every
   trace passes the verifier. Loss on the completion tokens and EOS only, not on the prompt.
-- Tokenizer: `flywheel.tiny.build_char_tokenizer()`, one token per character,
+- Tokenizer: `flywheel.policies.tiny.build_char_tokenizer()`, one token per character,
   {summary['vocab_size']} tokens (`<pad>`, `<bos>`, `<eos>`, `<unk>`, newline, printable ASCII);
   `vocab_size == len(tokenizer)`.
-- Model: `flywheel.tiny.build_tiny_llama` — LlamaForCausalLM, hidden {recipe.hidden_size}, {recipe.num_layers} layers,
+- Model: `flywheel.policies.tiny.build_tiny_llama` — LlamaForCausalLM, hidden {recipe.hidden_size}, {recipe.num_layers} layers,
   {recipe.num_heads} heads, MLP {recipe.intermediate_size}, tied embeddings, fp32, **{summary['parameters']:,} parameters**.
 - SFT: {recipe.steps} steps, batch {recipe.batch_size}, AdamW (weight decay {recipe.weight_decay}), peak lr {recipe.lr:g},
   {recipe.warmup_steps} warmup steps then cosine to {recipe.min_lr_ratio:g} x lr, grad clip {recipe.grad_clip:g}.

@@ -7,7 +7,7 @@ with K = 4, delta = 25%, screening samples at temperature 0.6, top_p 0.95. Pass1
 success RATE over K samples, not "any of K". The released data keeps 0% and 25%, i.e.
 `<=` delta: `comparison="le"` reproduces it, `"lt"` (the paper) is the default.
 
-Pure data: the caller measures the rates (e.g. `flywheel.evaluation.evaluate` with
+Pure data: the caller measures the rates (e.g. `flywheel.reporting.evaluation.evaluate` with
 `EvalConfig(samples=k, temperature=..., top_p=...)`, then `pass1_rates`) and hands them in.
 """
 

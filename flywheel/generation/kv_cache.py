@@ -22,7 +22,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import Cache, DynamicLayer, get_layer_types_and_kwargs
 
-from flywheel.tree_attention import TREE_ATTENTION
+from flywheel.training.tree_attention import TREE_ATTENTION
 
 BLOCK = 16
 

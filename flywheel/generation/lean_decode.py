@@ -24,7 +24,7 @@ from torch import nn
 from transformers import LlamaForCausalLM, Qwen2ForCausalLM
 
 from flywheel.generation.prefix_attention import SharedPrompts, prefix_attention
-from flywheel.tree_attention import TREE_ATTENTION
+from flywheel.training.tree_attention import TREE_ATTENTION
 
 SUPPORTED = (LlamaForCausalLM, Qwen2ForCausalLM)
 IMPLEMENTATIONS = ("sdpa", TREE_ATTENTION)

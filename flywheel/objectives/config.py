@@ -69,7 +69,7 @@ class ObjectiveConfig:
             `truncated_importance_weight`).
         value_coef: weight of the value loss mean (V(s_t) - r)^2 over the states each step starts
             from; > 0 gives the module a value head (MLP + tanh on the policy's last hidden
-            state, flywheel.value_head), trained with the policy, saved in checkpoints, and used
+            state, flywheel.training.value_head), trained with the policy, saved in checkpoints, and used
             by search.selection=puct_agents as the value of new nodes (the seed's Countdown MCTS).
             0 = no value head.
         value_baseline: replace the data's advantages by A_t = r - sg(V_old(s_t)) (the row's

@@ -17,8 +17,8 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from flywheel.packing import right_pad
-from flywheel.policy import merged
+from flywheel.training.packing import right_pad
+from flywheel.policies.load import merged
 
 
 class ValueModel(nn.Module):

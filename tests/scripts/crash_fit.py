@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_modules.search import SearchDataModule  # noqa: E402
 from flywheel.__main__ import main  # noqa: E402
-from flywheel.checkpoint import AtomicCheckpointIO  # noqa: E402
+from flywheel.run.checkpoint import AtomicCheckpointIO  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.io import atomic_writer  # noqa: E402
 

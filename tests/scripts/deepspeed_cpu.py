@@ -47,7 +47,7 @@ def gather(out: str) -> None:
     import deepspeed
 
     from flywheel.generation.vllm.weights import full_state
-    from flywheel.tiny import build_char_tokenizer, build_tiny_llama
+    from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 
     for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533", "RANK": "0", "WORLD_SIZE": "1",
                        "LOCAL_RANK": "0"}.items():

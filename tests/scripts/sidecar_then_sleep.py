@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from flywheel.generation.vllm import VLLMSidecar  # noqa: E402
-from flywheel.policy import load_policy  # noqa: E402
+from flywheel.policies.load import load_policy  # noqa: E402
 
 model, tok = load_policy("tiny-countdown-h3")
 sidecar = VLLMSidecar(python=os.environ["FLYWHEEL_VLLM_PYTHON"], log_dir=sys.argv[1], startup_timeout=600)

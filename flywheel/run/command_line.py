@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import yaml
 
-from flywheel.preflight import PreflightError
+from flywheel.run.preflight import PreflightError
 
 LOG_LEVEL_VARIABLE = "FLYWHEEL_LOG_LEVEL"
 RECIPE_KEY = "seed_everything"

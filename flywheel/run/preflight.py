@@ -19,11 +19,11 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from flywheel.evaluation import encode_prompt
-from flywheel.run_settings import SETTINGS_KEY
+from flywheel.reporting.evaluation import encode_prompt
+from flywheel.run.settings import SETTINGS_KEY
 from flywheel.tasks import Problem, Task
 
-log = logging.getLogger("flywheel.preflight")
+log = logging.getLogger("flywheel.run.preflight")
 
 SPACE_MARGIN = 1.05
 """A checkpoint file is this much larger than its weights and optimizer moments (the loops',
@@ -287,7 +287,7 @@ def check_one_run_per_folder(trainer: Any, resolved: str | None) -> None:
 def read_checkpoint_meta(path: str) -> dict[str, Any]:
     """The small parts of a checkpoint (hyperparameters, saved settings), loaded lazily
     (memory-mapped; the weights are not read). A damaged file fails with its way out."""
-    from flywheel.checkpoint import read_checkpoint
+    from flywheel.run.checkpoint import read_checkpoint
 
     if Path(path).is_dir():  # DeepSpeed: nothing light to read
         return {}
@@ -297,7 +297,7 @@ def read_checkpoint_meta(path: str) -> dict[str, Any]:
 def check_policy(recorded: str | None, given: str | None, source: str, flag: str, way_out: str) -> None:
     """Refuse weights trained from one policy loaded into another: same-shaped weights load
     without a word and the scores are wrong (issue 22)."""
-    from flywheel.policy import same_policy
+    from flywheel.policies.load import same_policy
 
     if recorded is None or given is None or same_policy(str(recorded), str(given)):
         return
@@ -328,8 +328,8 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
         check_policy(recorded, getattr(model.hparams, "policy", None), str(resolved), "--model.policy",
                      ", or start a new run without --ckpt_path")
         if settings is not None and meta.get(SETTINGS_KEY):
-            from flywheel.renames import rename_settings
-            from flywheel.run_settings import changed_settings
+            from flywheel.run.renames import rename_settings
+            from flywheel.run.settings import changed_settings
 
             changes = changed_settings(rename_settings(meta[SETTINGS_KEY]), settings)  # a checkpoint from before a rename
             if changes:

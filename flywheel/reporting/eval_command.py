@@ -25,7 +25,7 @@ from typing import Any, Sequence
 import torch
 from tqdm import tqdm
 
-from flywheel.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
+from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.tasks import Task
@@ -41,10 +41,10 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     The architecture and tokenizer come from the policy the checkpoint's run was started from
     (its `hyper_parameters`); `policy` must name the same one, or the recorded folder must be
     gone (then `policy` is where it is now)."""
-    from flywheel.checkpoint import read_checkpoint
-    from flywheel.policy import LoraSettings, add_lora, merged
-    from flywheel.policy_check import load_checked_policy
-    from flywheel.preflight import check_policy
+    from flywheel.run.checkpoint import read_checkpoint
+    from flywheel.policies.load import LoraSettings, add_lora, merged
+    from flywheel.policies.check import load_checked_policy
+    from flywheel.run.preflight import check_policy
 
     ckpt = read_checkpoint(checkpoint, "--checkpoint")
     recorded = (ckpt.get("hyper_parameters") or {}).get("policy")
@@ -101,7 +101,7 @@ def run_eval(
 ) -> dict[str, Any]:
     """Evaluate a policy on held-out problems: unbiased pass@k and mean@n per problem file.
 
-    The sampling settings are `fit`'s `--data.eval.*` (flywheel.evaluation.EvalConfig, whose
+    The sampling settings are `fit`'s `--data.eval.*` (flywheel.reporting.evaluation.EvalConfig, whose
     defaults these are), except that several k can be reported and `samples` defaults to 8.
 
     Args:
@@ -125,8 +125,8 @@ def run_eval(
         dtype: parameter dtype of the evaluated policy.
         out: folder of eval.json and the TensorBoard events.
     """
-    from flywheel.policy_check import check_dtype, load_checked_policy
-    from flywheel.preflight import PreflightError, check_folder, context_limit, prompt_fits
+    from flywheel.policies.check import check_dtype, load_checked_policy
+    from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
 
@@ -197,7 +197,7 @@ def run_eval(
 def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top_p: float, max_problems: int | None,
                         problems_per_batch: int) -> None:
     """The eval command's settings, in its own flags' names."""
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     if samples < 1:
         raise PreflightError(f"--samples={samples}: must be >= 1 (responses per problem)")
@@ -245,8 +245,8 @@ def main(args: list[str]) -> dict[str, Any]:
 
     from jsonargparse import CLI
 
-    from flywheel.command_line import parse_error_line
-    from flywheel.preflight import PreflightError
+    from flywheel.run.command_line import parse_error_line
+    from flywheel.run.preflight import PreflightError
 
     try:
         return CLI(run_eval, args=args, as_positional=False, exit_on_error=False)

@@ -19,11 +19,11 @@ BUILTIN_POLICIES = {
 
 def resolve_policy(policy: str) -> Path:
     """Map `policy` (a folder path, a built-in name, or the name of a registry policy converted
-    by `tools/get_policy.py`, flywheel.policy_cache) to an existing model folder.
+    by `tools/get_policy.py`, flywheel.policies.registry) to an existing model folder.
 
     Nothing is downloaded here: flywheel trains local folders only.
     """
-    from flywheel.policy_cache import REGISTRY_POLICIES, converted, get_command
+    from flywheel.policies.registry import REGISTRY_POLICIES, converted, get_command
 
     if policy in REGISTRY_POLICIES:
         folder = converted(policy)

@@ -1,6 +1,6 @@
 """Block-sparse attention over a packed token trie: cost follows the tree's distinct tokens.
 
-A packed tree (flywheel.packing) holds P distinct tokens; a token attends to its ancestors
+A packed tree (flywheel.training.packing) holds P distinct tokens; a token attends to its ancestors
 only. A dense P x P mask makes attention cost grow with P^2 although each token has only
 its depth's worth of ancestors, so long trees lost to the flat form (issue 18). Here the
 packed positions are cut into query blocks of `block` consecutive tokens; each block
@@ -104,7 +104,7 @@ def _ladder(length: int, step: int) -> int:
 
 def tree_layout(position: torch.Tensor, origin: torch.Tensor, index: torch.Tensor, block: int = BLOCK,
                 pad_to: int = BLOCK) -> TreeLayout:
-    """The block-sparse layout of packed groups (the fields of flywheel.packing.Packed).
+    """The block-sparse layout of packed groups (the fields of flywheel.training.packing.Packed).
 
     Packed token j is an ancestor of (or is) token i iff depth(j) <= depth(i) and the row
     that first held i has j at depth(j): index[origin[i], position[j]] == j. So a block's key

