@@ -99,9 +99,9 @@ class SearchDriver:
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
         self._may_end_step: dict[int, bool] = {}
-        self.new_tree = self._tree_kind()
+        self.new_tree = self._tree_factory()
 
-    def _tree_kind(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
+    def _tree_factory(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
         """The config's rules, resolved once (flywheel.search.rules): a tree searched by several
         agents (an AGENT_RULES selection), else a LiveTree grown by the config's expansion mode."""
         config = self.config

@@ -68,17 +68,19 @@ FORK_RULES: dict[str, ForkSelection] = {"uct": fork_uct, "random": fork_random, 
 EndsStep = Callable[[Sequence[int]], bool]
 
 
-def step_expansion(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> StepExpansion:
+def step_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> StepExpansion:
+    """n steps of a node per expansion, the next node by the selection rule (§1, §5)."""
     return StepExpansion(SELECTION_RULES[config.selection])
 
 
-def rollout_expansion(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> RolloutExpansion:
+def rollout_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> RolloutExpansion:
+    """n whole continuations of a node per expansion, the next node by the fork rule."""
     return RolloutExpansion(FORK_RULES[config.fork_rule], step, ends_step)
 
 
 EXPANSION_MODES: dict[str, Callable[[SearchConfig, StepSpec, EndsStep], ExpansionMode]] = {
-    "step": step_expansion,
-    "rollout": rollout_expansion,
+    "step": step_mode,
+    "rollout": rollout_mode,
 }
 """config.expansion -> the ExpansionMode of a LiveTree, built once per driver (`ends_step`: does
 a step end with its last token; rollout expansion cuts continuations into steps with it)."""
