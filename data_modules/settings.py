@@ -17,6 +17,7 @@ from typing import Literal
 
 from data_modules.examples import PathWeighting
 from flywheel.adaptive import DegenerateFilter
+from flywheel.search.config import MAX_CONCURRENT_TREES
 from flywheel.search.outputs import Trajectory
 
 Advantage = Literal["node", "outcome", "subtree", "best_of_n", "self_training"]
@@ -99,7 +100,7 @@ class BatchingConfig:
 
     problems_per_epoch: int = 64
     mini_batch_problems: int = 8
-    max_concurrent_trees: int = 64
+    max_concurrent_trees: int = MAX_CONCURRENT_TREES
     flat_samples: int = 8
 
     def __post_init__(self) -> None:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from flywheel.generation import Completion, GenerationRequest, Generator, SamplingParams
-from flywheel.generation.decoding import _StopStrings, sample_tokens
+from flywheel.generation.decoding import StopStrings, sample_tokens
 from flywheel.generation.hf import HFGenerator
 from flywheel.policies.tiny import build_tiny_llama
 
@@ -231,7 +231,7 @@ def test_stop_strings(model, tok):
 
 
 def test_stop_string_matcher(tok):
-    matcher = _StopStrings(tok, ("</answer>", "\n"), vocab_size=len(tok))
+    matcher = StopStrings(tok, ("</answer>", "\n"), vocab_size=len(tok))
     # Only tokens holding a stop string's last character (">" or "\n") need a decode;
     # specials such as "<eos>" are skipped when decoding, so they never do.
     candidates = set(tok.convert_ids_to_tokens(matcher.candidate.nonzero().squeeze(1).tolist()))
@@ -255,11 +255,11 @@ def test_stop_string_matcher_multi_character_tokens():
     bpe = PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>"
     )
-    newline = _StopStrings(bpe, ("\n",), vocab_size=len(vocab))
+    newline = StopStrings(bpe, ("\n",), vocab_size=len(vocab))
     assert newline.candidate.nonzero().squeeze(1).tolist() == [vocab["c\n"], vocab["\n\n"]]
     assert newline.hit(bpe, [vocab["ab"], vocab["c\n"]])  # "\n" inside the last token
     assert newline.certain.nonzero().squeeze(1).tolist() == [vocab["c\n"], vocab["\n\n"]]
-    spanning = _StopStrings(bpe, ("bc",), vocab_size=len(vocab))
+    spanning = StopStrings(bpe, ("bc",), vocab_size=len(vocab))
     assert spanning.candidate[vocab["c\n"]] and not spanning.candidate[vocab["ab"]]
     assert not spanning.certain.any()  # "bc" is in no single token: every candidate is decoded
     assert spanning.hit(bpe, [vocab["x"], vocab["ab"], vocab["c\n"]])  # "ab" + "c\n" holds "bc"

@@ -1,6 +1,6 @@
 """Decode attention with each prompt's KV kept once (flywheel/generation/prefix_attention.py,
-shared_decode.py): the kernel against SDPA over replicated rows, the generator's two decode
-paths against each other, and the fallback when the kernel cannot be built."""
+decode_loop.py's SharedPromptKV): the kernel against SDPA over replicated rows, the decode
+loop's two KV strategies against each other, and the fallback when the kernel cannot be built."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def test_the_chat_prompt_keeps_the_templates_default_system_turn_unless_the_task
 
 
 def test_stop_strings_and_step_ends_where_bpe_merges_the_delimiter(tok):
-    from flywheel.generation.decoding import _StopStrings
+    from flywheel.generation.decoding import StopStrings
     from flywheel.search.config import SearchConfig
     from flywheel.search.driver import SearchDriver
     from flywheel.tasks.base import StepSpec
@@ -107,7 +107,7 @@ def test_stop_strings_and_step_ends_where_bpe_merges_the_delimiter(tok):
     assert [tok.decode([i]) for i in (nl, nlnl, nlnl_spaces)] == ["\n", "\n\n", "\n\n   "]
     # The same text, two spellings: "7.\n\n" inside a sentence and at the end of a text.
     assert tok("So 7.\n\nThen")["input_ids"][-4:-1] == [dot, nl, nl] and tok("x.\n\n")["input_ids"][-1] == nlnl
-    stops = _StopStrings(tok, ("\n\n",), len(tok))
+    stops = StopStrings(tok, ("\n\n",), len(tok))
     assert stops.candidate[nl] and stops.candidate[nlnl] and not stops.candidate[dot]
     assert stops.certain[nlnl] and stops.certain[nlnl_spaces] and not stops.certain[nl]  # one "\n" alone is not a hit
     assert stops.hit(tok, [dot, nl, nl]) and not stops.hit(tok, [dot, nl])

@@ -14,7 +14,7 @@ import pytest
 
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
-from flywheel.search.rollout import fork_candidates, insert_path, select_fork, split_steps
+from flywheel.search.rollout import fork_candidates, fork_random, fork_root, fork_uct, insert_path, split_steps
 from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
@@ -123,14 +123,13 @@ def test_fork_rules_and_the_children_cap():
     assert fork_candidates(tree, cfg) == [0, 1, 2]  # the terminal (3) never
     assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=2)) == [0, 1]  # depth 2 is max depth
     assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=3, max_children=1)) == []
-    picks = {select_fork(tree, SearchConfig(expansion="rollout", max_depth=3, fork_rule="random"), random.Random(s))
-             for s in range(40)}
+    picks = {fork_random(tree, cfg, random.Random(s)) for s in range(40)}
     assert picks == {0, 1, 2}
-    assert select_fork(tree, SearchConfig(expansion="rollout", max_depth=3, fork_rule="root"), random.Random(0)) == 0
-    capped = SearchConfig(expansion="rollout", max_depth=3, fork_rule="root", max_children=1)
-    assert select_fork(tree, capped, random.Random(0)) is None  # the root is full: nothing to fork from
+    assert fork_root(tree, cfg, random.Random(0)) == 0
+    capped = SearchConfig(expansion="rollout", max_depth=3, max_children=1)
+    assert fork_root(tree, capped, random.Random(0)) is None  # the root is full: nothing to fork from
     # uct with no backup yet: every Q is 0 and N(root) = 0 gives no bonus: the lowest id.
-    assert select_fork(tree, cfg, random.Random(0)) == 0
+    assert fork_uct(tree, cfg, random.Random(0)) == 0
 
 
 def test_rollouts_longer_than_max_depth_end_as_incomplete_terminals():

@@ -1,4 +1,4 @@
-"""The per-step work of the in-process generator's decode loop (flywheel.generation.hf):
+"""The per-step work of the in-process generator's decode loop (flywheel.generation.decode_loop):
 sampling each row's token, the stop rules (EOS, stop tokens, stop strings, the length
 limit), tested for a whole batch at once, and the record of what each row produced."""
 
@@ -10,8 +10,9 @@ import torch
 
 from flywheel.generation.base import Completion, FinishReason
 
-_ACTIVE, _EOS, _STOP, _LENGTH = 0, 1, 2, 3
-_REASONS: dict[int, FinishReason] = {_EOS: "eos", _STOP: "stop", _LENGTH: "length"}
+ACTIVE, EOS, STOP, LENGTH = 0, 1, 2, 3
+"""A row's finish code after a step ([B] long tensors): still decoding, or why it ended."""
+_REASONS: dict[int, FinishReason] = {EOS: "eos", STOP: "stop", LENGTH: "length"}
 
 
 def sample_tokens(
@@ -119,7 +120,7 @@ def compaction_due(active: torch.Tensor, fraction: float) -> bool:
     return bool(done) and done >= fraction * len(active)
 
 
-class _StopStrings:
+class StopStrings:
     """Detects stop strings in a row's continuation by decoding a short tail of tokens.
 
     Decoding every row every step would dominate on a tiny model, so a per-vocabulary
@@ -178,7 +179,7 @@ def _decode_text(tokenizer: Any, ids: list[int]) -> str:
     return tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
 
-class _StopRules:
+class StopRules:
     """The stop tests of one chunk, vectorised over the batch.
 
     Priority when several hold at once: EOS, then a stop token or stop string, then the
@@ -212,7 +213,7 @@ class _StopRules:
             setattr(self, name, getattr(self, name).to(device))
 
     def check(self, t, slots, active, new, tokens, tokenizer) -> torch.Tensor:
-        """Finish code per batch position after step t ([B]; _ACTIVE = goes on)."""
+        """Finish code per batch position after step t ([B]; ACTIVE = goes on)."""
         is_eos = self.eos[new] & active
         is_stop = self.stop_ids[self.id_group[slots], new] & active & ~is_eos
         if self.has_strings:
@@ -228,14 +229,14 @@ class _StopRules:
                 if matcher.hit(tokenizer, tail):
                     is_stop[b] = True
         is_length = (self.max_new[slots] <= t + 1) & active
-        reason = torch.full_like(new, _ACTIVE)
-        reason[is_length] = _LENGTH
-        reason[is_stop] = _STOP
-        reason[is_eos] = _EOS
+        reason = torch.full_like(new, ACTIVE)
+        reason[is_length] = LENGTH
+        reason[is_stop] = STOP
+        reason[is_eos] = EOS
         return reason
 
 
-class _Record:
+class DecodeRecord:
     """What a chunk produced, indexed by row: tokens, log-probs, entropies [R, T]."""
 
     def __init__(self, rows: list, horizon: int, device) -> None:
@@ -245,7 +246,7 @@ class _Record:
         want_entropy = any(r.params.top_logprobs > 0 for r in rows)
         self.entropies = torch.zeros(n, horizon, device=device) if want_entropy else None
         self.length = torch.zeros(n, dtype=torch.long, device=device)
-        self.reason = torch.full((n,), _ACTIVE, dtype=torch.long, device=device)
+        self.reason = torch.full((n,), ACTIVE, dtype=torch.long, device=device)
 
     def add(self, t: int, slots, active, new, logits) -> None:
         """Store step t's tokens [B] with their raw log-probs (and entropies) from logits [B, V]."""
@@ -258,7 +259,7 @@ class _Record:
             self.entropies[live, t] = (log_z - expected_logit)[active]  # H = log Z - E_p[logit]
 
     def finish(self, t: int, slots, reason) -> None:
-        done = reason != _ACTIVE
+        done = reason != ACTIVE
         self.length[slots[done]] = t + 1
         self.reason[slots[done]] = reason[done]
 

@@ -2,7 +2,7 @@
 
 The model is the trainer's own module (shared, never copied), so the generator always
 samples from the current weights and needs no weight sync. Decoding is a hand-written
-KV-cache loop rather than `model.generate`, for three reasons:
+KV-cache loop (`flywheel.generation.decode_loop`) rather than `model.generate`, for three reasons:
   * prefix reuse: each distinct prompt is prefilled once and its cache is replicated for
     its n samples; with `prefix_cache_mb`, the KV of every unfinished completion (a search
     node) is kept across calls, so expanding that node next round computes only the new
@@ -15,8 +15,9 @@ Decode passes of Llama and Qwen2 models run as plain torch calls
 (`flywheel.generation.lean_decode`): the model's own logits without transformers' per-call
 machinery; other models decode through `model(...)`. In float32 on CPU those passes keep each
 prompt's KV once instead of copying it to its n rows, and attend with a small C kernel that
-reads only the columns each row sees (`flywheel.generation.prefix_attention`,
-`shared_decode`); where the kernel cannot be built, the prompts are replicated and SDPA attends.
+reads only the columns each row sees (`flywheel.generation.prefix_attention`; the decode
+loop's `SharedPromptKV`); where the kernel cannot be built, the prompts are replicated to
+their rows (`ReplicatedKV`) and SDPA attends.
 
 Conventions (the Completion contract of `flywheel.generation.base`):
   * EOS is kept: a completion that ends with "eos" has the EOS id as its last token, with
@@ -46,18 +47,18 @@ import inspect
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Sequence
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from flywheel.generation.kv_cache import BlockCache, block_cache, compaction, uses_block_cache
 from flywheel.generation import prefix_attention
+from flywheel.generation.decode_loop import ReplicatedKV, SharedPromptKV, decode_rows
+from flywheel.generation.decoding import StopRules, StopStrings
+from flywheel.generation.kv_cache import block_cache, uses_block_cache
 from flywheel.generation.lean_decode import lean_decoder
-from flywheel.generation.shared_decode import decode_shared
-from flywheel.generation.prefix_cache import _left_padded, _PrefixCache, keep_stopped_kv
-from flywheel.generation.decoding import (
-    _ACTIVE, _Record, _StopRules, _StopStrings, compaction_due, decode_step, row_settings)
+from flywheel.generation.prefix_cache import PrefixCache, left_padded
 from flywheel.generation.base import (
     PREFIX_CACHE_MB,
     Completion,
@@ -133,10 +134,10 @@ class HFGenerator:
         # deprecated there); older 5.x releases only know `past_key_values`.
         self._cache_kwarg = "cache" if "cache" in forward_args else "past_key_values"
         self._has_logits_to_keep = "logits_to_keep" in forward_args
-        self._stop_strings: dict[tuple[str, ...], _StopStrings] = {}
+        self._stop_strings: dict[tuple[str, ...], StopStrings] = {}
         if prefix_cache_mb < 0:
             raise ValueError(f"prefix_cache_mb must be >= 0, got {prefix_cache_mb}")
-        self.prefix_cache = _PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
+        self.prefix_cache = PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None
 
     @classmethod
     def from_pretrained(
@@ -243,9 +244,9 @@ class HFGenerator:
             rows += [_Row(i, j, r.prompt_ids, r.params, uniforms[j]) for j in range(r.n)]
         return rows
 
-    def _stop_matcher(self, strings: tuple[str, ...], vocab: int) -> _StopStrings:
+    def _stop_matcher(self, strings: tuple[str, ...], vocab: int) -> StopStrings:
         if strings not in self._stop_strings:
-            self._stop_strings[strings] = _StopStrings(self.tokenizer, strings, vocab)
+            self._stop_strings[strings] = StopStrings(self.tokenizer, strings, vocab)
         return self._stop_strings[strings]
 
     def _forward(self, ids, attention_mask, position_ids, cache, last_only: bool) -> torch.Tensor:
@@ -294,7 +295,7 @@ class HFGenerator:
         positions = (start[:, None] + new_mask.cumsum(-1) - 1).clamp(min=0)  # pads get any value; masked
         cache = block_cache(self.model.config)
         if cached_width:
-            for layer, (keys, values) in enumerate(_left_padded([kv for _, kv in hits], [c for c, _ in hits], cached_width)):
+            for layer, (keys, values) in enumerate(left_padded([kv for _, kv in hits], [c for c, _ in hits], cached_width)):
                 cache.update(keys.to(device), values.to(device), layer)
         logits = self._forward(
             ids.to(device), mask.to(device), positions.to(device), cache, last_only=True
@@ -313,80 +314,18 @@ class HFGenerator:
         return cache, logits[row_prompt], mask.to(device)[row_prompt]
 
     def _decode(self, rows: list[_Row]) -> list[Completion]:
-        """Decode one chunk of rows together; returns their completions in row order."""
+        """Decode one chunk of rows together (flywheel.generation.decode_loop); returns their
+        completions in row order. The prompts' KV is kept once where the lean pass and the
+        prefix-attention kernel serve the model, else replicated to the rows."""
         lean = lean_decoder(self.model) if uses_block_cache(self.model.config) else None
         if lean is not None and prefix_attention.usable(self.model):
-            return decode_shared(self, rows, lean)
-        device = self.model.device
+            prompt_cache, logits, prompt_mask, row_prompt = self._prefill(rows, share=True)
+            kv = SharedPromptKV(prompt_cache, prompt_mask, row_prompt, lean)
+        else:
+            cache, logits, prompt_mask = self._prefill(rows)
+            horizon = max(r.params.max_new_tokens for r in rows)
+            kv = ReplicatedKV(cache, prompt_mask, horizon, lean, partial(self._forward, last_only=False))
         vocab = self.model.config.get_text_config().vocab_size
-        horizon = max(r.params.max_new_tokens for r in rows)
-        cache, logits, prompt_mask = self._prefill(rows)
-        width = prompt_mask.shape[1]
-        rules = _StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, device)
-        record = _Record(rows, horizon, device)
-
-        # Batch position b holds row `slots[b]`, still decoding while `active[b]`. Finished
-        # rows ride along masked until enough have finished to compact the batch; the
-        # per-position tensors below are gathered anew only then. `visible[b]`: the columns
-        # row b attends to, [B, P + T + block]: the prompt's real tokens, then each generated
-        # column once written; the slack past them stays False (the block cache's unwritten
-        # columns). The cache holds columns `start:` (compaction drops leading columns that
-        # are padding for every row left).
-        slots = torch.arange(len(rows), device=device)
-        active = torch.ones(len(rows), dtype=torch.bool, device=device)
-        slack = cache.block if isinstance(cache, BlockCache) else 0
-        visible = torch.cat([prompt_mask.bool(), prompt_mask.new_zeros((len(rows), horizon + slack), dtype=torch.bool)], 1)
-        prompt_len = prompt_mask.sum(-1)  # [B]
-        temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
-        start = passes = row_steps = kv_columns = real_columns = 0
-        prompt_total = int(prompt_len.sum())
-        for t in range(horizon):
-            new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
-                                      self.tokenizer)  # [B], [B]
-            if self.prefix_cache is not None:
-                keep_stopped_kv(self.prefix_cache, rows, slots, reason, record.tokens, t,
-                                _padded_row_kv(cache, visible[:, start : width + t]))
-            active &= reason == _ACTIVE
-            if not bool(active.any()):
-                break
-            if compaction_due(active, self.compact_fraction):
-                keep, moves = compaction(active)
-                slots, new, active = slots[keep], new[keep], active[keep]
-                visible, prompt_len, temperature, top_p, uniforms = (
-                    x[keep] for x in (visible, prompt_len, temperature, top_p, uniforms))
-                prompt_total = int(prompt_len.sum())
-                if not isinstance(cache, BlockCache):
-                    cache.batch_select_indices(keep)
-                elif (drop := int(visible[:, start:width].any(0).int().argmax())) >= cache.block:
-                    # A block or more of columns is padding for every row left (the long
-                    # prompts have finished): copy every row without them.
-                    cache.compact(keep, drop)
-                    start += drop
-                else:
-                    cache.keep_first(len(keep), moves)
-            visible[:, width + t] = True  # the column this pass writes
-            passes += 1
-            row_steps += len(slots)
-            kv_columns += len(slots) * (width + t + 1 - start)
-            real_columns += prompt_total + len(slots) * (t + 1)
-            if lean is not None:
-                columns = cache.layers[0].get_mask_sizes(1)[0]  # the buffer's width after this pass
-                logits = lean(new, prompt_len + t, visible[:, None, None, start : start + columns], cache)
-            else:
-                logits = self._forward(new[:, None], visible[:, start : width + t + 1], (prompt_len + t)[:, None],
-                                       cache, last_only=False)
-        self.stats.add(decode_passes=passes, decode_row_steps=row_steps, decode_kv_columns=kv_columns,
-                       decode_real_columns=real_columns)
-        return record.completions(rows)
-
-
-def _padded_row_kv(cache, fed: torch.Tensor):
-    """`keep_stopped_kv`'s reader for the padded cache: a row's real columns (`fed` [B, columns],
-    per batch position which of the cache's filled columns are real)."""
-
-    def read(b: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        columns = fed[b].nonzero().squeeze(1)
-        return [(layer.keys[b].index_select(1, columns), layer.values[b].index_select(1, columns))
-                for layer in cache.layers]
-
-    return read
+        rules = StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, self.model.device)
+        return decode_rows(rows, logits, kv, rules=rules, tokenizer=self.tokenizer, compact_fraction=self.compact_fraction,
+                           prefix_cache=self.prefix_cache, stats=self.stats)

@@ -7,10 +7,10 @@ from collections import Counter, OrderedDict
 
 import torch
 
-from flywheel.generation.decoding import _LENGTH, _STOP
+from flywheel.generation.decoding import LENGTH, STOP
 
 
-class _PrefixCache:
+class PrefixCache:
     """KV caches of token sequences kept across generator calls, least recently used first
     out, bounded in bytes, emptied when the model's parameters change (their in-place
     version counters move on every optimizer step or weight load)."""
@@ -64,7 +64,7 @@ class _PrefixCache:
                 del self.lengths[len(old)]
 
 
-def _left_padded(kvs, lengths: list[int], width: int):
+def left_padded(kvs, lengths: list[int], width: int):
     """Per layer, the cached KV of each prompt left-padded with zeros to `width`:
     yields (keys, values) [U, H, width, D]; prompts without a hit are all padding."""
     template = next(kv for kv in kvs if kv is not None)
@@ -78,13 +78,13 @@ def _left_padded(kvs, lengths: list[int], width: int):
         yield keys, values
 
 
-def keep_stopped_kv(prefix_cache: _PrefixCache, rows, slots, reason, tokens, t: int, row_kv) -> None:
+def keep_stopped_kv(prefix_cache: PrefixCache, rows, slots, reason, tokens, t: int, row_kv) -> None:
     """Store the KV of rows that just stopped without EOS (search nodes to be expanded):
     prompt + tokens[:t], everything that was fed to the model (the last sampled token was
     not). `tokens` [R, T]: the rows' sampled tokens by slot; `row_kv(b)`: the KV of
     batch position b, one (keys, values) [H, prompt + t, D] per layer, read only for rows
     the cache does not hold yet."""
-    ended = ((reason == _STOP) | (reason == _LENGTH)).nonzero().squeeze(1)
+    ended = ((reason == STOP) | (reason == LENGTH)).nonzero().squeeze(1)
     if not len(ended):
         return
     ended_slots = slots[ended]

@@ -7,7 +7,7 @@ Every function in `flywheel.objectives` takes its defaults from this class
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, NoReturn
+from typing import Literal, NoReturn, get_args
 
 from flywheel.finite import check_finite_fields
 
@@ -17,21 +17,21 @@ Aggregation = Literal["token_mean", "step_mean", "sequence_mean"]
 KLEstimator = Literal["k1", "k2", "k3"]
 """Schulman's estimators of KL(pi_theta || pi_ref) from samples of pi_theta."""
 
-AGGREGATIONS: tuple[str, ...] = ("token_mean", "step_mean", "sequence_mean")
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
+KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
 
 LossType = Literal["ppo", "cispo", "self_training"]
 """The per-token surrogate: PPO's clipped ratio (the paper), CISPO's clipped, stop-gradient
 importance weight on the log-prob (MiniMax-M1; the Countdown MCTS reference's loss), or
 ReST-MCTS*'s reward-weighted log-likelihood of the tree's paths (`self_training_loss`)."""
 
-LOSS_TYPES: tuple[str, ...] = ("ppo", "cispo", "self_training")
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 
 KLReference = Literal["base", "round"]
 """The frozen policy the KL term compares with: the base policy, or the policy as it was at
 the start of the current round."""
 
-KL_REFERENCES: tuple[str, ...] = ("base", "round")
+KL_REFERENCES: tuple[str, ...] = get_args(KLReference)
 
 
 @dataclass(frozen=True)

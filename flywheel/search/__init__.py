@@ -10,9 +10,12 @@ the Generator seam. No torch, no Lightning, no I/O.
 Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selection
 (local UCT, frontier score, vanilla UCT, pUCT), terminal (Eq. 2, 4), values (soft clip,
 overlong), expansion (what every expansion rule shares: seeds, sampling, grading), live (one
-tree between rounds), rollout (rollout expansion and forking), lockstep (the batching loop
-and DriverStats), driver (the batched multi-tree driver), flat (baseline rollouts), outputs
-(records and the JSON dump), scripted (fake generators for tests and benchmarks).
+tree between rounds, grown by an expansion mode), step_expansion (the paper's mode: n steps of
+a node), rollout (rollout expansion and its fork rules), agents and live_agents (several agents
+per tree, pUCT with virtual loss), rules (every rule by its config name, resolved once: a new
+rule is a registered function), lockstep (the batching loop and DriverStats), driver (the
+batched multi-tree driver), flat (baseline rollouts), outputs (records and the JSON dump),
+scripted (fake generators for tests and benchmarks).
 """
 
 from flywheel.search.config import SearchConfig

@@ -8,7 +8,7 @@ code's rule sits behind a switch.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from flywheel.finite import check_finite_fields
 
@@ -20,18 +20,13 @@ TerminalChoice = Literal["mean_nll", "entropy", "random"]
 UctSampling = Literal["argmax", "softmax"]
 Expansion = Literal["step", "rollout"]
 ForkRule = Literal["uct", "random", "root"]
+"""Each choice is written once, in its Literal: SearchConfig checks a value against the
+Literal's arguments, and `selection` / `fork_rule` against the rules registered under those
+names (flywheel.search.rules, where a test or a plugin may add one)."""
 
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "selection": ("frontier", "vanilla_uct", "puct", "puct_agents"),
-    "depth_bonus": ("sqrt", "linear", "log"),
-    "backup": ("constrained", "vanilla"),
-    "gamma_rule": ("paper", "code"),
-    "terminal_choice": ("mean_nll", "entropy", "random"),
-    "uct_sampling": ("argmax", "softmax"),
-    "expansion": ("step", "rollout"),
-    "fork_rule": ("uct", "random", "root"),
-}
-
+MAX_CONCURRENT_TREES = 64
+"""Trees searched at once (= requests per generator call) unless set: the default of
+`--data.batching.max_concurrent_trees` and of the SearchDriver."""
 
 MAX_EXPANSION_WIDTH = 1024
 """The most children one expansion may sample: `expansion_width=10000` produced no token in
@@ -167,8 +162,13 @@ class SearchConfig:
     virtual_loss: float = 1.0
 
     def __post_init__(self) -> None:
+        # The rule names are the registries' keys, so a rule registered in flywheel.search.rules
+        # is a valid choice; imported here, not at the top, because the rules read SearchConfig.
+        from flywheel.search.rules import AGENT_RULES, FORK_RULES, SELECTION_RULES
+
         check_finite_fields(self, "data.search")
-        for name, allowed in _CHOICES.items():
+        choices = {**_LITERAL_CHOICES, "selection": (*SELECTION_RULES, *AGENT_RULES), "fork_rule": tuple(FORK_RULES)}
+        for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--data.search.{name} must be one of {allowed}, got {value!r}; pick one of those")
@@ -214,12 +214,19 @@ class SearchConfig:
                 raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
         if self.virtual_loss < 0:
             raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
-        if self.selection == "puct_agents" and self.expansion != "step":
-            raise ValueError("search.selection='puct_agents' grows the tree one step per child; it cannot be combined "
-                             "with --data.search.expansion=rollout (set --data.search.expansion=step)")
+        if self.selection in AGENT_RULES and self.expansion != "step":
+            raise ValueError(f"search.selection={self.selection!r} grows the tree one step per child; it cannot be "
+                             "combined with --data.search.expansion=rollout (set --data.search.expansion=step)")
         for name in ("max_children", "stop_when_solved"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+_LITERAL_CHOICES: dict[str, tuple[str, ...]] = {
+    name: get_args(hint) for name, hint in get_type_hints(SearchConfig).items() if get_origin(hint) is Literal
+}
+"""The allowed values of every Literal-typed field, read from its annotation."""
+

@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator
-from flywheel.search.config import SearchConfig
+from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
 from flywheel.search.live import LiveTree
 from flywheel.search.live_agents import AgentTree
 from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult
+from flywheel.search.rules import AGENT_RULES, EXPANSION_MODES
 from flywheel.tasks.base import StepSpec
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class SearchDriver:
         step: what one step is (the Task's StepSpec): fixed chunk or delimiter + cap.
         decode: token ids -> text, used to build the response text the verifier grades.
         max_concurrent_trees: trees searched at once = requests per generator call (the
-            official code: 16 per rank). Finished trees are replaced from the queue at once.
+            official code: 16 per rank; default `MAX_CONCURRENT_TREES`, the data module's too).
+            Finished trees are replaced from the queue at once.
         eos_token_ids: also treat a completion whose last token is one of these as EOS (for
             backends that report it as "stop"); the generator's "eos" finish reason always counts.
         progress: called with a SearchProgress after every round.
@@ -77,7 +79,7 @@ class SearchDriver:
         *,
         step: StepSpec,
         decode: Decode,
-        max_concurrent_trees: int = 16,
+        max_concurrent_trees: int = MAX_CONCURRENT_TREES,
         eos_token_ids: Iterable[int] = (),
         progress: Callable[[SearchProgress], None] | None = None,
         log_every_seconds: float = 30.0,
@@ -97,6 +99,17 @@ class SearchDriver:
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
         self._may_end_step: dict[int, bool] = {}
+        self.new_tree = self._tree_factory()
+
+    def _tree_factory(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
+        """The config's rules, resolved once (flywheel.search.rules): a tree searched by several
+        agents (an AGENT_RULES selection), else a LiveTree grown by the config's expansion mode."""
+        config = self.config
+        descend = AGENT_RULES.get(config.selection)
+        if descend is not None:
+            return lambda index, problem: AgentTree(index, problem, config, descend)
+        mode = EXPANSION_MODES[config.expansion](config, self.step, self.ends_step)
+        return lambda index, problem: LiveTree(index, problem, config, mode)
 
     def ends_step(self, piece: Sequence[int]) -> bool:
         """Does the step whose tokens so far are `piece` end with its last token: does that token
@@ -139,11 +152,7 @@ class SearchDriver:
         """Search every problem, yielding each TreeResult as soon as its tree finishes (so the
         caller can persist it); the order is completion order, `TreeResult.index` is input order."""
         total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
-        kind = AgentTree if self.config.selection == "puct_agents" else LiveTree
-        trees = (
-            _TreeMember(kind(index, problem, self.config, self.step, self.ends_step), self)
-            for index, problem in enumerate(problems)
-        )
+        trees = (_TreeMember(self.new_tree(index, problem), self) for index, problem in enumerate(problems))
         done = done_trajectories = 0
         start = last_log = time.perf_counter()
 
@@ -219,7 +228,7 @@ def run_search(
     *,
     step: StepSpec,
     decode: Decode,
-    max_concurrent_trees: int = 16,
+    max_concurrent_trees: int = MAX_CONCURRENT_TREES,
     eos_token_ids: Iterable[int] = (),
     progress: Callable[[SearchProgress], None] | None = None,
 ) -> list[TreeResult]:

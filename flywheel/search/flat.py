@@ -14,7 +14,7 @@ import time
 from typing import Callable, Iterable, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
-from flywheel.search.config import SearchConfig
+from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, derive_seed, grade_terminal, step_end, step_sampling_params
 from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
@@ -82,7 +82,7 @@ def flat_rollouts(
     step: StepSpec,
     decode: Decode,
     config: SearchConfig = SearchConfig(),
-    max_concurrent_problems: int = 64,
+    max_concurrent_problems: int = MAX_CONCURRENT_TREES,
     eos_token_ids: Iterable[int] = (),
     stats: DriverStats | None = None,
     progress: Callable[[int], None] | None = None,

@@ -8,36 +8,39 @@ go into the driver's one generator call with every other tree's. When the steps 
 become the leaf's children, terminals are graded, a value model scores the new non-terminal
 nodes (one call per round for every tree, in the driver), and the leaf's own value is backed
 up along its path while its virtual loss is removed. After `iterations_per_agent` rounds the
-most-visited path to a terminal is the tree's one training trajectory.
+most-visited path to a terminal is the tree's one training trajectory. An agent's descent is
+injected (flywheel.search.rules.AGENT_RULES).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, SamplingParams
 from flywheel.rewards import Verdict
-from flywheel.search.agents import add_pending, agent_descend, back_up_value, greedy_terminal, initial_value
+from flywheel.search.agents import add_pending, back_up_value, greedy_terminal, initial_value
 from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, step_end
-from flywheel.search.live import finished_result, grade_children
+from flywheel.search.live import finished_result
 from flywheel.search.outputs import TreeResult, build_trajectory
+from flywheel.search.step_expansion import grade_children
 from flywheel.search.tree import ROOT, SearchTree
-from flywheel.tasks.base import StepSpec
+
+AgentDescent = Callable[[SearchTree, Sequence[int], SearchConfig], int | None]
+"""(tree, pending selections per node this round, config) -> where one agent's descent stops: a
+terminal or an unexpanded leaf, or None when nothing is open. Reads the tree, never changes it."""
 
 
 class AgentTree:
     """One shared tree and its agents' pending selections (the driver's live-tree interface:
     requests, absorb_all, new_live_children, choose_next, result)."""
 
-    def __init__(self, index: int, problem: SearchProblem, config: SearchConfig, step: StepSpec, ends_step=None) -> None:
-        # `ends_step` (rollout expansion's step splitter) is taken for LiveTree's signature; steps
-        # here end at the generator's stop string.
+    def __init__(self, index: int, problem: SearchProblem, config: SearchConfig, descend: AgentDescent) -> None:
         self.index = index
         self.problem = problem
         self.config = config
-        self.step = step
+        self.descend = descend
         self.tree = SearchTree(problem.prompt_ids)
         self.pending: list[int] = [0]
         self.leaves: list[int] = [ROOT]
@@ -120,7 +123,7 @@ class AgentTree:
             for _ in range(cfg.agents):
                 if self.expansions + len(self.leaves) >= cfg.max_expansions_per_tree:
                     break
-                node = agent_descend(tree, self.pending, cfg.puct_c, cfg.virtual_loss)
+                node = self.descend(tree, self.pending, cfg)
                 if node is None:
                     break
                 moved = True

@@ -10,20 +10,32 @@ existing path: the shared prefix is never generated again. This is how the tree-
 follow-ups to DeepSearch grow their trees (TreeRL's entropy-guided forks, SPO-tree's
 segment trees): whole rollouts, branch points chosen among their steps.
 
-Pure functions over SearchTree and Completion records; the driver calls them.
+Pure functions over SearchTree and Completion records, and `RolloutExpansion`, the
+ExpansionMode of a LiveTree (flywheel.search.live) that uses them; the fork rule is injected
+(flywheel.search.rules.FORK_RULES).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from flywheel.generation.base import Completion
+from flywheel.generation.base import Completion, SamplingParams
+from flywheel.search.backup import backup_trajectory
 from flywheel.search.config import SearchConfig
+from flywheel.search.expansion import Decode, emitted_eos, grade_terminal, rollout_sampling_params
 from flywheel.search.selection import prm_term, uct_score
+from flywheel.search.terminal import is_terminal_step
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
+
+if TYPE_CHECKING:
+    from flywheel.search.live import LiveTree
+
+ForkSelection = Callable[[SearchTree, SearchConfig, random.Random], int | None]
+"""(tree, config, the tree's rng) -> the node the next rollouts start from, or None when nothing
+is left to fork from. It reads the tree and never changes it; it may draw from the rng."""
 
 
 def split_steps(
@@ -105,21 +117,13 @@ def fork_candidates(tree: SearchTree, config: SearchConfig) -> list[int]:
     ]
 
 
-def select_fork(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
-    """Where the next rollouts start (None: nothing left to fork from).
-
-    fork_rule "uct": argmax over the candidates of Q(s) + lambda * sqrt(ln N(root) / N(s))
-    (+ prm_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to
-    the lowest id. "random": uniform over the candidates. "root": the root while it is a
-    candidate (flat sampling under the tree's stopping rules: the control arm).
-    """
+def fork_uct(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+    """fork_rule "uct": argmax over the candidates of Q(s) + lambda * sqrt(ln N(root) / N(s))
+    (+ prm_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to the
+    lowest id. None: nothing left to fork from."""
     candidates = fork_candidates(tree, config)
-    if config.fork_rule == "root":
-        return ROOT if candidates and candidates[0] == ROOT else None
     if not candidates:
         return None
-    if config.fork_rule == "random":
-        return candidates[rng.randrange(len(candidates))]
     total = tree.visits[ROOT]
     best, best_score = -1, -math.inf
     for v in candidates:
@@ -127,3 +131,67 @@ def select_fork(tree: SearchTree, config: SearchConfig, rng: random.Random) -> i
         if score > best_score:
             best, best_score = v, score
     return best
+
+
+def fork_random(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+    """fork_rule "random": uniform over the candidates."""
+    candidates = fork_candidates(tree, config)
+    if not candidates:
+        return None
+    return candidates[rng.randrange(len(candidates))]
+
+
+def fork_root(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+    """fork_rule "root": the root while it is a candidate (flat sampling under the tree's
+    stopping rules: the control arm)."""
+    candidates = fork_candidates(tree, config)
+    return ROOT if candidates and candidates[0] == ROOT else None
+
+
+class RolloutExpansion:
+    """The ExpansionMode of rollout expansion: each expansion hangs n whole continuations of the
+    chosen node below it as paths of steps, grades their terminals and backs every one up; the
+    next node is `fork`'s choice. K counts rollouts (a repeat of a trajectory too), so a policy
+    that keeps writing one wrong answer cannot keep a tree alive."""
+
+    def __init__(self, fork: ForkSelection, step: StepSpec, ends_step: Callable[[Sequence[int]], bool]) -> None:
+        self.fork = fork
+        self.step = step
+        self.ends_step = ends_step
+
+    def sampling_params(self, live: LiveTree, node: int, params: SamplingParams) -> SamplingParams:
+        return rollout_sampling_params(self.step, live.config, live.tree.depth[node])
+
+    def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
+               eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+        cfg, tree, node = live.config, live.tree, live.next_node
+        new_live: list[int] = []
+        for completion in completions:
+            pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node])
+            eos = emitted_eos(pieces[-1], eos_ids)  # False when the cut at max depth dropped the end
+            last_depth = tree.depth[node] + len(pieces)
+            terminal = is_terminal_step("eos" if eos else pieces[-1].finish_reason, last_depth, cfg.max_depth)
+            leaf, new = insert_path(tree, node, pieces, terminal, cfg.merge_duplicate_steps)
+            new_live.extend(v for v in new if not tree.terminal[v])
+            if not tree.terminal[leaf]:
+                continue
+            fresh = leaf in new
+            if fresh:
+                grade_terminal(tree, leaf, live.problem, decode, eos, cfg, live.graded)
+                live.terminals += 1
+            reward = tree.reward[leaf]
+            assert reward is not None
+            backup_trajectory(tree, leaf, reward, cfg)
+            live.rollouts += 1
+            if fresh:
+                tree.backup_index[leaf] = len(live.trajectories)
+                live.trajectories.append(leaf)
+                if live.first_correct_tokens is None and tree.kind[leaf] == "correct":
+                    live.first_correct_tokens = live.generated_tokens
+        return new_live, True
+
+    def next_node(self, live: LiveTree) -> int | None:
+        return self.fork(live.tree, live.config, live.rng)
+
+    def counted(self, live: LiveTree) -> int:
+        return live.rollouts
