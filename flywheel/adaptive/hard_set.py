@@ -15,24 +15,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Sequence, TypeVar
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
+from flywheel.adaptive.state_checks import is_int, is_rate, stored_config
 from flywheel.finite import check_finite_fields
 
-C = TypeVar("C")
 Comparison = Literal["lt", "le"]
 
 FORMAT = "flywheel.adaptive.hard_set/v1"
-
-
-def _is_int(value: object, minimum: int) -> bool:
-    """An int (not a bool) >= minimum."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def _is_rate(value: object) -> bool:
-    """A number (not a bool) in [0, 1]; NaN is not."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0
 
 
 def pass1_at_k(correct: int, samples: int) -> float:
@@ -112,7 +102,7 @@ class HardSetConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.hard_set")
-        if not _is_int(self.k, 1):
+        if not is_int(self.k, 1):
             raise ValueError(f"--data.hard_set.k must be an integer >= 1 (screening samples per problem), got {self.k!r}")
         if not 0.0 < self.delta <= 1.0:
             raise ValueError(f"--data.hard_set.delta must be in (0, 1] (a success rate), got {self.delta}")
@@ -150,7 +140,7 @@ class HardSet:
     def __post_init__(self) -> None:
         object.__setattr__(self, "ids", tuple(self.ids))
         object.__setattr__(self, "history", tuple(self.history))
-        if not _is_int(self.round, 0):
+        if not is_int(self.round, 0):
             raise ValueError(f"hard set 'round' must be an integer >= 0, got {self.round!r}")
         if len(set(self.ids)) != len(self.ids):
             raise ValueError(f"hard set ids must be distinct; repeated: {_repeated(self.ids)}")
@@ -219,7 +209,7 @@ class HardSet:
             if key not in data:
                 raise ValueError(f"hard set state is missing {key!r}")
         history = data["history"]
-        if not isinstance(history, list) or not all(_is_int(n, 0) for n in history):
+        if not isinstance(history, list) or not all(is_int(n, 0) for n in history):
             raise ValueError(f"hard set state: 'history' must be a list of integers >= 0, got {history!r}")
         ids = data["ids"]
         if not isinstance(ids, list):
@@ -228,7 +218,7 @@ class HardSet:
             if not isinstance(pid, str):
                 raise ValueError(f"hard set state: ids[{i}] must be a string problem id, got {pid!r}")
         if config is None:
-            config = _stored_config(data, HardSetConfig, "hard set state")
+            config = stored_config(data, HardSetConfig, "hard set state")
         try:
             return cls(ids=tuple(ids), round=data["round"], history=tuple(history), config=config)
         except ValueError as err:
@@ -244,22 +234,11 @@ def _keep(ids: Sequence[str], rates: Mapping[str, float], config: HardSetConfig)
         if rate is None:
             kept.append(pid)
             continue
-        if not _is_rate(rate):
+        if not is_rate(rate):
             raise ValueError(f"problem {pid!r}: Pass1@K rate must be a number in [0, 1], got {rate!r}")
         if config.is_hard(rate):
             kept.append(pid)
     return tuple(kept)
-
-
-def _stored_config(data: Mapping[str, Any], config_type: type[C], what: str) -> C:
-    """Rebuild the config saved under data["config"]; a bad one is a ValueError naming `what`."""
-    stored = data.get("config", {})
-    if not isinstance(stored, Mapping):
-        raise ValueError(f"{what}: 'config' must be a dict, got {type(stored).__name__}")
-    try:
-        return config_type(**stored)
-    except TypeError as err:
-        raise ValueError(f"{what}: bad 'config' {dict(stored)!r}: {err}") from None
 
 
 def _repeated(ids: Sequence[str]) -> list[str]:

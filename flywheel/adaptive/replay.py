@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flywheel.adaptive.hard_set import _is_int, _stored_config
+from flywheel.adaptive.state_checks import is_int, stored_config
 from flywheel.adaptive.replay_rule import ReplayConfig, qualifies
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class CachedSolution:
             raise ValueError(f"problem {self.problem_id!r}: response_ids must be integers")
         if not isinstance(self.response_text, str):
             raise ValueError(f"problem {self.problem_id!r}: response_text must be a string")
-        if not _is_int(self.round, 0):
+        if not is_int(self.round, 0):
             raise ValueError(f"problem {self.problem_id!r}: round must be an integer >= 0, got {self.round!r}")
         reward = self.reward
         finite = isinstance(reward, (int, float)) and not isinstance(reward, bool) and math.isfinite(reward)
@@ -260,10 +260,10 @@ class ReplayBuffer:
             if not isinstance(data.get(key), list):
                 raise ValueError(f"replay buffer state: {key!r} must be a list, got {type(data.get(key)).__name__}")
         evicted = data.get("evicted", 0)
-        if not _is_int(evicted, 0):
+        if not is_int(evicted, 0):
             raise ValueError(f"replay buffer state: 'evicted' must be an integer >= 0, got {evicted!r}")
         if config is None:
-            config = _stored_config(data, ReplayConfig, "replay buffer state")
+            config = stored_config(data, ReplayConfig, "replay buffer state")
         buffer = cls(config)
         buffer.evicted = evicted
         problems = _entries(data["problems"], "problems")

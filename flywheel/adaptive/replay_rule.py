@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from flywheel.adaptive.hard_set import _is_int, _is_rate
+from flywheel.adaptive.state_checks import is_int, is_rate
 from flywheel.finite import check_finite_fields
 
 Rule = Literal["paper", "code"]
@@ -54,11 +54,11 @@ class ReplayConfig:
                 f"--data.replay.rule={self.rule!r}: choose 'paper' (post-round Pass1@K < delta) "
                 "or 'code' (search correct fraction <= delta)"
             )
-        if self.max_problems is not None and not _is_int(self.max_problems, 1):
+        if self.max_problems is not None and not is_int(self.max_problems, 1):
             raise ValueError(
                 f"--data.replay.max_problems must be an integer >= 1, or null for no bound; got {self.max_problems!r}"
             )
-        if not _is_int(self.max_solutions_per_problem, 1):
+        if not is_int(self.max_solutions_per_problem, 1):
             raise ValueError(
                 f"--data.replay.max_solutions_per_problem must be an integer >= 1, got {self.max_solutions_per_problem!r}"
             )
@@ -101,6 +101,6 @@ def qualifies(
         raise ValueError(
             "--data.replay.rule=paper needs the Pass1@K measured after the round (post_rate=); or set --data.replay.rule=code"
         )
-    if not _is_rate(post_rate):
+    if not is_rate(post_rate):
         raise ValueError(f"post_rate must be a Pass1@K rate in [0, 1], got {post_rate!r}")
     return correct > 0 and post_rate < config.delta
