@@ -3,8 +3,9 @@ finished trees become the epoch's training data (DESIGN.md, "Data flow of one ep
 
 Thin glue over plain parts: the settings' sections (data_modules.settings), the problems
 (data_modules.pool), the `Curriculum` (hard set, replay buffer, round, cursor:
-data_modules.curriculum), the epoch's `rollout` (data_modules.rollout), the mini-batches with
-pi_old (data_modules.examples), the run files (data_modules.run_files), the epoch's scalars
+data_modules.curriculum), the epoch's `rollout` (data_modules.rollout) and its credit
+(flywheel.objectives.credit), the mini-batches with pi_old (data_modules.examples), the run
+files (data_modules.run_files), the epoch's scalars
 (data_modules.epoch_metrics) and the checkpointed state (data_modules.resume). Callbacks drive
 the epoch's end (callbacks.rounds): weight sync, then at a round's end the hard-set refresh,
 the held-out evaluation and the value model.
@@ -31,12 +32,13 @@ from data_modules.resume import data_state, restore_data_state
 from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
-from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
+from data_modules.settings import BatchingConfig, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.distributed import all_gather, all_sum
 from flywheel.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
+from flywheel.objectives.credit import Credit, check as check_credit
 from flywheel.preemption import SIGTERMException
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
@@ -100,10 +102,8 @@ class SearchDataModule(L.LightningDataModule):
         if problems.stream and replay.enabled:
             raise ValueError("--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer "
                              "re-screens its problems at every round's end, and a stream keeps no pool to find them in")
-        if rollout != "search" and credit.advantage not in ("node", "self_training"):
-            log.warning("--data.credit.advantage=%s is not used with --data.rollout=%s: flat groups are credited "
-                        "DAPO-style (reward minus the group mean); remove --data.credit.advantage or use "
-                        "--data.rollout=search", credit.advantage, rollout)
+        for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
+            log.warning(warning)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval

@@ -25,6 +25,7 @@ from flywheel.objectives import (
     token_logprobs,
     truncated_importance_weight,
 )
+from flywheel.objectives.credit import check_loss
 from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.tree_attention import enable_tree_attention, uses_tree_attention
@@ -188,13 +189,8 @@ class TreeGRPOModule(L.LightningModule):
     # ------------------------------------------------------------------ training
     def on_fit_start(self) -> None:
         credit = getattr(getattr(self.trainer, "datamodule", None), "credit", None)
-        advantage = getattr(credit, "advantage", None)
-        if advantage is not None and (advantage == "self_training") != (self.objective.loss_type == "self_training"):
-            raise ValueError(
-                f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
-                "go together: the self-training loss needs path weights, not advantages, and the other losses need "
-                "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
-            )
+        if credit is not None:
+            check_loss(credit.advantage, self.objective.loss_type)
 
     def _can_skip_steps(self) -> bool:
         """Lightning skips the optimizer step of a training_step that returns None on one
