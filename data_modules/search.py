@@ -49,7 +49,9 @@ log = logging.getLogger(__name__)
 
 
 class SearchDataModule(L.LightningDataModule):
-    """Regenerates the training data every epoch with the current policy.
+    """Regenerates the training data every epoch with the current policy. It is the
+    `flywheel.ports.DataPort` the CLI hands to the round protocol, the held-out evaluation,
+    the budget and the LightningModule.
 
     Args:
         task: the reasoning task (prompt format, step definition, verifier, built-in
@@ -141,7 +143,7 @@ class SearchDataModule(L.LightningDataModule):
     @property
     def generator(self) -> Generator:
         """The backend's generator (no side effects): started by `start_generator`, kept in
-        step with the policy by `push_weights` (callbacks.WeightSync)."""
+        step with the policy by `push_weights` (at every epoch's end, callbacks.rounds)."""
         return self.live.generator
 
     def start_generator(self, policy: Any, tokenizer: Any) -> None:
@@ -232,6 +234,26 @@ class SearchDataModule(L.LightningDataModule):
     def observe(self, problems: Sequence[Problem], out: Rollouts) -> None:
         """Offer every rank's finished searches to the replay buffer (collective)."""
         self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out.results)) for o in part)
+
+    # ------------------------------------------------------------------ rounds
+    @property
+    def rounds_completed(self) -> int:
+        """Flywheel rounds completed (the curriculum's round counter)."""
+        return self.curriculum.round
+
+    def round_starts(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the first of a round."""
+        return self.curriculum.round_starts(epoch)
+
+    def round_ends(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the last of a round (`Curriculum.round_ends` decides)."""
+        return self.curriculum.round_ends(epoch)
+
+    def round_facts(self) -> dict[str, float | None]:
+        """The curriculum's numbers that go into a round's summary row (after its refresh)."""
+        curriculum = self.curriculum
+        return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
+                "cached": len(curriculum.buffer), "generated_tokens": self.generated_tokens}
 
     # ------------------------------------------------------------------ hard set
     @property
