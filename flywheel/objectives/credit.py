@@ -2,9 +2,9 @@
 
 A credit rule is a name (`--data.credit.advantage`), the optional `--data.credit.*`
 settings it reads, and a function from a group's responses to each response's per-step
-advantages (None = left out of training). `RULES` holds them all; the settings check, the
-rows and the documentation read it, so a new rule is one `CreditRule` added there (and its
-test; docs/credit.md shows one).
+advantages (None = left out of training). `RULES` holds them all; the command line's
+choices, the settings check and the rows read it, so a new rule is one `CreditRule` added
+there (and its test; docs/credit.md shows one).
 
 A group is one problem's responses and their baseline: a search tree's K trajectories, a
 flat rollout's samples, or a replay-buffer problem's mixed rollout (its cached correct
