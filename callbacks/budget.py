@@ -11,15 +11,18 @@ import logging
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from flywheel.ports import PortClient
+
 log = logging.getLogger(__name__)
 
 
-class GenerationBudget(Callback):
+class GenerationBudget(PortClient, Callback):
     """Ends `fit` after the first epoch at which the training rollouts' generated tokens
     (evaluation and hard-set screening excluded) reach `max_tokens`. The epoch in progress
     always completes; when it does not end a round, the round protocol still evaluates the
     policy it leaves (a partial round in summary.json, replaced by the whole round if the run
-    is resumed with a larger budget).
+    is resumed with a larger budget). The count is the data module's (its port, connected by
+    the CLI).
 
     Args:
         max_tokens: the training generation budget in tokens; None = no budget.
@@ -30,12 +33,11 @@ class GenerationBudget(Callback):
             raise ValueError(f"--budget.max_tokens must be >= 1 or null, got {max_tokens}")
         self.max_tokens = max_tokens
 
-    def reached(self, trainer: L.Trainer) -> bool:
+    def reached(self) -> bool:
         """Whether the training rollouts have generated the whole budget."""
-        return self.max_tokens is not None and trainer.datamodule.generated_tokens >= self.max_tokens
+        return self.max_tokens is not None and self.port.generated_tokens >= self.max_tokens
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.reached(trainer):
-            log.info("generation budget reached: %d >= %d tokens; stopping", trainer.datamodule.generated_tokens,
-                     self.max_tokens)
+        if self.reached():
+            log.info("generation budget reached: %d >= %d tokens; stopping", self.port.generated_tokens, self.max_tokens)
             trainer.should_stop = True

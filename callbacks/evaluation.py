@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from flywheel.reporting.evaluation import evaluate_sharded, shard
 from flywheel.io import atomic_write_json
+from flywheel.ports import PortClient
 from flywheel.reporting.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
@@ -23,11 +24,11 @@ from callbacks.round_scalars import log_round_scalars
 log = logging.getLogger(__name__)
 
 
-class HeldOutEval(Callback):
+class HeldOutEval(PortClient, Callback):
     """Evaluates the policy on the data module's held-out problems before the first update
     (`--data.eval.at_start`) and at the end of every flywheel round (called by the round
     protocol, callbacks.rounds). Its settings are the data module's, all under `--data.eval.*`
-    (how) and `--data.problems.*` (which problems)."""
+    (how) and `--data.problems.*` (which problems), read through the port the CLI connects."""
 
     def __init__(self) -> None:
         self.base: dict[str, float] | None = None
@@ -45,7 +46,7 @@ class HeldOutEval(Callback):
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._started = time.perf_counter()
-        if trainer.datamodule.eval.at_start and self.base is None:
+        if self.port.eval.at_start and self.base is None:
             self.base = self.run_eval(trainer, pl_module, "base")
             self._log(pl_module, self.base)
             self._log_round(trainer, 0, self.base)
@@ -63,7 +64,7 @@ class HeldOutEval(Callback):
         evaluation."""
         # A partial row of this round is about to be replaced: spacing counts from the evaluation before it.
         self.rounds = [r for r in self.rounds if r["round"] != round_index]
-        every = trainer.datamodule.eval.every_tokens
+        every = self.port.eval.every_tokens
         since = (curriculum["generated_tokens"] or 0) - self.last_evaluated_tokens()
         result = self.run_eval(trainer, pl_module, f"round {round_index}") if partial or last or since >= every else None
         if result is not None:
@@ -78,7 +79,7 @@ class HeldOutEval(Callback):
                 "epoch": trainer.current_epoch,
                 "eval_pass1": result["pass1"] if result else None,
                 "eval_passk": result["passk"] if result else None,
-                "k": int(trainer.datamodule.eval.pass_k),
+                "k": int(self.port.eval.pass_k),
                 "hard_set_size": curriculum["hard_set_size"],
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
@@ -99,7 +100,7 @@ class HeldOutEval(Callback):
         self.write_summary(trainer)
         log_dir = trainer.log_dir
         if trainer.is_global_zero and self.rounds:
-            cfg = trainer.datamodule.eval
+            cfg = self.port.eval
             log.info("held-out results (T=%s, %d samples per problem):\n%s", cfg.temperature, cfg.samples, self.table())
             if log_dir:
                 md, png = write_run_report(_finite(self.summary(trainer)), log_dir, title=Path(log_dir).parent.name)
@@ -107,16 +108,16 @@ class HeldOutEval(Callback):
 
     # ------------------------------------------------------------------ work
     def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:
-        dm = trainer.datamodule
-        problems = dm.eval_problems()
+        port = self.port
+        problems = port.eval_problems()
         mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
         bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate_sharded(dm.generator, pl_module.tokenizer, dm.task, problems, dm.eval,
+        result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
                                   progress=lambda done: bar.update(done - bar.n))
         bar.close()
-        out = {"k": float(dm.eval.pass_k), "problems": float(len(problems)),
-               "pass1": result.pass_at(1), "passk": result.pass_at(dm.eval.pass_k)}
-        log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], dm.eval.pass_k, out["passk"], len(problems))
+        out = {"k": float(port.eval.pass_k), "problems": float(len(problems)),
+               "pass1": result.pass_at(1), "passk": result.pass_at(port.eval.pass_k)}
+        log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], port.eval.pass_k, out["passk"], len(problems))
         return out
 
     def _log(self, pl_module: L.LightningModule, result: dict[str, float]) -> None:
@@ -134,7 +135,7 @@ class HeldOutEval(Callback):
         self.write_summary(trainer)
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
-        cfg = trainer.datamodule.eval
+        cfg = self.port.eval
         rounds = [{**r, **self.extras.get(r["round"], {})} for r in self.rounds]
         return {
             "base_eval_pass1": self.base["pass1"] if self.base else None,
@@ -142,7 +143,7 @@ class HeldOutEval(Callback):
             "k": cfg.pass_k,
             "samples": cfg.samples,
             "temperature": cfg.temperature,
-            "eval_problems": len(trainer.datamodule.eval_problems()),
+            "eval_problems": len(self.port.eval_problems()),
             "rounds": rounds,
         }
 

@@ -2,7 +2,8 @@
 
 `rollout` is the whole of it: tree search (or flat / best-of-N sampling) for the problems
 without cached solutions, mixed rollouts (cached + direct samples, deepsearch.md §7) for the
-problems in the replay buffer, then the credit rule turns every tree into training rows.
+problems in the replay buffer, then the credit (flywheel.objectives.credit, one call) turns
+every group into training rows.
 No Lightning: the generator, the task, the tokenizer and the settings are arguments.
 """
 
@@ -12,11 +13,11 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
-from data_modules.examples import TrainingRow, mixed_rows, rows_from_result, weight_paths
-from data_modules.settings import Credit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
+from flywheel.objectives.credit import Credit, Group, TrainingRow, credit_groups
+from flywheel.objectives.self_training import ValueFn
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem
 from flywheel.search.flat import flat_rollouts
@@ -24,7 +25,6 @@ from flywheel.search.outputs import TreeResult
 from flywheel.tasks import Problem, Task
 
 Rollout = Literal["search", "flat", "best_of_n"]
-ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ def rollout(
     kind "search": DeepSearch MCTS (`search`, its seed already this epoch's and rank's),
     credited by `credit.advantage`; "flat": `flat_samples` independent responses, DAPO
     advantages; "best_of_n": the same samples, the correct ones only. A problem with
-    `cached(id)` solutions gets a mixed rollout instead. `value_fn` scores new search nodes
+    `cached(id)` solutions gets a mixed rollout instead, credited by the same rule
+    (`flywheel.objectives.credit.credit_groups`). `value_fn` scores new search nodes
     when `search.prm_weight` > 0; otherwise `node_values` does (the policy's value head, for
     `search.selection=puct_agents`). `progress(problems done, tokens or None)`.
     """
@@ -89,7 +90,8 @@ def rollout(
     fresh = [p for p in problems if not cached(p.id)]
     stats = DriverStats()
     results: dict[str, TreeResult] = {}
-    rows: dict[str, list[TrainingRow]] = {}
+    groups: dict[str, Group] = {}
+    found: list[TreeResult] = []
     decode, eos = decoder(tokenizer), eos_ids(tokenizer)
 
     def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None) -> list[TreeResult]:
@@ -105,17 +107,11 @@ def rollout(
         )
         found = driver.run(search_problems(tokenizer, task, fresh))
         stats = driver.stats
-        for problem, result in zip(fresh, found):
-            results[problem.id] = result
-            rows[problem.id] = rows_from_result(result, 0, credit.advantage, credit.normalize_std, drop=credit.drops)
     elif fresh:
-        # Flat groups are credited DAPO-style whatever `credit.advantage` says (the data
-        # module warns when it was set): a flat group has no inner nodes to value.
-        weighting = "best_of_n" if kind == "best_of_n" else "node"
         found = flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None)
-        for problem, result in zip(fresh, found):
-            results[problem.id] = result
-            rows[problem.id] = rows_from_result(result, 0, weighting, credit.normalize_std, drop=credit.drops)
+    for problem, result in zip(fresh, found):
+        results[problem.id] = result
+        groups[problem.id] = Group.of(result)
     n = search.trajectories_per_tree if kind == "search" else flat_samples
     by_need: dict[int, list[Problem]] = {}
     for problem in buffered:
@@ -125,25 +121,11 @@ def rollout(
         for problem, result in zip(group, direct):
             if result is not None:
                 results[problem.id] = result
-            rows[problem.id] = mixed_rows(
-                problem.id, encode_prompt(tokenizer, task, problem), cached(problem.id),
-                result.trajectories if result is not None else (), 0, n, credit.normalize_std, credit.drops,
-            )
-    if credit.advantage == "self_training":  # ReST-MCTS*: every path weighted by its (estimated) reward
-        weighted = weight_paths([rows[p.id] for p in problems], credit.path_weights, value_fn)
-        rows.update(zip([p.id for p in problems], weighted))
-    uniform = 0
-    if credit.drop_uniform_groups:
-        for problem in problems:
-            if cached(problem.id):  # cached + direct samples: every row is kept
-                finals = {row.reward for row in rows[problem.id]}
-            else:  # every trajectory of the search, the degenerate ones included
-                finals = {t.final_score for t in results[problem.id].trajectories}
-            if len(finals) <= 1 and rows[problem.id]:
-                uniform += 1
-                rows[problem.id] = []
+            groups[problem.id] = Group(problem.id, encode_prompt(tokenizer, task, problem), result,
+                                       tuple(cached(problem.id)), n)
+    credited = credit_groups([groups[p.id] for p in problems], credit, kind, value_fn)
     ordered = [results[p.id] for p in problems if p.id in results]
-    return Rollouts([rows[p.id] for p in problems], ordered, stats, uniform)
+    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups)
 
 
 def search_outcomes(problems: Sequence[Problem], results: Sequence[TreeResult]):

@@ -3,8 +3,9 @@ finished trees become the epoch's training data (DESIGN.md, "Data flow of one ep
 
 Thin glue over plain parts: the settings' sections (data_modules.settings), the problems
 (data_modules.pool), the `Curriculum` (hard set, replay buffer, round, cursor:
-data_modules.curriculum), the epoch's `rollout` (data_modules.rollout), the mini-batches with
-pi_old (data_modules.examples), the run files (data_modules.run_files), the epoch's scalars
+data_modules.curriculum), the epoch's `rollout` (data_modules.rollout) and its credit
+(flywheel.objectives.credit), the mini-batches with pi_old (data_modules.examples), the run
+files (data_modules.run_files), the epoch's scalars
 (data_modules.epoch_metrics) and the checkpointed state (data_modules.resume). Callbacks drive
 the epoch's end (callbacks.rounds): weight sync, then at a round's end the hard-set refresh,
 the held-out evaluation and the value model.
@@ -31,12 +32,13 @@ from data_modules.resume import data_state, restore_data_state
 from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
-from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
+from data_modules.settings import BatchingConfig, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
+from flywheel.objectives.credit import Credit, check as check_credit
 from flywheel.run.preemption import SIGTERMException
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
@@ -47,7 +49,9 @@ log = logging.getLogger(__name__)
 
 
 class SearchDataModule(L.LightningDataModule):
-    """Regenerates the training data every epoch with the current policy.
+    """Regenerates the training data every epoch with the current policy. It is the
+    `flywheel.ports.DataPort` the CLI hands to the round protocol, the held-out evaluation,
+    the budget and the LightningModule.
 
     Args:
         task: the reasoning task (prompt format, step definition, verifier, built-in
@@ -100,10 +104,8 @@ class SearchDataModule(L.LightningDataModule):
         if problems.stream and replay.enabled:
             raise ValueError("--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer "
                              "re-screens its problems at every round's end, and a stream keeps no pool to find them in")
-        if rollout != "search" and credit.advantage not in ("node", "self_training"):
-            log.warning("--data.credit.advantage=%s is not used with --data.rollout=%s: flat groups are credited "
-                        "DAPO-style (reward minus the group mean); remove --data.credit.advantage or use "
-                        "--data.rollout=search", credit.advantage, rollout)
+        for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
+            log.warning(warning)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval
@@ -141,7 +143,7 @@ class SearchDataModule(L.LightningDataModule):
     @property
     def generator(self) -> Generator:
         """The backend's generator (no side effects): started by `start_generator`, kept in
-        step with the policy by `push_weights` (callbacks.WeightSync)."""
+        step with the policy by `push_weights` (at every epoch's end, callbacks.rounds)."""
         return self.live.generator
 
     def start_generator(self, policy: Any, tokenizer: Any) -> None:
@@ -232,6 +234,26 @@ class SearchDataModule(L.LightningDataModule):
     def observe(self, problems: Sequence[Problem], out: Rollouts) -> None:
         """Offer every rank's finished searches to the replay buffer (collective)."""
         self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out.results)) for o in part)
+
+    # ------------------------------------------------------------------ rounds
+    @property
+    def rounds_completed(self) -> int:
+        """Flywheel rounds completed (the curriculum's round counter)."""
+        return self.curriculum.round
+
+    def round_starts(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the first of a round."""
+        return self.curriculum.round_starts(epoch)
+
+    def round_ends(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the last of a round (`Curriculum.round_ends` decides)."""
+        return self.curriculum.round_ends(epoch)
+
+    def round_facts(self) -> dict[str, float | None]:
+        """The curriculum's numbers that go into a round's summary row (after its refresh)."""
+        curriculum = self.curriculum
+        return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
+                "cached": len(curriculum.buffer), "generated_tokens": self.generated_tokens}
 
     # ------------------------------------------------------------------ hard set
     @property

@@ -1,26 +1,21 @@
 """The data module's settings, one typed dataclass per `--help` section: where the problems
-come from (`--data.problems.*`), how many are searched and trained on at once
-(`--data.batching.*`) and how trajectories are credited (`--data.credit.*`). Each checks
-itself when built and names the flag and the fix; every default is written here once.
+come from (`--data.problems.*`) and how many are searched and trained on at once
+(`--data.batching.*`). Each checks itself when built and names the flag and the fix; every
+default is written here once.
 
-The search (`--data.search.*`), the hard set (`--data.hard_set.*`), the replay buffer
-(`--data.replay.*`) and the held-out evaluation (`--data.eval.*`) have their own dataclasses
-next to the code that reads them. Flags of the flat layout these sections replaced
+The search (`--data.search.*`), the credit (`--data.credit.*`, flywheel.objectives.credit,
+with its rules), the hard set (`--data.hard_set.*`), the replay buffer (`--data.replay.*`)
+and the held-out evaluation (`--data.eval.*`) have their own dataclasses next to the code
+that reads them. Flags of the flat layout these sections replaced
 (`--data.credit.advantage`, `--data.batching.mini_batch_problems`, ...) are translated by flywheel.run.renames.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from data_modules.examples import PathWeighting
-from flywheel.adaptive import DegenerateFilter
 from flywheel.search.config import MAX_CONCURRENT_TREES
-from flywheel.search.outputs import Trajectory
-
-Advantage = Literal["node", "outcome", "subtree", "best_of_n", "self_training"]
 
 
 def _check(ok: bool, message: str) -> None:
@@ -107,47 +102,3 @@ class BatchingConfig:
         for name in ("problems_per_epoch", "mini_batch_problems", "max_concurrent_trees", "flat_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"--data.batching.{name}={value}: must be >= 1; set it to 1 or more")
-
-
-@dataclass(frozen=True)
-class Credit:
-    """How trajectories become training rows.
-
-    Args:
-        advantage: how a tree's trajectories are credited: "node" = Tree-GRPO node-level
-            values q~(s_j) minus the tree's mean final score (the paper's default); "outcome"
-            = every token gets its trajectory's final score minus the tree mean (the paper's
-            "coarse scores" ablation); "subtree" = the TreeRL rule: a step's value is the mean
-            final score of the tree's trajectories through it, credited against its parent and
-            the root, scaled by 1 / sqrt(trajectories sharing it) (an all-wrong tree gives 0);
-            "best_of_n" = rejection sampling over the tree: its correct trajectories only, every
-            token with advantage +1 (no negatives; nothing from an unsolved tree);
-            "self_training" = ReST-MCTS*'s self-training data: each path's weight from
-            `path_weights` (goes with `--model.objective.loss_type=self_training`). Flat
-            rollouts are DAPO either way, except under "self_training".
-        normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4).
-        drop_uniform_groups: leave out of training every tree (or flat group) whose
-            trajectories all ended with the same final score (all wrong, or all right), as
-            DAPO's dynamic sampling does (without refilling). Off in the paper and its code;
-            with node values such a tree still carries a signal (its early steps score
-            above the all-wrong mean), which is what this switch removes.
-        degenerate_filter: incorrect responses with garbled text or endless repetition are
-            left out of training (deepsearch.md §7).
-        path_weights: how "self_training" weights the paths (value model or outcome, per-
-            problem softmax temperature, correct-only and threshold filters).
-    """
-
-    advantage: Advantage = "node"
-    normalize_std: bool = False
-    drop_uniform_groups: bool = False
-    degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
-    path_weights: PathWeighting = field(default_factory=PathWeighting)
-
-    def __post_init__(self) -> None:
-        _check(self.advantage in ("node", "outcome", "subtree", "best_of_n", "self_training"),
-               f"--data.credit.advantage={self.advantage!r}: choose 'node' (Tree-GRPO), 'outcome', 'subtree', "
-               "'best_of_n' or 'self_training'")
-
-    def drops(self, trajectory: Trajectory) -> bool:
-        """Whether a trajectory stays out of training: an incorrect, degenerate one."""
-        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None

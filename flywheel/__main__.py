@@ -18,9 +18,9 @@ from lightning.pytorch.cli import LightningCLI
 
 
 class FlywheelCLI(LightningCLI):
-    """LightningCLI with flywheel's always-on callbacks as top-level sections
-    (`--hard_set_refresh.*`, `--budget.*`, `--prm_update.*`); the held-out evaluation's
-    settings are the data module's (`--data.eval.*`)."""
+    """LightningCLI with flywheel's always-on callbacks that have settings as top-level
+    sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
+    module's (`--data.eval.*`), the hard-set refresh's too (`--data.hard_set.*`)."""
 
     def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
         self.argv = argv
@@ -29,12 +29,10 @@ class FlywheelCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
-        from callbacks.hard_set import HardSetRefresh
         from callbacks.prm import PRMUpdate
 
         # Their epoch-end order is not theirs to decide: callbacks.rounds.RoundProtocol
         # (added in instantiate_trainer) runs them.
-        parser.add_lightning_class_args(HardSetRefresh, "hard_set_refresh")
         parser.add_lightning_class_args(GenerationBudget, "budget")
         parser.add_lightning_class_args(PRMUpdate, "prm_update")
         parser.add_argument(
@@ -81,7 +79,7 @@ class FlywheelCLI(LightningCLI):
             # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
-        add_round_protocol(trainer)
+        add_round_protocol(trainer, self.datamodule, self.model)
         from flywheel.run.preemption import Preemption
 
         trainer.callbacks.append(Preemption(self.argv))
@@ -168,16 +166,15 @@ def checkpoints_beside_the_run(trainer) -> None:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
 
 
-def add_round_protocol(trainer) -> None:
-    """WeightSync and the RoundProtocol that drives the end of every epoch and round, over the
-    refresh, evaluation and value-model callbacks (`--hard_set_refresh.*`, `--data.eval.*`,
-    `--prm_update.*`)."""
+def add_round_protocol(trainer, port, module) -> None:
+    """The RoundProtocol that drives the end of every epoch and round (weight sync, hard-set
+    refresh, evaluation, value model), and the port wiring: the data module `port`
+    (flywheel.ports.DataPort) is handed to the round protocol, the held-out evaluation, the
+    budget and the LightningModule `module`, the one place that connects them."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
-    from callbacks.hard_set import HardSetRefresh
     from callbacks.prm import PRMUpdate
     from callbacks.rounds import RoundProtocol
-    from callbacks.weight_sync import WeightSync
 
     from lightning.pytorch.callbacks import Checkpoint
 
@@ -191,11 +188,13 @@ def add_round_protocol(trainer) -> None:
         callbacks.insert(before, kind())
         return callbacks[before]
 
-    sync = WeightSync()
-    steps = (one(HardSetRefresh), one(HeldOutEval), one(PRMUpdate))
-    at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    evaluation, value_model = one(HeldOutEval), one(PRMUpdate)
     budget = next((c for c in callbacks if isinstance(c, GenerationBudget)), None)
-    callbacks[at:at] = [sync, RoundProtocol(sync, *steps, budget=budget)]
+    for part in (evaluation, budget, module):
+        if part is not None:
+            part.connect(port)
+    at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    callbacks.insert(at, RoundProtocol(port, evaluation, value_model, budget=budget))
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \

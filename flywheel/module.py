@@ -25,7 +25,9 @@ from flywheel.objectives import (
     token_logprobs,
     truncated_importance_weight,
 )
+from flywheel.objectives.credit import check_loss
 from flywheel.objectives.value import value_baseline_advantages, value_loss
+from flywheel.ports import PortClient
 from flywheel.training.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.training.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policies.load import LoraSettings, add_lora, load_policy
@@ -61,8 +63,10 @@ class OptimizerConfig:
             raise ValueError(f"--model.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
-class TreeGRPOModule(L.LightningModule):
-    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3).
+class TreeGRPOModule(PortClient, L.LightningModule):
+    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3). The data
+    module is its port (flywheel.ports.DataPort, connected by the CLI): the credit rule its
+    loss must match, the round boundaries, and the held-out set of `validate` and `test`.
 
     Args:
         policy: a local Hugging Face model folder, or the name of a policy shipped with
@@ -187,14 +191,7 @@ class TreeGRPOModule(L.LightningModule):
 
     # ------------------------------------------------------------------ training
     def on_fit_start(self) -> None:
-        credit = getattr(getattr(self.trainer, "datamodule", None), "credit", None)
-        advantage = getattr(credit, "advantage", None)
-        if advantage is not None and (advantage == "self_training") != (self.objective.loss_type == "self_training"):
-            raise ValueError(
-                f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={self.objective.loss_type!r} do not "
-                "go together: the self-training loss needs path weights, not advantages, and the other losses need "
-                "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
-            )
+        check_loss(self.port.credit.advantage, self.objective.loss_type)
 
     def _can_skip_steps(self) -> bool:
         """Lightning skips the optimizer step of a training_step that returns None on one
@@ -205,8 +202,7 @@ class TreeGRPOModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         # ReST-MCTS*'s KL reference "the policy before this round's training": refreshed at
         # each round's first epoch (restored from the checkpoint, as a submodule, on resume).
-        dm = self.trainer.datamodule
-        if self.reference is not None and self.objective.kl_reference == "round" and dm.curriculum.round_starts(self.current_epoch):
+        if self.reference is not None and self.objective.kl_reference == "round" and self.port.round_starts(self.current_epoch):
             self.reference.load_state_dict(self.policy.state_dict())
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
@@ -308,10 +304,10 @@ class TreeGRPOModule(L.LightningModule):
         """pass@1 and pass@k of the held-out problems at `positions` (all of them, the same
         batch on every rank) by the run's one evaluator: each rank samples its own shard,
         every rank gets the merged counts (collective)."""
-        dm = self.trainer.datamodule
-        pool = dm.eval_problems()
-        result = evaluate_sharded(dm.generator, self.tokenizer, dm.task, [pool[int(i)] for i in positions], dm.eval)
-        for k in sorted({1, dm.eval.pass_k}):
+        port = self.port
+        pool = port.eval_problems()
+        result = evaluate_sharded(port.generator, self.tokenizer, port.task, [pool[int(i)] for i in positions], port.eval)
+        for k in sorted({1, port.eval.pass_k}):
             # The same number on every rank: the mean over ranks (sync_dist) leaves it as it is.
             self.log(f"{stage}/pass@{k}", result.pass_at(k), batch_size=len(result.samples), sync_dist=True)
 

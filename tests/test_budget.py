@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def epochs_until_stop(budget: GenerationBudget, per_epoch: list[int], screening: int = 0) -> int:
     """Epochs a run makes when its epochs generate `per_epoch` training tokens."""
     dm = SimpleNamespace(generated_tokens=0, screening_tokens=screening)
-    trainer = SimpleNamespace(datamodule=dm, should_stop=False)
+    budget.connect(dm)  # the data module's port, as the CLI connects it
+    trainer = SimpleNamespace(should_stop=False)
     for epoch, tokens in enumerate(per_epoch, start=1):
         dm.generated_tokens += tokens
         budget.on_train_epoch_end(trainer, None)

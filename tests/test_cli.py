@@ -126,13 +126,11 @@ def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
 
 
 def test_a_self_training_credit_without_the_self_training_loss_is_refused_at_fit_start():
-    from types import SimpleNamespace
-
-    from data_modules.settings import Credit
+    from flywheel.objectives.credit import Credit
 
     module = TreeGRPOModule()
-    module._trainer = SimpleNamespace(datamodule=SearchDataModule(credit=Credit(advantage="self_training")))
+    module.connect(SearchDataModule(credit=Credit(advantage="self_training")))  # the port, as the CLI connects it
     with pytest.raises(ValueError, match=r"--data\.credit\.advantage='self_training' and --model\.objective\.loss_type='ppo'"):
         module.on_fit_start()
-    module._trainer = SimpleNamespace(datamodule=SearchDataModule(credit=Credit(advantage="outcome")))
+    module.connect(SearchDataModule(credit=Credit(advantage="outcome")))
     module.on_fit_start()  # the clipped loss on advantages: fine

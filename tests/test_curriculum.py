@@ -9,7 +9,8 @@ import pytest
 
 from data_modules.curriculum import Curriculum
 from data_modules.search import SearchDataModule
-from data_modules.settings import BatchingConfig, Credit, ProblemsConfig
+from data_modules.settings import BatchingConfig, ProblemsConfig
+from flywheel.objectives.credit import Credit
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.generation.backends import HFBackend
 from flywheel.tasks import Problem
@@ -99,6 +100,25 @@ def test_an_advantage_rule_a_flat_rollout_ignores_is_reported(caplog):
         SearchDataModule(rollout="search", credit=Credit(advantage="outcome"))
         SearchDataModule(rollout="flat")
     assert caplog.text == ""
+
+
+@pytest.mark.parametrize("advantage, rollout", [("subtree", "search"), ("best_of_n", "search"), ("node", "best_of_n")])
+def test_normalize_std_where_the_credit_ignores_it_is_refused_at_construction(advantage, rollout):
+    # Subtree and best-of-N credit never divide by a std; it used to be ignored without a word.
+    with pytest.raises(ValueError, match=r"^--data\.credit\.normalize_std=true but .* which ignores it"):
+        SearchDataModule(rollout=rollout, credit=Credit(advantage=advantage, normalize_std=True))
+
+
+def test_normalize_std_where_the_credit_ignores_it_is_one_line_on_the_command_line(tmp_path):
+    from pathlib import Path
+
+    from flywheel.__main__ import main
+    from flywheel.run.preflight import PreflightError
+
+    quickstart = Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml"
+    with pytest.raises(PreflightError, match=r"^--data\.credit\.normalize_std=true but --data\.credit\.advantage=subtree"):
+        main(["--config", str(quickstart), "--data.credit.advantage=subtree", "--data.credit.normalize_std=true",
+              f"--trainer.default_root_dir={tmp_path}"], run=False)
 
 
 def test_generator_settings_fail_at_construction_with_the_flag_named():

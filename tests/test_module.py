@@ -6,7 +6,8 @@ each worked out by hand."""
 import pytest
 import torch
 
-from data_modules.examples import TrainingRow, collate
+from data_modules.examples import collate
+from flywheel.objectives.credit import TrainingRow
 from flywheel.module import OptimizerConfig, TreeGRPOModule
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 

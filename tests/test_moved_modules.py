@@ -1,4 +1,4 @@
-"""The package root holds the entry point, the LightningModule and two pure utilities; the
+"""The package root holds the entry point, the LightningModule, the data port and two pure utilities; the
 modules that moved into packages (issue 34) still import by their old paths for one release,
 warning, as the very module at the new path (old configs' class paths and pickles resolve)."""
 
@@ -19,7 +19,7 @@ ROOT = Path(flywheel.__file__).parent
 
 def test_the_root_holds_only_the_entry_point_the_module_and_pure_utilities():
     loose = sorted(p.name for p in ROOT.glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "finite.py", "io.py", "module.py", "moved.py"]
+    assert loose == ["__init__.py", "__main__.py", "finite.py", "io.py", "module.py", "moved.py", "ports.py"]
 
 
 @pytest.mark.parametrize("old,new", sorted(MOVED.items()))

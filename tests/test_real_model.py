@@ -151,12 +151,17 @@ def test_search_and_training_agree_on_log_probs_with_end_of_turn_tokens_in_the_p
     """A tree over real token ids: every training row's prompt holds `<|im_end|>` (= pad), the
     trainer's log-probs (padded rows and tree-packed rows) equal the generator's, the prefix
     cache serves later expansions of the same tree."""
-    from data_modules.examples import collate, rows_from_result
+    from dataclasses import replace
+
+    from data_modules.examples import collate
+    from flywheel.adaptive import DegenerateFilter
+    from flywheel.objectives.credit import Credit, Group, credit_groups
     from flywheel.tasks.math import MathTask
 
     task = MathTask(step_tokens=8, max_response_tokens=32)
     results, generator = search(module, tok, task, arith(2))
-    rows = [row for i, r in enumerate(results) for row in rows_from_result(r, group=i)]
+    credited = credit_groups([Group.of(r) for r in results], Credit(degenerate_filter=DegenerateFilter(enabled=False)))
+    rows = [replace(row, group=i) for i, tree in enumerate(credited.rows) for row in tree]
     assert rows and all(row.prompt_ids.count(IM_END) == 2 for row in rows)
     batch = collate(rows, pad_id=tok.pad_token_id)
     mask, behaviour = batch["loss_mask"], batch["behaviour_logprobs"]

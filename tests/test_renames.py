@@ -80,3 +80,32 @@ def test_fit_help_groups_the_data_settings_and_has_one_eval_section(capsys):
         assert flag in out, flag
     for gone in ("--data.mini_batch_problems ", "--data.advantage ", "--eval.at_start"):
         assert gone not in out, gone
+
+
+@pytest.mark.parametrize("section", ["hard_set_refresh: {}\n", "hard_set_refresh:\n"], ids=["empty", "null"])
+def test_the_removed_hard_set_refresh_section_is_dropped_from_an_old_config_with_a_warning(tmp_path, caplog, section):
+    # The hard-set refresh had a CLI section without a setting; the round protocol runs it now.
+    config = tmp_path / "old.yaml"
+    config.write_text(section)
+    with caplog.at_level(logging.WARNING, logger="flywheel.run.renames"):
+        cli = main(["--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(config),
+                    f"--trainer.default_root_dir={tmp_path}"], run=False)
+    assert cli.datamodule.curriculum.hard_set_config.enabled is False  # the quickstart's, untouched
+    assert f"{config}: the `hard_set_refresh:` section was removed" in caplog.text
+
+
+def test_a_removed_section_with_a_setting_is_refused_in_one_line(tmp_path, capsys):
+    from flywheel.run.preflight import PreflightError
+
+    config = tmp_path / "old.yaml"
+    config.write_text("hard_set_refresh:\n  every: 2\n")
+    quickstart = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
+    with pytest.raises(PreflightError, match=rf"^{config}: `hard_set_refresh:` holds settings, but the `hard_set_refresh` "
+                                             r"section was removed \(.*--data\.hard_set\.\*\); delete it$"):
+        main(quickstart + ["--config", str(config)], run=False)
+    with pytest.raises(PreflightError, match=r"^the command line: --hard_set_refresh\.every: the `hard_set_refresh` section"):
+        main(quickstart + ["--hard_set_refresh.every=2"], run=False)
+    with pytest.raises(SystemExit):  # and `fit --help` no longer lists it
+        main(["fit", "--help"])
+    out = capsys.readouterr().out
+    assert "--budget.max_tokens" in out and "hard_set_refresh" not in out

@@ -190,7 +190,7 @@ def test_train_all_terminals_and_subtree_rows():
       D row: A 0.4714, D (-1 - 0) + (-1 + 1/3) = -1.6667
     Every step is 2 tokens long.
     """
-    from data_modules.examples import rows_from_result
+    from flywheel.objectives.credit import Credit, Group, credit_groups
     from tests.test_search_driver import SMALL_SCRIPT
 
     cfg = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=3, overlong_penalty=False,
@@ -198,7 +198,7 @@ def test_train_all_terminals_and_subtree_rows():
     (res,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(SMALL_SCRIPT), cfg,
                         step=StepSpec(max_tokens=2), decode=toy_decode)
     assert [(t.terminal_id, t.backup_index) for t in res.trajectories] == [(3, 0), (6, 1), (4, -1)]
-    rows = rows_from_result(res, 0, "subtree")
+    rows = credit_groups([Group.of(res)], Credit(advantage="subtree")).rows[0]
     expected = [[0.471405, 2.333333], [-1.333333, -0.666667], [0.471405, -1.666667]]
     for row, steps in zip(rows, expected):
         assert row.advantages == pytest.approx([a for a in steps for _ in range(2)], abs=1e-6)

@@ -8,8 +8,9 @@ import math
 import pytest
 import torch
 
-from data_modules.examples import PathWeighting, TrainingRow, weight_paths
 from flywheel.objectives import ObjectiveConfig, path_weights, self_training_loss
+from flywheel.objectives.credit import TrainingRow
+from flywheel.objectives.self_training import PathWeighting, weight_paths
 
 
 def test_path_weights_softmax_per_problem_by_hand():

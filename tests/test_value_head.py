@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import flywheel.objectives.value as value_mod
-from data_modules.examples import TrainingRow, collate
+from data_modules.examples import collate
+from flywheel.objectives.credit import TrainingRow
 from flywheel.module import OptimizerConfig, TreeGRPOModule
 from flywheel.objectives import ObjectiveConfig
 from flywheel.objectives.value import step_start_values, step_starts, value_baseline_advantages, value_loss

@@ -210,7 +210,7 @@ def main() -> None:
                         "sample them and write it (same policy and problems only: the file records both)")
     args, overrides = parser.parse_known_args()
 
-    from data_modules.examples import rows_from_result
+    from flywheel.objectives.credit import Group, credit_groups
     from data_modules.rollout import search_problems as make_search_problems
     from flywheel.__main__ import main as cli_main
     from flywheel.search import SearchDriver
@@ -247,7 +247,7 @@ def main() -> None:
                           max_concurrent_trees=dm.batching.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
     with __import__("torch").no_grad():
         trees = driver.run(search_problems)
-    rows = [len(rows_from_result(r, 0, dm.credit.advantage, dm.credit.normalize_std)) for r in trees]
+    rows = [len(group) for group in credit_groups([Group.of(r) for r in trees], dm.credit).rows]  # what fit trains on
     tree = tree_arm(trees, rows)
     tree["seconds"] = time.perf_counter() - start
     print(json.dumps(tree), flush=True)

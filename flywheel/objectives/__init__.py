@@ -6,7 +6,8 @@ turn those scores into advantages and losses: `tree_grpo_advantages` subtracts t
 mean final score, `per_token` spreads the step advantages over tokens, and the module
 computes `token_logprobs` and `policy_loss`. ReST-MCTS*'s self-training instead weights each
 path of a tree by its (estimated) reward (`path_weights`) and minimises the weighted negative
-log-likelihood plus a KL to a frozen reference (`self_training_loss`).
+log-likelihood plus a KL to a frozen reference (`self_training_loss`). `credit` holds every
+credit rule (`--data.credit.advantage`): its name, the settings it reads, its computation.
 """
 
 from flywheel.objectives.advantages import (

@@ -9,20 +9,62 @@ rounds do not collapse it into one pattern:
     L = -sum_i sum_t w_i * log pi_theta(y_it) / N  +  kl_coef * KL(pi_theta || pi_ref)
 
 `path_weights` turns the paths' scores (the verified outcome, or the value model's V of the
-whole path) into w_i, normalised per problem; `self_training_loss` is L. The hard-filter
-variant (the official code's SFT on correct leaves, optionally those the value model scores
->= 0.2) is the same loss with the weights of the paths under a threshold set to 0.
+whole path) into w_i, normalised per problem; `weight_paths` puts them on a problem's training
+rows (`--data.credit.path_weights`, `PathWeighting`); `self_training_loss` is L. The
+hard-filter variant (the official code's SFT on correct leaves, optionally those the value
+model scores >= 0.2) is the same loss with the weights of the paths under a threshold set to 0.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
+
 import torch
 
+from flywheel.finite import check_finite_fields
 from flywheel.objectives.aggregation import aggregate, masked_mean
 from flywheel.objectives.config import ObjectiveConfig
 from flywheel.objectives.kl import kl_per_token
 
+if TYPE_CHECKING:
+    from flywheel.objectives.credit import TrainingRow
+
 _D = ObjectiveConfig
+ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
+"""Prompt + response token ids of each path -> its value V in [0, 1]."""
+
+
+@dataclass(frozen=True)
+class PathWeighting:
+    """How `--data.credit.advantage=self_training` weights each path of a problem's tree:
+    w_i = n_kept * softmax(score_i / temperature) over the problem's kept paths, 0 for the others.
+
+    Args:
+        source: a path's score: "outcome" = its verified reward; "value" = the value model's
+            V(prompt + whole path) (PRMUpdate's, in [0, 1]). Until the first value model is
+            fitted (the first round), "value" scores by the outcome.
+        temperature: softmax temperature of the per-problem normalisation (the seed's 1.0);
+            smaller concentrates a problem's weight on its best-scored paths.
+        correct_only: keep the verified-correct paths only (ReST-MCTS*'s policy data: correct
+            leaves); a problem with none trains nothing.
+        threshold: the hard filter: leave out paths scored below it (the official code keeps
+            correct leaves the value model scores >= 0.2); None = no threshold.
+    """
+
+    source: Literal["outcome", "value"] = "value"
+    temperature: float = 1.0
+    correct_only: bool = True
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        check_finite_fields(self, "data.credit.path_weights")
+        if self.source not in ("outcome", "value"):
+            raise ValueError(f"--data.credit.path_weights.source={self.source!r}: choose 'value' (the value model's "
+                             "estimate of each path) or 'outcome' (its verified reward)")
+        if not self.temperature > 0:
+            raise ValueError(f"--data.credit.path_weights.temperature must be > 0, got {self.temperature}; "
+                             "1.0 is the seed's reward temperature")
 
 
 def path_weights(
@@ -123,3 +165,35 @@ def self_training_loss(
         loss = loss + kl_coef * kl
         stats["kl_ref"] = kl.detach()
     return loss, stats
+
+
+def weight_paths(
+    per_problem: Sequence[Sequence[TrainingRow]], weighting: PathWeighting, value_fn: ValueFn | None = None
+) -> list[list[TrainingRow]]:
+    """Self-training rows: each row's advantages become its path weight (`path_weights`,
+    normalised per problem; see `PathWeighting`); rows of weight 0 are left out, as the
+    weighted log-likelihood gives them nothing to learn. With source "value", one
+    `value_fn` call scores every path (prompt + response ids) of every problem.
+    """
+    rows = [row for problem_rows in per_problem for row in problem_rows]
+    if not rows:
+        return [[] for _ in per_problem]
+    if weighting.source == "value" and value_fn is not None:
+        values = list(value_fn([row.prompt_ids + row.response_ids for row in rows]))
+        if len(values) != len(rows):
+            raise RuntimeError(f"the value model returned {len(values)} values for {len(rows)} paths")
+        scores = torch.tensor(values, dtype=torch.float64)
+    else:
+        scores = torch.tensor([row.reward for row in rows], dtype=torch.float64)
+    keep = torch.ones(len(rows), dtype=torch.bool)
+    if weighting.correct_only:
+        keep &= torch.tensor([row.correct for row in rows])
+    if weighting.threshold is not None:
+        keep &= scores >= weighting.threshold
+    groups = torch.tensor([i for i, problem_rows in enumerate(per_problem) for _ in problem_rows])
+    weights = path_weights(scores, groups, weighting.temperature, keep).tolist()
+    out: list[list[TrainingRow]] = [[] for _ in per_problem]
+    for row, group, weight in zip(rows, groups.tolist(), weights):
+        if weight > 0:
+            out[group].append(replace(row, advantages=(weight,) * len(row.response_ids)))
+    return out

@@ -5,7 +5,9 @@ alike, with a one-line warning naming the new flag.
 The data module's settings were flat (`--data.advantage`, `--data.mini_batch_problems`, ...)
 and are now grouped in sections (`--data.credit.*`, `--data.batching.*`, `--data.problems.*`);
 the held-out evaluation's `--eval.at_start` joined the other evaluation settings under
-`--data.eval.*`. A run's config file or command line from before keeps working.
+`--data.eval.*`. A run's config file or command line from before keeps working. A section
+that was removed (`REMOVED`) is dropped from a config file with a warning when it is empty,
+and refused, naming it, when it holds a setting.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ RENAMED: dict[str, str] = {
 }
 """Old dotted key -> new dotted key (a key names a setting or a whole section)."""
 
+REMOVED: dict[str, str] = {
+    "hard_set_refresh": "the hard-set refresh has no settings of its own: the round protocol runs it at every "
+                        "round's end (--data.epochs_per_round), by the rule of --data.hard_set.*",
+}
+"""Top-level sections that no longer exist -> why."""
+
 
 def renamed(key: str) -> str | None:
     """The new name of dotted `key` (or of the section it lies in), None when it was not renamed."""
@@ -49,6 +57,8 @@ def rename_flags(argv: list[str]) -> list[str]:
     out: list[str] = []
     config_next = False
     for arg in argv:
+        if arg.startswith("--") and arg[2:].split("=", 1)[0].split(".", 1)[0] in REMOVED:
+            _refuse(f"--{arg[2:].split('=', 1)[0]}:", "the command line")
         if config_next:
             out.append(rename_config_file(arg))
             config_next = False
@@ -77,7 +87,19 @@ def rename_config_file(path: str) -> str:
     translated, moves = rename_config(config)
     for old, new in moves:
         _warn(old, new, path)
-    return yaml.safe_dump(translated, sort_keys=False) if moves else path
+    removed = [key for key in REMOVED if key in translated]
+    for key in removed:
+        if translated.pop(key) not in (None, {}):
+            _refuse(f"`{key}:` holds settings, but", path)
+        log.warning("%s: the `%s:` section was removed (%s); delete it", path, key, REMOVED[key])
+    return yaml.safe_dump(translated, sort_keys=False) if moves or removed else path
+
+
+def _refuse(what: str, where: str) -> None:
+    from flywheel.run.preflight import PreflightError
+
+    section = next(key for key in REMOVED if key in what)
+    raise PreflightError(f"{where}: {what} the `{section}` section was removed ({REMOVED[section]}); delete it")
 
 
 def rename_config(config: Mapping[str, Any]) -> tuple[dict[str, Any], list[tuple[str, str]]]:

@@ -1,0 +1,304 @@
+"""Credit: how one problem's responses become training rows, every rule in one table.
+
+A credit rule is a name (`--data.credit.advantage`), the optional `--data.credit.*`
+settings it reads, and a function from a group's responses to each response's per-step
+advantages (None = left out of training). `RULES` holds them all; the command line's
+choices, the settings check and the rows read it, so a new rule is one `CreditRule` added
+there (and its test; docs/credit.md shows one).
+
+A group is one problem's responses and their baseline: a search tree's K trajectories, a
+flat rollout's samples, or a replay-buffer problem's mixed rollout (its cached correct
+solutions in place of the first direct samples, deepsearch.md §7). A mixed rollout has no
+tree: each response is one step, a cached one scored +1, and the chosen rule credits it as
+it credits a tree (node and outcome: the DAPO advantage r - mean; best_of_n: the correct
+ones only, +1; subtree: 2 (r - mean), its local and global terms being the same step).
+Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by the "node" rule (DAPO) or
+"best_of_n" whatever the chosen rule, except one that weights paths (self-training).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
+
+from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
+from flywheel.objectives.advantages import per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives.self_training import PathWeighting, ValueFn, weight_paths
+
+if TYPE_CHECKING:
+    from flywheel.search.outputs import Trajectory, TreeResult
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One response of a group as a rule reads it."""
+
+    step_scores: tuple[float, ...]
+    """[S] q~(s_j) + overlong of each step (a terminal's q~ is its reward)."""
+    node_ids: tuple[Hashable, ...]
+    """[S] the tree node of each step; steps shared by several responses share it."""
+    final_score: float
+    """Terminal reward + overlong: what the group mean averages."""
+    correct: bool
+
+
+GroupCredit = Callable[[Sequence[Scored], bool], list]
+"""(a group's responses, normalize_std) -> per response its [S] step advantages, or None."""
+
+
+@dataclass(frozen=True)
+class CreditRule:
+    """One credit rule: `credit` gives every response of a group its step advantages."""
+
+    name: str
+    summary: str
+    """What it does, for messages and docs."""
+    credit: GroupCredit
+    reads: frozenset[str] = frozenset()
+    """The optional settings it reads (OPTIONAL); setting another one is refused."""
+    weights_paths: bool = False
+    """Its rows' advantages become ReST-MCTS* path weights (the self-training loss reads them)."""
+
+
+def node_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
+    """Tree-GRPO (DeepSearch Eq. 14-15): A_j = q~(s_j) + overlong - mean final score."""
+    return tree_grpo_advantages([r.step_scores for r in group], normalize_std=normalize_std)
+
+
+def outcome_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
+    """The paper's "coarse scores" (Table 4): every step gets its final score - mean."""
+    return tree_grpo_advantages([[r.final_score] * len(r.step_scores) for r in group], normalize_std=normalize_std)
+
+
+def subtree_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
+    """TreeRL: `subtree_advantages` over the group's paths (never divided by a std)."""
+    return subtree_advantages([r.node_ids for r in group], [r.final_score for r in group])
+
+
+def best_of_n_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float] | None]:
+    """Rejection sampling: the correct responses only, +1 on every step."""
+    return [[1.0] * len(r.step_scores) if r.correct else None for r in group]
+
+
+def self_training_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
+    """Every response, 0 until `weight_paths` gives it its path weight."""
+    return [[0.0] * len(r.step_scores) for r in group]
+
+
+RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
+    CreditRule("node", "Tree-GRPO: each step's q~ + overlong minus the group's mean final score", node_credit,
+               frozenset({"normalize_std", "degenerate_filter"})),
+    CreditRule("outcome", "every token gets its final score minus the group mean", outcome_credit,
+               frozenset({"normalize_std", "degenerate_filter"})),
+    CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
+               subtree_credit, frozenset({"degenerate_filter"})),
+    CreditRule("best_of_n", "the correct responses only, every token +1", best_of_n_credit),
+    CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward", self_training_credit,
+               frozenset({"degenerate_filter", "path_weights"}), weights_paths=True),
+)}
+"""Every credit rule by name; the first is the default."""
+
+Advantage = Literal[tuple(RULES)]  # the names above, for the command line's choices
+OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights")
+"""The settings a rule may ignore; the others (drop_uniform_groups) apply to every rule."""
+
+
+@dataclass(frozen=True)
+class Credit:
+    """How trajectories become training rows (docs/credit.md).
+
+    Args:
+        advantage: the credit rule (`flywheel.objectives.credit.RULES`): "node" = Tree-GRPO
+            node-level values q~(s_j) minus the group's mean final score (the paper's
+            default); "outcome" = every token gets its trajectory's final score minus the
+            mean ("coarse scores"); "subtree" = TreeRL: a step's value is the mean final score
+            of the trajectories through it, credited against its parent and the root, scaled
+            by 1 / sqrt(trajectories sharing it); "best_of_n" = the correct trajectories only,
+            every token +1; "self_training" = ReST-MCTS*'s path weights (`path_weights`; goes
+            with `--model.objective.loss_type=self_training`). Replay-buffer problems follow it
+            too. Flat rollouts are DAPO (or best-of-N) either way, except under "self_training".
+        normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4);
+            read by "node" and "outcome" only (refused otherwise).
+        drop_uniform_groups: leave out of training every tree (or flat group) whose
+            trajectories all ended with the same final score (all wrong, or all right), as
+            DAPO's dynamic sampling does (without refilling). Off in the paper and its code;
+            with node values such a tree still carries a signal (its early steps score
+            above the all-wrong mean), which is what this switch removes.
+        degenerate_filter: incorrect responses with garbled text or endless repetition are
+            left out of training (deepsearch.md §7); best-of-N trains no incorrect ones anyway.
+        path_weights: how "self_training" weights the paths (value model or outcome, per-
+            problem softmax temperature, correct-only and threshold filters).
+    """
+
+    advantage: Advantage = "node"
+    normalize_std: bool = False
+    drop_uniform_groups: bool = False
+    degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
+    path_weights: PathWeighting = field(default_factory=PathWeighting)
+
+    def __post_init__(self) -> None:
+        if self.advantage not in RULES:
+            *rest, last = (repr(name) for name in RULES)
+            raise ValueError(f"--data.credit.advantage={self.advantage!r}: choose {', '.join(rest)} or {last}")
+
+    def drops(self, trajectory: Trajectory) -> bool:
+        """Whether a trajectory stays out of training: an incorrect, degenerate one."""
+        return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
+
+    def changed(self) -> list[str]:
+        """The OPTIONAL settings given a value other than their default."""
+        defaults = {f.name: f.default_factory() if callable(f.default_factory) else f.default for f in fields(self)}
+        return [name for name in OPTIONAL if getattr(self, name) != defaults[name]]
+
+
+def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:
+    """The rule that credits each group under `--data.rollout`: the chosen one for trees and
+    for one that weights paths; "best_of_n" for best-of-N samples; "node" (DAPO) for flat ones."""
+    chosen = RULES[settings.advantage]
+    if rollout == "search" or (chosen.weights_paths and rollout != "best_of_n"):
+        return chosen
+    return RULES["best_of_n" if rollout == "best_of_n" else "node"]
+
+
+def check(settings: Credit, rollout: str = "search") -> list[str]:
+    """Refuse (ValueError naming the flag) a setting the credit of `rollout` ignores; return
+    the warnings (a chosen rule that the rollout's groups do not use)."""
+    chosen, rule = RULES[settings.advantage], group_rule(settings, rollout)
+    where = f"--data.credit.advantage={chosen.name}" if rollout == "search" else f"--data.rollout={rollout}"
+    reads = rule.reads | ({"path_weights"} if chosen.weights_paths else set())
+    for name in settings.changed():
+        if name not in reads:
+            value = getattr(settings, name)
+            given = f"={str(value).lower()}" if isinstance(value, bool) else " is set"
+            users = ", ".join(repr(r.name) for r in RULES.values() if name in r.reads)
+            raise ValueError(f"--data.credit.{name}{given} but {where} credits by the {rule.name!r} rule, which "
+                             f"ignores it: remove it (the rules that read it: {users})")
+    default = next(iter(RULES))
+    if rule is not chosen and not chosen.weights_paths and chosen.name != default:
+        return [f"--data.credit.advantage={chosen.name} is not used with --data.rollout={rollout}: its groups are credited "
+                f"by the {rule.name!r} rule ({rule.summary}); remove --data.credit.advantage or use --data.rollout=search"]
+    return []
+
+
+def check_loss(advantage: str, loss_type: str) -> None:
+    """A rule that weights paths needs the self-training loss, and only it does."""
+    if RULES[advantage].weights_paths != (loss_type == "self_training"):
+        raise ValueError(
+            f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={loss_type!r} do not "
+            "go together: the self-training loss needs path weights, not advantages, and the other losses need "
+            "advantages; set both to self_training (ReST-MCTS*, conf/rest_mcts.yaml) or neither"
+        )
+
+
+@dataclass(frozen=True)
+class TrainingRow:
+    """One trajectory ready for the objective."""
+
+    problem_id: str
+    group: int
+    """Index of its tree (or flat group) within the epoch."""
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    advantages: tuple[float, ...]
+    """[len(response_ids)] per-token advantage."""
+    behaviour_logprobs: tuple[float, ...]
+    """[len(response_ids)] the generator's log-probs; NaN where unknown (a cached solution,
+    or a backend that gave none): the data module fills those with the trainer's own."""
+    step_ids: tuple[int, ...]
+    """[len(response_ids)] index of the step each token belongs to."""
+    reward: float
+    correct: bool = False
+    """Verified correct (a cached solution is)."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """One problem's responses: a tree or flat group (`result`), or with `cached` solutions a
+    mixed rollout of `n` (`result` then holds its direct samples, None when none were needed)."""
+
+    problem_id: str
+    prompt_ids: tuple[int, ...]
+    result: TreeResult | None
+    cached: tuple[CachedSolution, ...] = ()
+    n: int = 0
+
+    @classmethod
+    def of(cls, result: TreeResult) -> Group:
+        return cls(result.problem_id, result.prompt_ids, result)
+
+
+@dataclass(frozen=True)
+class Credited:
+    """An epoch's training rows per group (in group order; [] for a group left out)."""
+
+    rows: list[list[TrainingRow]]
+    uniform_groups: int
+    """Groups left out by `drop_uniform_groups`."""
+
+
+def credit_groups(groups: Sequence[Group], settings: Credit, rollout: str = "search",
+                  value_fn: ValueFn | None = None) -> Credited:
+    """Every group's training rows under `settings` (the one entry of the data module).
+
+    The rule of `group_rule` credits each group; a trajectory `settings.drops` leaves out
+    still counts in its group's baseline, which describes the search as it happened. A rule
+    that weights paths then gives every row its path weight (`weight_paths`; `value_fn`
+    scores the paths with source "value"). Last, `drop_uniform_groups` empties the groups
+    whose responses all ended with the same final score.
+    """
+    rule = group_rule(settings, rollout)
+    rows = [_mixed_rows(g, rule, settings) if g.cached else _tree_rows(g, rule, settings) for g in groups]
+    if RULES[settings.advantage].weights_paths:
+        rows = weight_paths(rows, settings.path_weights, value_fn)
+    uniform = 0
+    if settings.drop_uniform_groups:
+        for i, (group, group_rows) in enumerate(zip(groups, rows)):
+            if group.cached:  # cached + direct samples: every row is kept
+                finals = {row.reward for row in group_rows}
+            else:  # every trajectory of the search, the degenerate ones included
+                finals = {t.final_score for t in group.result.trajectories}
+            if len(finals) <= 1 and group_rows:
+                uniform += 1
+                rows[i] = []
+    return Credited(rows, uniform)
+
+
+def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[TrainingRow]:
+    trajectories = group.result.trajectories
+    if not trajectories:
+        return []
+    scored = [Scored(tuple(s.q_soft + t.overlong_penalty for s in t.steps), tuple(s.node_id for s in t.steps),
+                     t.final_score, t.verdict.correct) for t in trajectories]
+    rows = []
+    for trajectory, advantages in zip(trajectories, rule.credit(scored, settings.normalize_std)):
+        if advantages is None or settings.drops(trajectory):
+            continue
+        lengths = trajectory.step_lengths
+        rows.append(TrainingRow(
+            problem_id=group.problem_id, group=0, prompt_ids=group.prompt_ids, response_ids=trajectory.response_ids,
+            advantages=tuple(per_token(advantages, lengths)), behaviour_logprobs=trajectory.response_logprobs,
+            step_ids=tuple(j for j, n in enumerate(lengths) for _ in range(n)), reward=trajectory.reward,
+            correct=trajectory.verdict.correct,
+        ))
+    return rows
+
+
+def _mixed_rows(group: Group, rule: CreditRule, settings: Credit) -> list[TrainingRow]:
+    """A replay-buffer problem's mixed rollout: one step per response (a cached one correct, +1)."""
+    direct = group.result.trajectories if group.result is not None else ()
+    items: list[Trajectory | CachedSolution] = mixed_rollout(list(group.cached), list(direct), group.n)
+    scores = [1.0 if isinstance(item, CachedSolution) else item.final_score for item in items]
+    correct = [isinstance(item, CachedSolution) or item.verdict.correct for item in items]
+    scored = [Scored((score,), (i,), score, ok) for i, (score, ok) in enumerate(zip(scores, correct))]
+    rows = []
+    for item, score, ok, advantages in zip(items, scores, correct, rule.credit(scored, settings.normalize_std)):
+        cached = isinstance(item, CachedSolution)
+        if advantages is None or (not cached and settings.drops(item)):
+            continue
+        length = len(item.response_ids)
+        rows.append(TrainingRow(
+            problem_id=group.problem_id, group=0, prompt_ids=group.prompt_ids, response_ids=tuple(item.response_ids),
+            advantages=(advantages[0],) * length, behaviour_logprobs=(float("nan"),) * length if cached else item.response_logprobs,
+            step_ids=(0,) * length, reward=score, correct=ok,
+        ))
+    return rows

@@ -1,0 +1,87 @@
+"""The one typed port between the data module and everything that drives rounds.
+
+`DataPort` is what the round protocol (callbacks.rounds), the held-out evaluation
+(callbacks.evaluation), the token budget (callbacks.budget) and the LightningModule read of
+the data module, and all they read: `data_modules.search.SearchDataModule` implements it.
+The CLI hands the data module to each of them when it builds them
+(`flywheel.__main__.add_round_protocol`); none reaches it through `trainer.datamodule`
+(tests/test_port.py scans for that).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+
+if TYPE_CHECKING:
+    from flywheel.reporting.evaluation import EvalConfig
+    from flywheel.generation.base import Generator
+    from flywheel.objectives.credit import Credit
+    from flywheel.search.outputs import TreeResult
+    from flywheel.tasks import Problem, Task
+
+ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
+
+
+class DataPort(Protocol):
+    """The data module as the parts that drive rounds see it."""
+
+    task: Task
+    """Prompt format and verifier (the held-out evaluation's)."""
+    eval: EvalConfig
+    """How the held-out set is evaluated (`--data.eval.*`)."""
+    credit: Credit
+    """The credit settings (`--data.credit.*`); the module checks its loss against the rule."""
+    generated_tokens: int
+    """Tokens generated for training over the run, all ranks (the budget's count)."""
+    epoch_metrics: dict[str, float]
+    """This epoch's search and compute scalars, logged at the epoch's end."""
+    epoch_results: list[TreeResult]
+    """This epoch's finished trees on this rank (the value model learns from them)."""
+
+    @property
+    def generator(self) -> Generator:
+        """The generator, in step with the policy after `push_weights`."""
+
+    @property
+    def rounds_completed(self) -> int:
+        """Flywheel rounds completed (the index of the round `end_round` just ended)."""
+
+    def eval_problems(self) -> tuple[Problem, ...]:
+        """The held-out problems."""
+
+    def push_weights(self, policy: Any, version: int) -> bool:
+        """Make the generator sample from `policy` as of optimizer step `version` (collective);
+        False when it already does."""
+
+    def use_value_model(self, value_fn: ValueFn | None) -> None:
+        """Score the next searches' new nodes with `value_fn` (None = no value model)."""
+
+    def round_starts(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the first of a round."""
+
+    def round_ends(self, epoch: int) -> bool:
+        """Whether `epoch` (0-based) is the last of a round: the one place that decides it."""
+
+    def end_round(self, tokenizer: Any) -> dict[str, float]:
+        """A round's end: re-measure and shrink the hard set, settle the replay buffer
+        (collective); the round's scalars."""
+
+    def round_facts(self) -> dict[str, float | None]:
+        """hard_set_size, cached and generated_tokens for a round's summary row."""
+
+
+class PortClient:
+    """A part that is built before the data module (from its own `--section`, or as the
+    LightningModule) and handed the port afterwards by the CLI (`connect`)."""
+
+    _port: DataPort | None = None
+
+    def connect(self, port: DataPort) -> None:
+        self._port = port
+
+    @property
+    def port(self) -> DataPort:
+        if self._port is None:
+            raise RuntimeError(f"{type(self).__name__} has no data module: the CLI connects it "
+                               "(flywheel.__main__.add_round_protocol); call connect(datamodule) when building it by hand")
+        return self._port
