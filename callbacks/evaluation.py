@@ -19,6 +19,7 @@ from flywheel.io import atomic_write_json
 from flywheel.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
+from callbacks.wall_time import EVAL, wall_section
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,8 @@ class HeldOutEval(Callback):
         self.rounds: list[dict[str, Any]] = []
         self.extras: dict[int, dict[str, float]] = {}
         """Per-round numbers of other callbacks (`record`), merged into the rounds of summary.json."""
+        self.run_extras: dict[str, Any] = {}
+        """Whole-run numbers of other callbacks (`record_run`), top-level keys of summary.json."""
         self._started = time.perf_counter()
         self._wall_before = 0.0
         """Wall seconds of the run before this process (restored on resume)."""
@@ -111,8 +114,9 @@ class HeldOutEval(Callback):
         problems = dm.eval_problems()
         mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
         bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate_sharded(dm.generator, pl_module.tokenizer, dm.task, problems, dm.eval,
-                                  progress=lambda done: bar.update(done - bar.n))
+        with wall_section(trainer, EVAL):
+            result = evaluate_sharded(dm.generator, pl_module.tokenizer, dm.task, problems, dm.eval,
+                                      progress=lambda done: bar.update(done - bar.n))
         bar.close()
         out = {"k": float(dm.eval.pass_k), "problems": float(len(problems)),
                "pass1": result.pass_at(1), "passk": result.pass_at(dm.eval.pass_k)}
@@ -133,6 +137,11 @@ class HeldOutEval(Callback):
         self.extras.setdefault(round_index, {}).update(metrics)
         self.write_summary(trainer)
 
+    def record_run(self, trainer: L.Trainer, metrics: dict[str, Any]) -> None:
+        """Set whole-run entries of summary.json (e.g. callbacks.wall_time's `wall_split`) and rewrite it."""
+        self.run_extras.update(metrics)
+        self.write_summary(trainer)
+
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
         cfg = trainer.datamodule.eval
         rounds = [{**r, **self.extras.get(r["round"], {})} for r in self.rounds]
@@ -144,6 +153,7 @@ class HeldOutEval(Callback):
             "temperature": cfg.temperature,
             "eval_problems": len(trainer.datamodule.eval_problems()),
             "rounds": rounds,
+            **self.run_extras,
         }
 
     def write_summary(self, trainer: L.Trainer) -> None:

@@ -8,6 +8,8 @@ import logging
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
+from callbacks.wall_time import WEIGHT_SYNC, wall_section
+
 log = logging.getLogger(__name__)
 
 
@@ -22,7 +24,9 @@ class WeightSync(Callback):
 
     def push(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Collective: every rank pushes together."""
-        if trainer.datamodule.push_weights(pl_module.policy, version=trainer.global_step):
+        with wall_section(trainer, WEIGHT_SYNC):
+            pushed = trainer.datamodule.push_weights(pl_module.policy, version=trainer.global_step)
+        if pushed:
             log.debug("weights of step %d pushed to the generator", trainer.global_step)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -171,12 +171,13 @@ def checkpoints_beside_the_run(trainer) -> None:
 def add_round_protocol(trainer) -> None:
     """WeightSync and the RoundProtocol that drives the end of every epoch and round, over the
     refresh, evaluation and value-model callbacks (`--hard_set_refresh.*`, `--data.eval.*`,
-    `--prm_update.*`)."""
+    `--prm_update.*`); WallTime, the run's wall split (callbacks.wall_time)."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.hard_set import HardSetRefresh
     from callbacks.prm import PRMUpdate
     from callbacks.rounds import RoundProtocol
+    from callbacks.wall_time import WallTime
     from callbacks.weight_sync import WeightSync
 
     from lightning.pytorch.callbacks import Checkpoint
@@ -195,7 +196,7 @@ def add_round_protocol(trainer) -> None:
     steps = (one(HardSetRefresh), one(HeldOutEval), one(PRMUpdate))
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
     budget = next((c for c in callbacks if isinstance(c, GenerationBudget)), None)
-    callbacks[at:at] = [sync, RoundProtocol(sync, *steps, budget=budget)]
+    callbacks[at:at] = [sync, RoundProtocol(sync, *steps, budget=budget), WallTime()]
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \
