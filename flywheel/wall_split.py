@@ -55,11 +55,10 @@ class WallSplit:
         if all(frame[0] != name for frame in self._open):
             return 0.0
         now = self.clock()
-        while True:
+        frame = self._open.pop()
+        self._charge(frame, now)  # only the innermost section runs; those around it are paused
+        while frame[0] != name:
             frame = self._open.pop()
-            self._charge(frame, now)
-            if frame[0] == name:
-                break
         if self._open:
             self._open[-1][1] = now
         return frame[2]

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from callbacks.wall_time import PARTS
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 900  # a hang guard only: these take seconds to a minute on an idle machine
 
@@ -41,6 +43,19 @@ def test_bench_search_runs_both_parts():
     # --wide-hidden: part (b) again with an untrained 6-layer Llama of width 128 (2 heads of 64, MLP 512).
     assert "policy: untrained Llama, 1.6M parameters (width 128, 6 layers, init 0.4); 2 trees" in out
     assert 1.5 < float(fields["wide_params_m"]) < 1.7 and 0 <= float(fields["overhead_pct_wide"]) <= 100
+
+
+def test_bench_flywheel_splits_a_short_fits_wall_time():
+    fields, out = run_tool("tools/bench_flywheel.py", "--epochs", "1", "--data.batching.problems_per_epoch=4",
+                           "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=4",
+                           "--data.eval.samples=2", "--data.search.expansion_width=4", "--data.search.trajectories_per_tree=4",
+                           "--data.epochs_per_round=1", "--data.problems.max_train_problems=16")
+    assert list(fields)[:4] == ["busy_fraction", "search_s", "train_s", "other_s"] and fields["epochs"] == "1"
+    parts = [float(fields[f"{p}_s"]) for p in PARTS] + [float(fields["other_s"])]
+    assert all(v >= 0 for v in parts) and abs(sum(parts) - float(fields["wall_s"])) < 0.01, fields
+    assert 0 < float(fields["busy_fraction"]) < 1 and float(fields["search_generator_s"]) > 0 and float(fields["train_s"]) > 0
+    assert float(fields["process_s"]) > float(fields["wall_s"])  # start-up is outside the fit's wall time
+    assert "\n     0 " in out and "\n total " in out  # the per-epoch table
 
 
 def test_bench_train_measures_packed_against_flat_with_equal_losses():
