@@ -33,7 +33,7 @@ class HeldOutEval(Callback):
     def __init__(self) -> None:
         self.base: dict[str, float] | None = None
         self.rounds: list[dict[str, Any]] = []
-        self.extras: dict[int, dict[str, float]] = {}
+        self.extras: dict[int, dict[str, Any]] = {}
         """Per-round numbers of other callbacks (`record`), merged into the rounds of summary.json."""
         self.run_extras: dict[str, Any] = {}
         """Whole-run numbers of other callbacks (`record_run`), top-level keys of summary.json."""
@@ -131,7 +131,7 @@ class HeldOutEval(Callback):
         k = int(result["k"])
         log_round_scalars(trainer, {"round/eval_pass@1": result["pass1"], f"round/eval_pass@{k}": result["passk"]}, round_index)
 
-    def record(self, trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+    def record(self, trainer: L.Trainer, round_index: int, metrics: dict[str, Any]) -> None:
         """Add `metrics` to round `round_index`'s entry of summary.json (whichever callback
         finishes the round first) and rewrite the summary."""
         self.extras.setdefault(round_index, {}).update(metrics)

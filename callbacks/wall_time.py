@@ -67,6 +67,8 @@ class WallTime(Callback):
 
     def __init__(self) -> None:
         self._reset()
+        self._timed_save: Callable | None = None
+        """The trainer's save_checkpoint, timed (set up for a fit, removed at its teardown)."""
 
     def _reset(self) -> None:
         self.split = WallSplit()
@@ -83,21 +85,15 @@ class WallTime(Callback):
         if stage != "fit":
             return
         self._reset()
-        if "save_checkpoint" in vars(trainer):
-            return
-        save = trainer.save_checkpoint
-
         # Lightning has no hook after a checkpoint is written: time the trainer's own save,
         # which every saver calls (ModelCheckpoint, flywheel.preemption).
-        @functools.wraps(save)
-        def timed_save(*args: Any, **kwargs: Any) -> Any:
-            with self.split.section(CHECKPOINT):
-                return save(*args, **kwargs)
-
-        trainer.save_checkpoint = timed_save
+        if "save_checkpoint" not in vars(trainer):
+            trainer.save_checkpoint = self._timed_save = timed(trainer, CHECKPOINT, trainer.save_checkpoint)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        vars(trainer).pop("save_checkpoint", None)
+        if self._timed_save is not None and vars(trainer).get("save_checkpoint") is self._timed_save:
+            del trainer.save_checkpoint
+        self._timed_save = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.epochs:  # resumed: summary.json's totals come back before the next epoch closes
@@ -134,7 +130,8 @@ class WallTime(Callback):
         self._epoch_mark = now
         log_round_scalars(trainer, {f"compute/wall/{k}": v for k, v in row.items() if k != "epoch"}, self._epoch)
         evaluation = _evaluation(trainer)
-        for done in [r for r in evaluation.rounds if r["epoch"] == self._epoch] if evaluation else ():
+        ended = [r for r in evaluation.rounds if r["epoch"] == self._epoch] if evaluation is not None else []
+        for done in ended:  # the round this epoch ended, or its partial row where the run stopped inside it
             evaluation.record(trainer, done["round"], {"wall_split": split_of(difference(now, self._round_mark))})
             if not done.get("partial"):  # a partial round goes on when the run is resumed
                 self._round_mark = now
@@ -156,14 +153,14 @@ class WallTime(Callback):
 
 
 # ---------------------------------------------------------------------- for the parts that add sections
-def wall_time(trainer: Any) -> WallTime | None:
+def wall_time_of(trainer: Any) -> WallTime | None:
     """The run's WallTime callback; None for a trainer without one (built by hand, or no trainer)."""
     return next((c for c in getattr(trainer, "callbacks", None) or () if isinstance(c, WallTime)), None)
 
 
 def wall_section(trainer: Any, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
     """Count the block's time as section `name` of the run's split (flywheel.wall_split.WallSplit.section)."""
-    timer = wall_time(trainer)
+    timer = wall_time_of(trainer)
     return timer.split.section(name, part) if timer is not None else nullcontext()
 
 
@@ -186,7 +183,7 @@ def timed_rebuild(train_dataloader: Callable) -> Callable:
     """A data module's `train_dataloader` counted as `rebuild`, and the epoch boundary of the split."""
     @functools.wraps(train_dataloader)
     def build(self: Any) -> Any:
-        timer = wall_time(self.trainer)
+        timer = wall_time_of(self.trainer)
         if timer is None:
             return train_dataloader(self)
         timer.next_epoch(self.trainer)
