@@ -157,7 +157,12 @@ def test_compare_runs_each_method_to_its_token_budget_and_resumes_to_a_larger_on
     fields, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)
     assert "resuming from its last.ckpt" in text
     grown = json.loads((out / "deepsearch_seed0" / "version_0" / "summary.json").read_text())  # a resume keeps its folder
-    assert [r["round"] for r in grown["rounds"]] == [1, 2] and grown["rounds"][0] == first["rounds"][0]
+    # The finished round's row is kept; only its wall split is closed again by the resumed part, with
+    # the seconds after the checkpoint counted anew (docs/performance.md), its search's the same.
+    (kept, *_), (before,) = grown["rounds"], first["rounds"]
+    assert [r["round"] for r in grown["rounds"]] == [1, 2]
+    assert {k: v for k, v in kept.items() if k != "wall_split"} == {k: v for k, v in before.items() if k != "wall_split"}
+    assert kept["wall_split"]["search_generator_s"] == before["wall_split"]["search_generator_s"]
     assert grown["base_eval_pass1"] == first["base_eval_pass1"]
     assert float(fields["deepsearch_pass1"]) == pytest.approx(grown["rounds"][1]["eval_pass1"], abs=1e-4)
     again, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)
