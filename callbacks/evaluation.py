@@ -20,6 +20,7 @@ from flywheel.ports import PortClient
 from flywheel.reporting.report import write_run_report
 
 from callbacks.round_scalars import log_round_scalars
+from callbacks.wall_time import EVAL, wall_section
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +34,10 @@ class HeldOutEval(PortClient, Callback):
     def __init__(self) -> None:
         self.base: dict[str, float] | None = None
         self.rounds: list[dict[str, Any]] = []
-        self.extras: dict[int, dict[str, float]] = {}
+        self.extras: dict[int, dict[str, Any]] = {}
         """Per-round numbers of other callbacks (`record`), merged into the rounds of summary.json."""
+        self.run_extras: dict[str, Any] = {}
+        """Whole-run numbers of other callbacks (`record_run`), top-level keys of summary.json."""
         self._started = time.perf_counter()
         self._wall_before = 0.0
         """Wall seconds of the run before this process (restored on resume)."""
@@ -112,8 +115,9 @@ class HeldOutEval(PortClient, Callback):
         problems = port.eval_problems()
         mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
         bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
-                                  progress=lambda done: bar.update(done - bar.n))
+        with wall_section(trainer, EVAL):
+            result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
+                                      progress=lambda done: bar.update(done - bar.n))
         bar.close()
         out = {"k": float(port.eval.pass_k), "problems": float(len(problems)),
                "pass1": result.pass_at(1), "passk": result.pass_at(port.eval.pass_k)}
@@ -128,10 +132,15 @@ class HeldOutEval(PortClient, Callback):
         k = int(result["k"])
         log_round_scalars(trainer, {"round/eval_pass@1": result["pass1"], f"round/eval_pass@{k}": result["passk"]}, round_index)
 
-    def record(self, trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
+    def record(self, trainer: L.Trainer, round_index: int, metrics: dict[str, Any]) -> None:
         """Add `metrics` to round `round_index`'s entry of summary.json (whichever callback
         finishes the round first) and rewrite the summary."""
         self.extras.setdefault(round_index, {}).update(metrics)
+        self.write_summary(trainer)
+
+    def record_run(self, trainer: L.Trainer, metrics: dict[str, Any]) -> None:
+        """Set whole-run entries of summary.json (e.g. callbacks.wall_time's `wall_split`) and rewrite it."""
+        self.run_extras.update(metrics)
         self.write_summary(trainer)
 
     def summary(self, trainer: L.Trainer) -> dict[str, Any]:
@@ -145,6 +154,7 @@ class HeldOutEval(PortClient, Callback):
             "temperature": cfg.temperature,
             "eval_problems": len(self.port.eval_problems()),
             "rounds": rounds,
+            **self.run_extras,
         }
 
     def write_summary(self, trainer: L.Trainer) -> None:

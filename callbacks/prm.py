@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
+from callbacks.wall_time import VALUE_MODEL, wall_section
 from flywheel.run.distributed import all_gather
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
 from flywheel.prm.targets import tree_samples
@@ -84,12 +85,13 @@ class PRMUpdate(Callback):
         if self.model is None or self.init == "policy":
             self.model = ValueModel.from_policy(pl_module.policy)
             self.optimizer = None
-        loss, self.optimizer = fit_value_model(
-            self.model, [(s, t) for s, t, _ in self.samples], self.train_config, pad_id=pl_module.tokenizer.pad_token_id or 0,
-            seed=trainer.current_epoch, optimizer=self.optimizer,
-        )
-        metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
-        metrics.update(self.quality(pl_module))
+        with wall_section(trainer, VALUE_MODEL):
+            loss, self.optimizer = fit_value_model(
+                self.model, [(s, t) for s, t, _ in self.samples], self.train_config, pad_id=pl_module.tokenizer.pad_token_id or 0,
+                seed=trainer.current_epoch, optimizer=self.optimizer,
+            )
+            metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
+            metrics.update(self.quality(pl_module))
         log_round_scalars(trainer, metrics, round_index)
         _summary_record(trainer, round_index, metrics)
         pl_module.log_dict({k.replace("round/prm_", "prm/"): v for k, v in metrics.items()})

@@ -34,6 +34,7 @@ from callbacks.budget import GenerationBudget
 from callbacks.evaluation import HeldOutEval
 from callbacks.prm import PRMUpdate
 from callbacks.round_scalars import log_round_scalars
+from callbacks.wall_time import WEIGHT_SYNC, wall_section
 from flywheel.ports import DataPort
 
 log = logging.getLogger(__name__)
@@ -79,7 +80,9 @@ class RoundProtocol(Callback):
     def sync_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Step 1: the generator samples from the weights of the latest optimizer step, stamped
         with it as the weight version (collective: every rank pushes together)."""
-        if self.port.push_weights(pl_module.policy, version=trainer.global_step):
+        with wall_section(trainer, WEIGHT_SYNC):
+            pushed = self.port.push_weights(pl_module.policy, version=trainer.global_step)
+        if pushed:
             log.debug("weights of step %d pushed to the generator", trainer.global_step)
 
     def refresh_hard_set(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, float]:

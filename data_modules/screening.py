@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from callbacks.wall_time import SCREENING, wall_section
 from data_modules.curriculum import Curriculum, RoundChange
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
@@ -52,7 +53,8 @@ class Screening:
               tokenizer: Any) -> dict[str, float]:
         """Pass1@K of every rank's `shard` (each rank its own), the same on every rank."""
         cfg = self.curriculum.hard_set_config
-        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance:
+        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance, \
+                wall_section(trainer, SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
                                    seed=self.curriculum.screening_seed(), progress=advance)
         self.tokens += tokens

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import lightning as L
 from torch.utils.data import DataLoader
 
+from callbacks.wall_time import TRAIN, search_section, timed, timed_rebuild
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
 from data_modules.examples import empty_batch, mini_batches
@@ -166,6 +167,7 @@ class SearchDataModule(L.LightningDataModule):
         self.live.close()
 
     # ------------------------------------------------------------------ the epoch
+    @timed_rebuild  # the epoch boundary of the run's wall split (callbacks.wall_time)
     def train_dataloader(self) -> DataLoader:
         trainer, module = self.trainer, self.trainer.lightning_module
         tokenizer = module.tokenizer
@@ -191,7 +193,7 @@ class SearchDataModule(L.LightningDataModule):
         seconds = time.perf_counter() - start
         batches = mini_batches(out.rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
                                problems_per_batch=self.batching.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
-                               score=module.score_batch)
+                               score=timed(trainer, TRAIN, module.score_batch))
         self.generated_tokens += all_sum(out.stats.generated_tokens)
         curriculum = self.curriculum
         self.epoch_metrics = {**epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator,
@@ -219,7 +221,8 @@ class SearchDataModule(L.LightningDataModule):
 
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
         """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
-        with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance:
+        with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance, \
+                search_section(self.trainer, self.generator):
             return rollout(
                 problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
                 search=self.effective_search_config(epoch, rank), flat_samples=self.batching.flat_samples,

@@ -148,8 +148,6 @@ def checkpoints_beside_the_run(trainer) -> None:
     overlay that renames the run (conf/dapo.yaml on top of the quickstart) cannot overwrite
     another recipe's last.ckpt. Names are never versioned (`last-v1.ckpt`): a resumed run
     overwrites its own last.ckpt."""
-    from pathlib import Path
-
     from lightning.pytorch.callbacks import ModelCheckpoint
 
     logger = trainer.logger
@@ -170,11 +168,13 @@ def add_round_protocol(trainer, port, module) -> None:
     """The RoundProtocol that drives the end of every epoch and round (weight sync, hard-set
     refresh, evaluation, value model), and the port wiring: the data module `port`
     (flywheel.ports.DataPort) is handed to the round protocol, the held-out evaluation, the
-    budget and the LightningModule `module`, the one place that connects them."""
+    budget and the LightningModule `module`, the one place that connects them. WallTime (the
+    run's wall split, callbacks.wall_time) follows the round protocol."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.prm import PRMUpdate
     from callbacks.rounds import RoundProtocol
+    from callbacks.wall_time import WallTime
 
     from lightning.pytorch.callbacks import Checkpoint
 
@@ -194,7 +194,7 @@ def add_round_protocol(trainer, port, module) -> None:
         if part is not None:
             part.connect(port)
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks.insert(at, RoundProtocol(port, evaluation, value_model, budget=budget))
+    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, budget=budget), WallTime()]
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \

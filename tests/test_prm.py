@@ -2,6 +2,7 @@
 trees, used to score the next round's search (where it changes which nodes grow),
 checkpointed and resumed exactly; its AUC / calibration helpers by hand."""
 
+import json
 import math
 from pathlib import Path
 
@@ -51,6 +52,9 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
     assert len(means) == len(valued) - 1 and all(0 <= m <= 1 for m in means)
     samples = [p.value for p in ea.Scalars("round/prm_samples")]
     assert samples == sorted(samples) and samples[0] > 0  # accumulated over rounds
+    # The value model's fits have their own part of the run's wall split (callbacks.wall_time).
+    split = json.loads((Path(whole.trainer.log_dir) / "summary.json").read_text())["wall_split"]["total"]
+    assert 0 < split["value_model_s"] < split["wall_s"]
 
     # The trained value model changes the search: the same problems, seeds and policy, searched
     # with and without V(s) in the selection scores, grow different trees.

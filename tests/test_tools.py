@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from callbacks.wall_time import PARTS
+
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 900  # a hang guard only: these take seconds to a minute on an idle machine
 
@@ -41,6 +43,19 @@ def test_bench_search_runs_both_parts():
     # --wide-hidden: part (b) again with an untrained 6-layer Llama of width 128 (2 heads of 64, MLP 512).
     assert "policy: untrained Llama, 1.6M parameters (width 128, 6 layers, init 0.4); 2 trees" in out
     assert 1.5 < float(fields["wide_params_m"]) < 1.7 and 0 <= float(fields["overhead_pct_wide"]) <= 100
+
+
+def test_bench_flywheel_splits_a_short_fits_wall_time():
+    fields, out = run_tool("tools/bench_flywheel.py", "--epochs", "1", "--data.batching.problems_per_epoch=4",
+                           "--data.batching.mini_batch_problems=4", "--data.problems.max_eval_problems=4",
+                           "--data.eval.samples=2", "--data.search.expansion_width=4", "--data.search.trajectories_per_tree=4",
+                           "--data.epochs_per_round=1", "--data.problems.max_train_problems=16")
+    assert list(fields)[:4] == ["busy_fraction", "search_s", "train_s", "other_s"] and fields["epochs"] == "1"
+    parts = [float(fields[f"{p}_s"]) for p in PARTS] + [float(fields["other_s"])]
+    assert all(v >= 0 for v in parts) and abs(sum(parts) - float(fields["wall_s"])) < 0.01, fields
+    assert 0 < float(fields["busy_fraction"]) < 1 and float(fields["search_generator_s"]) > 0 and float(fields["train_s"]) > 0
+    assert float(fields["process_s"]) > float(fields["wall_s"])  # start-up is outside the fit's wall time
+    assert "\n     0 " in out and "\n total " in out  # the per-epoch table
 
 
 def test_bench_train_measures_packed_against_flat_with_equal_losses():
@@ -142,7 +157,12 @@ def test_compare_runs_each_method_to_its_token_budget_and_resumes_to_a_larger_on
     fields, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)
     assert "resuming from its last.ckpt" in text
     grown = json.loads((out / "deepsearch_seed0" / "version_0" / "summary.json").read_text())  # a resume keeps its folder
-    assert [r["round"] for r in grown["rounds"]] == [1, 2] and grown["rounds"][0] == first["rounds"][0]
+    # The finished round's row is kept; only its wall split is closed again by the resumed part, with
+    # the seconds after the checkpoint counted anew (docs/performance.md), its search's the same.
+    (kept, *_), (before,) = grown["rounds"], first["rounds"]
+    assert [r["round"] for r in grown["rounds"]] == [1, 2]
+    assert {k: v for k, v in kept.items() if k != "wall_split"} == {k: v for k, v in before.items() if k != "wall_split"}
+    assert kept["wall_split"]["search_generator_s"] == before["wall_split"]["search_generator_s"]
     assert grown["base_eval_pass1"] == first["base_eval_pass1"]
     assert float(fields["deepsearch_pass1"]) == pytest.approx(grown["rounds"][1]["eval_pass1"], abs=1e-4)
     again, text = run_tool("tools/compare.py", "--tokens", budget, "--methods", "deepsearch", *common)

@@ -1,0 +1,205 @@
+"""WallTime: where a fit's wall time goes (issue 35), per epoch in TensorBoard and per round and
+in total in summary.json, kept across resumes.
+
+The split (its parts add up to the wall time; flywheel.reporting.wall_split counts each second once):
+  search_generator    the generator's own seconds inside the epoch's rollouts (GenerationStats.seconds)
+  search_bookkeeping  the rest of the rollouts: selection, grading, backup, credit (data module)
+  train               training batches (forward, backward, optimizer: this callback's batch
+                      hooks) and the forward passes that score pi_old as the loader is built
+  eval                held-out evaluation (HeldOutEval.run_eval)
+  screening           Pass1@K screening: the hard set, its refresh, a stream's draws (Screening.rates)
+  weight_sync         pushing the weights to the generator (RoundProtocol.sync_weights)
+  value_model         fitting the ReST-MCTS* value model (PRMUpdate.end_round)
+  checkpoint          checkpoint saves (the trainer's save_checkpoint, every caller)
+  rebuild             the rest of building an epoch's data loader: starting the generator,
+                      batching, run files, the epoch's metrics (SearchDataModule.train_dataloader)
+  other               the wall time minus all of the above (Lightning's loops and logging, ...)
+with search_s = generator + bookkeeping and busy_fraction = (search_generator + train) / wall.
+
+An epoch runs from the start of its data loader's rebuild to the start of the next one (the
+first from the fit's start, the last to its end), so the epochs add up to the run and each
+holds its own epoch-end work and checkpoint. TensorBoard: `compute/wall/<part>_s` and
+`compute/wall/busy_fraction` at step = epoch. summary.json: `wall_split` in every round
+(the round's epochs) and at the top level `wall_split.total` and `wall_split.epochs`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Callable
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from callbacks.round_scalars import log_round_scalars
+from flywheel.reporting.wall_split import WallSplit, difference
+
+log = logging.getLogger(__name__)
+
+SEARCH, SEARCH_GENERATOR, TRAIN, EVAL, SCREENING = "search", "search_generator", "train", "eval", "screening"
+WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD = "weight_sync", "value_model", "checkpoint", "rebuild"
+PARTS = (SEARCH_GENERATOR, "search_bookkeeping", TRAIN, EVAL, SCREENING, WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD)
+"""The reported parts, in order; `other` follows them."""
+
+
+def split_of(totals: dict[str, float]) -> dict[str, float]:
+    """A `WallSplit.totals()` (or a difference of two) as reported: `<part>_s` for PARTS, any
+    other section and `other` (together: `wall_s`), `search_s`, `busy_fraction`; rounded to ms."""
+    seconds = {("search_bookkeeping" if k == SEARCH else k): v for k, v in totals.items()
+               if k not in ("wall", "other") and not k.startswith("overlapped/")}
+    names = [*PARTS, *sorted(set(seconds) - set(PARTS))]
+    out = {f"{name}_s": round(seconds.get(name, 0.0), 3) for name in names}
+    out["other_s"] = round(totals.get("other", 0.0), 3)
+    out["wall_s"] = round(totals.get("wall", 0.0), 3)
+    out["search_s"] = round(out["search_generator_s"] + out["search_bookkeeping_s"], 3)
+    wall = totals.get("wall", 0.0)
+    out["busy_fraction"] = round((seconds.get(SEARCH_GENERATOR, 0.0) + seconds.get(TRAIN, 0.0)) / wall, 4) if wall > 0 else 0.0
+    out.update({f"{k}_s": round(v, 3) for k, v in totals.items() if k.startswith("overlapped/")})
+    return out
+
+
+class WallTime(Callback):
+    """Splits the fit's wall time (above). The data module, the round's callbacks and the
+    generator's clock add their sections through `wall_section`; this callback times the
+    training batches and the checkpoint saves itself and closes the epochs and rounds."""
+
+    def __init__(self) -> None:
+        self._reset()
+        self._timed_save: Callable | None = None
+        """The trainer's save_checkpoint, timed (set up for a fit, removed at its teardown)."""
+
+    def _reset(self) -> None:
+        self.split = WallSplit()
+        self.epochs: list[dict[str, float]] = []
+        """The closed epochs' splits, {"epoch": n, **split_of(...)}."""
+        self._epoch = 0
+        """The epoch being timed (closed when a later one's loader is built)."""
+        self._epoch_mark: dict[str, float] = {}
+        self._round_mark: dict[str, float] = {}
+        """`split.totals()` at the start of the open epoch and of the open round."""
+
+    # ------------------------------------------------------------------ hooks
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage != "fit":
+            return
+        self._reset()
+        # Lightning has no hook after a checkpoint is written: time the trainer's own save,
+        # which every saver calls (ModelCheckpoint, flywheel.run.preemption).
+        if "save_checkpoint" not in vars(trainer):
+            trainer.save_checkpoint = self._timed_save = timed(trainer, CHECKPOINT, trainer.save_checkpoint)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._timed_save is not None and vars(trainer).get("save_checkpoint") is self._timed_save:
+            del trainer.save_checkpoint
+        self._timed_save = None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.epochs:  # resumed: summary.json's totals come back before the next epoch closes
+            _record_run(trainer, self._run_summary(self.split.totals()))
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        self.split.enter(TRAIN)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
+                           batch_idx: int) -> None:
+        self.split.exit(TRAIN)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        self.split.exit_all()
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close(trainer)
+        total = split_of(self.split.totals())
+        log.info("wall split of the run: %s", ", ".join(f"{k} {v}" for k, v in total.items()))
+
+    # ------------------------------------------------------------------ epochs and rounds
+    def next_epoch(self, trainer: L.Trainer) -> None:
+        """An epoch's data loader is being built: close the epoch before it, if it is a later one
+        (a resumed run rebuilds the loader of the epoch it stopped in, which stays open)."""
+        if trainer.current_epoch > self._epoch:
+            self._close(trainer)
+            self._epoch = trainer.current_epoch
+
+    def _close(self, trainer: L.Trainer) -> None:
+        """Report the open epoch (TensorBoard, summary.json) and, if it ended a round, the round."""
+        now = self.split.totals()
+        row = {"epoch": self._epoch, **split_of(difference(now, self._epoch_mark))}
+        self.epochs = [r for r in self.epochs if r["epoch"] != self._epoch] + [row]  # a resumed epoch again: replaced
+        self._epoch_mark = now
+        log_round_scalars(trainer, {f"compute/wall/{k}": v for k, v in row.items() if k != "epoch"}, self._epoch)
+        evaluation = _evaluation(trainer)
+        ended = [r for r in evaluation.rounds if r["epoch"] == self._epoch] if evaluation is not None else []
+        for done in ended:  # the round this epoch ended, or its partial row where the run stopped inside it
+            evaluation.record(trainer, done["round"], {"wall_split": split_of(difference(now, self._round_mark))})
+            if not done.get("partial"):  # a partial round goes on when the run is resumed
+                self._round_mark = now
+        _record_run(trainer, self._run_summary(now))
+
+    def _run_summary(self, totals: dict[str, float]) -> dict[str, Any]:
+        return {"wall_split": {"total": split_of(totals), "epochs": self.epochs}}
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, Any]:
+        return {"split": self.split.state_dict(), "epochs": self.epochs, "epoch": self._epoch,
+                "epoch_mark": self._epoch_mark, "round_mark": self._round_mark}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.split.load_state_dict(state["split"])
+        self.epochs = [dict(r) for r in state["epochs"]]
+        self._epoch = int(state["epoch"])
+        self._epoch_mark, self._round_mark = dict(state["epoch_mark"]), dict(state["round_mark"])
+
+
+# ---------------------------------------------------------------------- for the parts that add sections
+def wall_time_of(trainer: Any) -> WallTime | None:
+    """The run's WallTime callback; None for a trainer without one (built by hand, or no trainer)."""
+    return next((c for c in getattr(trainer, "callbacks", None) or () if isinstance(c, WallTime)), None)
+
+
+def wall_section(trainer: Any, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
+    """Count the block's time as section `name` of the run's split (flywheel.reporting.wall_split.WallSplit.section)."""
+    timer = wall_time_of(trainer)
+    return timer.split.section(name, part) if timer is not None else nullcontext()
+
+
+def search_section(trainer: Any, generator: Any) -> AbstractContextManager:
+    """The epoch's rollouts: `generator`'s own seconds in them are search_generator, the rest bookkeeping."""
+    return wall_section(trainer, SEARCH, (SEARCH_GENERATOR, lambda: generator.stats.seconds))
+
+
+def timed(trainer: Any, name: str, fn: Callable) -> Callable:
+    """`fn` with each call counted as section `name`."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with wall_section(trainer, name):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def timed_rebuild(train_dataloader: Callable) -> Callable:
+    """A data module's `train_dataloader` counted as `rebuild`, and the epoch boundary of the split."""
+    @functools.wraps(train_dataloader)
+    def build(self: Any) -> Any:
+        timer = wall_time_of(self.trainer)
+        if timer is None:
+            return train_dataloader(self)
+        timer.next_epoch(self.trainer)
+        with timer.split.section(REBUILD):
+            return train_dataloader(self)
+
+    return build
+
+
+def _evaluation(trainer: L.Trainer):
+    from callbacks.evaluation import HeldOutEval
+
+    return next((c for c in trainer.callbacks if isinstance(c, HeldOutEval)), None)
+
+
+def _record_run(trainer: L.Trainer, metrics: dict[str, Any]) -> None:
+    evaluation = _evaluation(trainer)
+    if evaluation is not None:
+        evaluation.record_run(trainer, metrics)

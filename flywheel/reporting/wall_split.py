@@ -1,0 +1,128 @@
+"""Where a run's wall time goes: named sections of one thread's time that, with `other`, add
+up to the wall time (issue 35: "see where every second goes").
+
+A section is counted exclusive of the sections opened inside it (the outer one pauses while
+an inner one runs), so no second is counted twice and `other = wall - sum(sections)` is what
+nothing measured. A part of a section that another clock measures (the generator's own
+seconds inside the search) is `carve`d out of it into a section of its own. Time spent on
+another thread or process at the same time (a search overlapping training) belongs to no
+section of this thread; `add_overlapped` keeps it apart, outside the sum.
+
+Pure: no Lightning, no I/O; the clock is injected (tests use a fake one). The callback that
+feeds it and reports it is callbacks.wall_time.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+Clock = Callable[[], float]
+
+
+class WallSplit:
+    """Cumulative seconds per named section since construction (plus what `load_state_dict`
+    restored from earlier parts of the run), and the wall time over the same span."""
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        self.clock = clock
+        self.seconds: dict[str, float] = {}
+        """Exclusive seconds per section, over the run."""
+        self.overlapped: dict[str, float] = {}
+        """Seconds of work that ran beside this thread (`add_overlapped`), not part of the wall's split."""
+        self._started = clock()
+        self._wall_before = 0.0
+        self._open: list[list] = []
+        """The open sections, innermost last: [name, time its own clock last resumed, its own seconds so far]."""
+
+    # ------------------------------------------------------------------ measuring
+    def wall(self) -> float:
+        """Wall seconds of the run so far, over every resumed part."""
+        return self._wall_before + self.clock() - self._started
+
+    def enter(self, name: str) -> None:
+        """Open section `name` inside the innermost open one, which pauses until `name` exits."""
+        now = self.clock()
+        if self._open:
+            self._charge(self._open[-1], now)
+        self._open.append([name, now, 0.0])
+
+    def exit(self, name: str) -> float:
+        """Close section `name` (and any section left open inside it, e.g. by an exception);
+        the enclosing one resumes. Returns the seconds `name` itself counted, inner sections
+        excluded; 0.0 when `name` is not open."""
+        if all(frame[0] != name for frame in self._open):
+            return 0.0
+        now = self.clock()
+        frame = self._open.pop()
+        self._charge(frame, now)  # only the innermost section runs; those around it are paused
+        while frame[0] != name:
+            frame = self._open.pop()
+        if self._open:
+            self._open[-1][1] = now
+        return frame[2]
+
+    def exit_all(self) -> None:
+        """Close every open section (the run stopped with an exception)."""
+        while self._open:
+            self.exit(self._open[0][0])
+
+    @contextmanager
+    def section(self, name: str, part: tuple[str, Callable[[], float]] | None = None) -> Iterator[None]:
+        """Count the block's time as `name`. `part` = (section, counter): a cumulative seconds
+        counter of work done inside this block by its own clock (the generator's); its increase
+        over the block is carved out of `name` into that section (at most `name`'s own time,
+        so the counter must not run inside sections nested in this one)."""
+        counted = part[1]() if part is not None else 0.0
+        self.enter(name)
+        try:
+            yield
+        finally:
+            own = self.exit(name)
+            if part is not None:
+                self.carve(name, part[0], min(max(part[1]() - counted, 0.0), own))
+
+    def carve(self, name: str, part: str, seconds: float) -> None:
+        """Move `seconds` of section `name` to section `part`."""
+        self.seconds[name] = self.seconds.get(name, 0.0) - seconds
+        self.seconds[part] = self.seconds.get(part, 0.0) + seconds
+
+    def add_overlapped(self, name: str, seconds: float) -> None:
+        """Record `seconds` of work on another thread or process that ran during this wall time."""
+        self.overlapped[name] = self.overlapped.get(name, 0.0) + seconds
+
+    def _charge(self, frame: list, now: float) -> None:
+        frame[2] += now - frame[1]
+        self.seconds[frame[0]] = self.seconds.get(frame[0], 0.0) + now - frame[1]
+        frame[1] = now
+
+    # ------------------------------------------------------------------ reading
+    def totals(self) -> dict[str, float]:
+        """Seconds per section so far (the open innermost one included), `wall` and `other`
+        (wall minus every section), and `overlapped/<name>`."""
+        if self._open:
+            self._charge(self._open[-1], self.clock())
+        out = dict(self.seconds)
+        out["wall"] = self.wall()
+        out["other"] = out["wall"] - sum(self.seconds.values())
+        out.update({f"overlapped/{k}": v for k, v in self.overlapped.items()})
+        return out
+
+    # ------------------------------------------------------------------ resume
+    def state_dict(self) -> dict[str, object]:
+        totals = self.totals()
+        return {"seconds": dict(self.seconds), "overlapped": dict(self.overlapped), "wall": totals["wall"]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Add an earlier part of the run (its checkpoint's `state_dict`) to this one's counts."""
+        for key, value in state["seconds"].items():
+            self.seconds[key] = self.seconds.get(key, 0.0) + float(value)
+        for key, value in state.get("overlapped", {}).items():
+            self.add_overlapped(key, float(value))
+        self._wall_before += float(state["wall"])
+
+
+def difference(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    """Component-wise `now - before` of two `totals()` (a section absent before counts 0)."""
+    return {key: value - before.get(key, 0.0) for key, value in now.items()}

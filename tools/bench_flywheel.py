@@ -1,0 +1,91 @@
+"""Where a fit's wall time goes: a short real `flywheel fit`, split per epoch and in total.
+
+    python tools/bench_flywheel.py                                  # the quickstart, one round (5 epochs)
+    python tools/bench_flywheel.py --epochs 2 --config conf/quickstart.yaml --config conf/dapo.yaml
+    python tools/bench_flywheel.py --config conf/quickstart_vllm.yaml   # the vLLM sidecar (FLYWHEEL_VLLM_PYTHON)
+    python tools/bench_flywheel.py --epochs 1 --data.batching.problems_per_epoch=8   # any fit override
+
+Runs `python -m flywheel fit` with the given configs (the quickstart by default) for `--epochs`
+epochs into a temporary folder, with any further arguments as fit overrides, and prints the
+run's wall split as summary.json records it (callbacks.wall_time: every run has it, in
+TensorBoard under compute/wall/ too): search (the generator's own seconds, and the search's
+bookkeeping), training, held-out evaluation, hard-set screening, weight sync, the value model,
+checkpoints, data-loader rebuild and other (the wall time minus all of them, so the parts add
+up to the wall). busy_fraction = (search generator + training) / wall. The wall time runs from
+the fit's setup to its end; `process_s` is the whole command's, start-up included. The
+machine's load average is printed before and after: the 2-core machines this is measured on
+are often shared.
+
+Last line: RESULT busy_fraction=... search_s=... train_s=... other_s=... (every part).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from callbacks.wall_time import PARTS  # noqa: E402
+
+COLUMNS = [f"{p}_s" for p in PARTS] + ["other_s", "wall_s", "busy_fraction"]
+HEADS = ["generator", "bookkeep", "train", "eval", "screen", "sync", "value", "ckpt", "rebuild", "other", "wall", "busy"]
+
+
+def table(split: dict) -> str:
+    """Per-epoch rows and the total of summary.json's `wall_split`, in seconds."""
+    lines = [f"{'epoch':>6} " + " ".join(f"{h:>9}" for h in HEADS)]
+    rows = [(str(r["epoch"]), r) for r in split["epochs"]] + [("total", split["total"])]
+    for name, row in rows:
+        lines.append(f"{name:>6} " + " ".join(f"{row.get(c, 0.0):9.3f}" if c != "busy_fraction"
+                                              else f"{row.get(c, 0.0):9.2%}" for c in COLUMNS))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="Other arguments are passed to `flywheel fit` as overrides.")
+    parser.add_argument("--config", action="append", help="config file(s) of the fit (default: conf/quickstart.yaml)")
+    parser.add_argument("--epochs", type=int, default=5, help="epochs to run (--trainer.max_epochs)")
+    parser.add_argument("--run-dir", type=Path, help="where the run goes (default: a temporary folder, removed after)")
+    args, overrides = parser.parse_known_args()
+    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="bench_flywheel_"))
+    command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
+               f"--trainer.max_epochs={args.epochs}", f"--trainer.logger.init_args.save_dir={run_dir}",
+               "--trainer.enable_progress_bar=false", *overrides]
+    print("command:", " ".join(command[1:]))
+    print("load average before: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+        process_s = time.perf_counter() - start
+        if proc.returncode != 0:
+            sys.exit(f"the fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        summaries = sorted(run_dir.glob("**/summary.json"))
+        if not summaries:
+            sys.exit(f"the fit wrote no summary.json under {run_dir}")
+        split = json.loads(summaries[-1].read_text())["wall_split"]
+    finally:
+        if args.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+    print("load average after:  %.2f %.2f %.2f" % os.getloadavg())
+    print(f"wall split in seconds (busy = (generator + train) / wall); the command took {process_s:.1f} s")
+    print(table(split))
+    total = split["total"]
+    first = ["busy_fraction", "search_s", "train_s", "other_s"]
+    fields = {**{k: total[k] for k in first}, **{k: v for k, v in total.items() if k not in first}}
+    fields.update(epochs=len(split["epochs"]), process_s=round(process_s, 1))
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+if __name__ == "__main__":
+    main()
