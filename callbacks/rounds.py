@@ -1,6 +1,9 @@
 """RoundProtocol: the end of every epoch and of every flywheel round, in one visible order.
 
 At each epoch's end:
+  0. search ahead             with `--data.async_search`, the next epoch's search that ran beside
+                              this epoch's training ends first (waited for; stopped when the run
+                              ends here): a push mid-search would mix weight versions in a tree
   1. weight sync              the generator gets the epoch's weights (before it samples again):
                               ONE push per epoch (an out-of-process backend reloads them; the
                               in-process one shares the parameters and has nothing to do)
@@ -10,6 +13,7 @@ If the epoch ends a round (`round_ends`, which the curriculum alone decides):
   4. HeldOutEval.end_round    held-out pass@k, with the round's hard-set size and cache in its summary
                               (`--data.eval.every_tokens` may skip it, never in the run's last round)
   5. PRMUpdate.end_round      the value model is fitted and handed to the next round's search
+                              (steps 3-5 sample from the weights pushed in step 1)
 If the epoch instead ends the run inside a round (its token budget `--budget.max_tokens`, or
 `--trainer.max_epochs` not a multiple of `--data.epochs_per_round`):
   4'. HeldOutEval.end_round   the policy the run leaves is evaluated as a partial round (no refresh,
@@ -36,6 +40,7 @@ from callbacks.prm import PRMUpdate
 from callbacks.round_scalars import log_round_scalars
 from callbacks.wall_time import WEIGHT_SYNC, wall_section
 from flywheel.ports import DataPort
+from flywheel.run.preemption import stop_requested
 
 log = logging.getLogger(__name__)
 
@@ -63,19 +68,31 @@ class RoundProtocol(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         port = self.port
-        self.sync_weights(trainer, pl_module)
-        self.value_model.collect(port.epoch_results)
         spent = self.budget is not None and self.budget.reached()
         last = spent or last_epoch(trainer)
+        port.finish_search_ahead(abandon=last or stop_requested(trainer))
+        self.sync_weights(trainer, pl_module)
+        self.value_model.collect(port.epoch_results)
         if port.round_ends(trainer.current_epoch):
             self.refresh_hard_set(trainer, pl_module)
             self.evaluation.end_round(trainer, pl_module, port.rounds_completed, port.round_facts(), last=last)
+            self.record_staleness(trainer, port.rounds_completed)
             if self.value_model.end_round(trainer, pl_module, port.rounds_completed):
                 port.use_value_model(self.value_model.value_fn(pl_module))
         elif last:  # the run ends inside a round (its budget, or max_epochs not a multiple of the round)
             self.evaluation.end_round(trainer, pl_module, port.rounds_completed + 1, port.round_facts(), partial=True)
+            self.record_staleness(trainer, port.rounds_completed + 1)
         if port.epoch_metrics:
             pl_module.log_dict(port.epoch_metrics)
+
+    def record_staleness(self, trainer: L.Trainer, round_index: int) -> None:
+        """With `--data.async_search`: the staleness of the round's last epoch (weight syncs and
+        optimizer steps between the weights that searched it and those that trained on it) in
+        the round's row of summary.json."""
+        metrics = self.port.epoch_metrics
+        if "search/staleness" in metrics:
+            self.evaluation.record(trainer, round_index, {"staleness": int(metrics["search/staleness"]),
+                                                          "staleness_steps": int(metrics["search/staleness_steps"])})
 
     def sync_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Step 1: the generator samples from the weights of the latest optimizer step, stamped

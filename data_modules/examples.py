@@ -20,7 +20,8 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
 
     Returns input_ids / attention_mask [B, L] and loss_mask / advantages /
     behaviour_logprobs / step_ids [B, L-1], where position t describes token t+1; plus
-    group_ids and rewards [B]. behaviour_logprobs is NaN wherever it is unknown (and off the
+    group_ids and rewards [B], and weight_version [B] when every row is stamped with one.
+    behaviour_logprobs is NaN wherever it is unknown (and off the
     response): `fill_behaviour` replaces those with the trainer's log-probs.
     """
     if not rows:
@@ -42,7 +43,7 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
         advantages[i, span] = torch.tensor(row.advantages)
         behaviour[i, span] = torch.tensor(row.behaviour_logprobs)
         step_ids[i, span] = torch.tensor(row.step_ids)
-    return {
+    batch = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "loss_mask": loss_mask,
@@ -52,6 +53,9 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
         "group_ids": torch.tensor([r.group for r in rows], dtype=torch.long),
         "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float32),
     }
+    if all(r.weight_version is not None for r in rows):
+        batch["weight_version"] = torch.tensor([r.weight_version for r in rows], dtype=torch.long)
+    return batch
 
 
 def empty_batch(pad_id: int) -> dict[str, torch.Tensor]:

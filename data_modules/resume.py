@@ -1,6 +1,7 @@
 """The data module's part of a checkpoint: the curriculum (hard set, replay buffer, round,
-cursor), the run's token counters and, when the problems are streamed, the stream's
-position, under a format tag. Lightning stores it in every
+cursor), the run's token counters, when the problems are streamed the stream's position,
+and with `--data.async_search` the problems drawn for the search ahead that is not trained on
+yet (the resume searches them again: data_modules.search_ahead), under a format tag. Lightning stores it in every
 checkpoint and restores it before the first `train_dataloader()` of a resumed run."""
 
 from __future__ import annotations
@@ -8,23 +9,26 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from data_modules.curriculum import Curriculum
+from data_modules.search_ahead import SearchAhead
 
 STATE_FORMAT = "flywheel.search_data_module/v1"
 
 
 def data_state(curriculum: Curriculum, generated_tokens: int, screening_tokens: int,
-               stream: Mapping[str, int] | None = None) -> dict[str, Any]:
+               stream: Mapping[str, int] | None = None, ahead: Mapping[str, Any] | None = None) -> dict[str, Any]:
     state = {"format": STATE_FORMAT, **curriculum.state_dict(), "generated_tokens": generated_tokens,
              "screening_tokens": screening_tokens}
     if stream is not None:  # absent without a stream (and in checkpoints from before streams)
         state["stream"] = dict(stream)
+    if ahead is not None:  # absent with nothing drawn ahead (and in checkpoints from before it)
+        state["search_ahead"] = dict(ahead)
     return state
 
 
-def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum,
-                       source: str | None) -> tuple[int, int, dict[str, int] | None]:
-    """Load `state` into `curriculum`; returns (generated_tokens, screening_tokens, the
-    stream's position or None). Raises
+def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum, source: str | None,
+                       ahead: SearchAhead | None = None) -> tuple[int, int, dict[str, int] | None]:
+    """Load `state` into `curriculum` and the problems drawn ahead into `ahead`; returns
+    (generated_tokens, screening_tokens, the stream's position or None). Raises
     ValueError naming the checkpoint `source` and the way out when the state is from another
     version or malformed (then nothing was restored)."""
     if state.get("format") != STATE_FORMAT:
@@ -36,7 +40,11 @@ def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum,
         stream = state.get("stream")
         stream = {"epoch": int(stream["epoch"]), "drawn": int(stream["drawn"])} if stream is not None else None
         counters = int(state["generated_tokens"]), int(state["screening_tokens"]), stream
+        drawn = SearchAhead()
+        drawn.load(state.get("search_ahead"))
         curriculum.load_state_dict(state)
+        if ahead is not None:
+            ahead.pending = drawn.pending
     except (KeyError, TypeError, ValueError, AttributeError) as err:
         raise ValueError(
             f"the SearchDataModule state in checkpoint {source or '(unknown file)'} is malformed "

@@ -5,10 +5,11 @@ Thin glue over plain parts: the settings' sections (data_modules.settings), the 
 (data_modules.pool), the `Curriculum` (hard set, replay buffer, round, cursor:
 data_modules.curriculum), the epoch's `rollout` (data_modules.rollout) and its credit
 (flywheel.objectives.credit), the mini-batches with pi_old (data_modules.examples), the run
-files (data_modules.run_files), the epoch's scalars
-(data_modules.epoch_metrics) and the checkpointed state (data_modules.resume). Callbacks drive
-the epoch's end (callbacks.rounds): weight sync, then at a round's end the hard-set refresh,
-the held-out evaluation and the value model.
+files (data_modules.run_files), the epoch's scalars (data_modules.epoch_metrics), the
+checkpointed state (data_modules.resume) and, with `--data.async_search`, the next epoch's
+search running beside this one's training (data_modules.search_ahead). Callbacks drive the
+epoch's end (callbacks.rounds): weight sync, then at a round's end the hard-set refresh, the
+held-out evaluation and the value model.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import math
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import lightning as L
+import torch
 from torch.utils.data import DataLoader
 
-from callbacks.wall_time import TRAIN, search_section, timed, timed_rebuild
+from callbacks.wall_time import TRAIN, search_section, timed, timed_rebuild, wall_section, wall_time_of
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
 from data_modules.examples import empty_batch, mini_batches
@@ -33,20 +35,24 @@ from data_modules.resume import data_state, restore_data_state
 from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
-from data_modules.settings import BatchingConfig, ProblemsConfig
+from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
+from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, check as check_credit
-from flywheel.run.preemption import SIGTERMException
+from flywheel.run.preemption import SIGTERMException, stop_requested
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 
 log = logging.getLogger(__name__)
+
+SEARCH_WAIT = "search_wait"
+"""The wall split's section (callbacks.wall_time) of an epoch's end waiting for the search ahead."""
 
 
 class SearchDataModule(L.LightningDataModule):
@@ -79,6 +85,8 @@ class SearchDataModule(L.LightningDataModule):
             `<log_dir>/trees/epoch_NNNN.jsonl` for the viewer (`python -m flywheel tree`); the
             first ones searched on rank 0; 0 = none.
         seed: seed of the problem order and of the search.
+        async_search: search the next epoch while this one trains, with the weights of the last
+            sync (`--data.async_search.max_staleness=1`; off by default; the vLLM sidecar only).
     """
 
     def __init__(
@@ -96,6 +104,7 @@ class SearchDataModule(L.LightningDataModule):
         epochs_per_round: int = 1,
         save_trees: int = 2,
         seed: int = 0,
+        async_search: AsyncSearchConfig = AsyncSearchConfig(),
     ) -> None:
         super().__init__()
         if rollout not in ("search", "flat", "best_of_n"):
@@ -110,7 +119,7 @@ class SearchDataModule(L.LightningDataModule):
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval
-        self.save_trees, self.seed = save_trees, seed
+        self.save_trees, self.seed, self.async_search = save_trees, seed, async_search
         self.pool = ProblemPool(self.task, problems, seed)
         """The training and held-out problems (`--data.problems.*`)."""
         self.curriculum = Curriculum(hard_set, replay, epochs_per_round, seed)
@@ -126,6 +135,8 @@ class SearchDataModule(L.LightningDataModule):
         """This epoch's search and compute scalars (logged by the round protocol)."""
         self.epoch_results: list = []
         """This epoch's finished trees on this rank (the value model learns from them)."""
+        self.ahead = SearchAhead()
+        """The next epoch's search in flight beside this epoch's training (`async_search`)."""
 
     # ------------------------------------------------------------------ problems
     def train_pool(self) -> dict[str, Problem]:
@@ -163,8 +174,15 @@ class SearchDataModule(L.LightningDataModule):
         self.value_fn = value_fn
 
     def teardown(self, stage: str) -> None:
-        """Release the generator backend (stops a launched vLLM server)."""
+        """Release the generator backend (stops a search ahead, then a launched vLLM server)."""
+        self.ahead.close()
         self.live.close()
+
+    def overlap_refusal(self, world_size: int, model: Any) -> str | None:
+        """Why `async_search` cannot run in this run (data_modules.search_ahead.refusal), or None."""
+        return refusal(self.async_search, own_weights=self.backend.own_weights, world_size=world_size,
+                       old_logprobs=model.old_logprobs, loss_type=model.objective.loss_type, stream=self.pool.config.stream,
+                       value_head_search=_value_head_fn(model, self.search) is not None)
 
     # ------------------------------------------------------------------ the epoch
     @timed_rebuild  # the epoch boundary of the run's wall split (callbacks.wall_time)
@@ -182,29 +200,37 @@ class SearchDataModule(L.LightningDataModule):
         at_start = self.state_dict()
         try:
             self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
-            problems = self.epoch_problems(tokenizer, rank, world)
-            out = self.rollouts(problems, tokenizer, epoch, rank)
+            searched = self.epoch_search(tokenizer, epoch, rank, world, start)
         except SIGTERMException:  # stopped between search rounds: the checkpoint restarts this epoch
             self.load_state_dict(at_start)
             raise
+        problems, out = searched.problems, searched.rollouts
         if self.rollout == "search":
             self.observe(problems, out)
         self.epoch_results = out.results
-        seconds = time.perf_counter() - start
-        batches = mini_batches(out.rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
-                               problems_per_batch=self.batching.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
-                               score=timed(trainer, TRAIN, module.score_batch))
         self.generated_tokens += all_sum(out.stats.generated_tokens)
         curriculum = self.curriculum
-        self.epoch_metrics = {**epoch_metrics(out.results, out.stats, seconds, self.generated_tokens, self.live.generator,
-                                              hard_set_size=len(curriculum.hard), cached=len(curriculum.buffer),
-                                              answer_rules=self.task.answer_rules, uniform_groups_dropped=out.uniform_groups),
+        self.epoch_metrics = {**epoch_metrics(out.results, out.stats, searched.seconds, self.generated_tokens,
+                                              self.live.generator, hard_set_size=len(curriculum.hard),
+                                              cached=len(curriculum.buffer), answer_rules=self.task.answer_rules,
+                                              uniform_groups_dropped=out.uniform_groups),
                               "compute/screening_tokens": float(self.screening_tokens)}
+        lag = staleness(searched, self.live.pushes, trainer.global_step)
+        if self.async_search.enabled:
+            self.epoch_metrics.update({"search/staleness": float(lag[0]), "search/staleness_steps": float(lag[1])})
+        self.search_next(tokenizer, epoch + 1, rank, world)  # after the generator's stats were read
+        rows = [[replace(row, weight_version=searched.version) for row in group] for group in out.rows]
+        batches = mini_batches(rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
+                               problems_per_batch=self.batching.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
+                               score=timed(trainer, TRAIN, module.score_batch))
+        if self.async_search.enabled:  # logged per batch by the module (compute/staleness)
+            for batch in batches:
+                batch["staleness"] = torch.full((len(batch["input_ids"]),), lag[0], dtype=torch.long)
         write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees))
         log.info(
             "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
             epoch, len(problems), sum(p.id in curriculum.buffer for p in problems), sum(len(g) for g in out.rows),
-            len(batches), self.epoch_metrics.get("search/reward", float("nan")), seconds,
+            len(batches), self.epoch_metrics.get("search/reward", float("nan")), searched.seconds,
         )
         if not any(out.rows) and world == 1:
             log.warning("epoch %d: nothing to train on (every group was left out: unsolved, uniform or degenerate)", epoch)
@@ -220,15 +246,71 @@ class SearchDataModule(L.LightningDataModule):
         return self.next_problems(self.batching.problems_per_epoch)[rank::world]
 
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
-        """This data module's `rollout` of `problems` with the search seed of (epoch, rank)."""
+        """This data module's `rollout` of `problems` with the search seed of (epoch, rank), now."""
         with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance, \
                 search_section(self.trainer, self.generator):
-            return rollout(
-                problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
-                search=self.effective_search_config(epoch, rank), flat_samples=self.batching.flat_samples,
-                max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit, cached=self.curriculum.cached,
-                value_fn=self.value_fn, node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
-            )
+            return self.rollout_of(problems, tokenizer, epoch, rank, advance)
+
+    def rollout_of(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int,
+                   advance: Callable[..., None] | None, cached: Callable[[str], Sequence] | None = None) -> Rollouts:
+        """`rollout` of `problems` with the search seed of (epoch, rank); `advance(done, tokens)`
+        after every search round; `cached`: the replay buffer's solutions (default: as they are
+        when asked)."""
+        return rollout(
+            problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
+            search=self.effective_search_config(epoch, rank), flat_samples=self.batching.flat_samples,
+            max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
+            cached=cached or self.curriculum.cached, value_fn=self.value_fn,
+            node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
+        )
+
+    # ------------------------------------------------------------------ searching ahead
+    def epoch_search(self, tokenizer: Any, epoch: int, rank: int, world: int, start: float) -> Searched:
+        """This epoch's search: done ahead during the last epoch (`async_search`), or now (from
+        `start`, perf_counter), on the problems drawn for a search ahead that was not kept (a
+        stop, a resume: data_modules.search_ahead), else on this epoch's draw."""
+        taken = self.ahead.take(epoch)
+        if taken is not None:
+            timer = wall_time_of(self.trainer)
+            if timer is not None:  # it ran beside the last epoch's training: outside this thread's split
+                timer.split.add_overlapped("search_ahead", taken.seconds)
+            return taken
+        version, pushes = self.live.version, self.live.pushes
+        redo = self.ahead.redo(epoch)
+        if redo is None:
+            problems = self.epoch_problems(tokenizer, rank, world)
+        else:
+            pool = self.train_pool()
+            problems = [pool[i] for i in redo if i in pool]
+            log.info("epoch %d: searching its %d problems drawn before the run stopped (that search was not kept), with "
+                     "the weights of step %d", epoch, len(problems), version)
+        out = self.rollouts(problems, tokenizer, epoch, rank)
+        self.ahead.done()
+        return Searched(epoch, tuple(problems), out, time.perf_counter() - start, version, pushes)
+
+    def search_next(self, tokenizer: Any, epoch: int, rank: int, world: int) -> None:
+        """With `async_search`: draw epoch `epoch`'s problems now (on this thread: the curriculum's
+        cursor moves here), copy their cached solutions, and start their search on a thread with
+        the generator's current weights, to run while this epoch trains. Not past the last epoch."""
+        trainer = self.trainer
+        if not self.async_search.enabled or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch):
+            return
+        problems = self.epoch_problems(tokenizer, rank, world)
+        cached = {p.id: self.curriculum.cached(p.id) for p in problems}
+        self.ahead.launch(epoch, problems, self.live.version, self.live.pushes,
+                          lambda advance: self.rollout_of(problems, tokenizer, epoch, rank, advance,
+                                                          cached=lambda i: cached.get(i, ())),
+                          stop=lambda: stop_requested(trainer))
+
+    def finish_search_ahead(self, abandon: bool) -> None:
+        """The search ahead ends before the weights are pushed: waited for, or with `abandon`
+        (the run stops) stopped and left for the resumed run to search again. Nothing when none
+        is in flight."""
+        if not self.ahead.running:
+            return
+        with wall_section(self.trainer, SEARCH_WAIT):
+            waited = self.ahead.finish(abandon=abandon)
+        self.epoch_metrics["search/ahead_wait_s"] = waited
 
     def effective_search_config(self, epoch: int, rank: int) -> SearchConfig:
         """The search config of one (epoch, rank): a fresh seed, all else as configured."""
@@ -289,11 +371,12 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
-        return data_state(self.curriculum, self.generated_tokens, self.screening.tokens, self.pool.stream_position())
+        return data_state(self.curriculum, self.generated_tokens, self.screening.tokens, self.pool.stream_position(),
+                          self.ahead.state())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         source = getattr(self.trainer, "ckpt_path", None)
-        self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source)
+        self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source, self.ahead)
         self.pool.load_stream_position(stream)
 
 

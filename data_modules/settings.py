@@ -1,6 +1,7 @@
 """The data module's settings, one typed dataclass per `--help` section: where the problems
-come from (`--data.problems.*`) and how many are searched and trained on at once
-(`--data.batching.*`). Each checks itself when built and names the flag and the fix; every
+come from (`--data.problems.*`), how many are searched and trained on at once
+(`--data.batching.*`) and whether the next epoch is searched while this one trains
+(`--data.async_search.*`). Each checks itself when built and names the flag and the fix; every
 default is written here once.
 
 The search (`--data.search.*`), the credit (`--data.credit.*`, flywheel.objectives.credit,
@@ -102,3 +103,29 @@ class BatchingConfig:
         for name in ("problems_per_epoch", "mini_batch_problems", "max_concurrent_trees", "flat_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"--data.batching.{name}={value}: must be >= 1; set it to 1 or more")
+
+
+@dataclass(frozen=True)
+class AsyncSearchConfig:
+    """Search the next epoch while this one trains (data_modules.search_ahead; docs/vllm-sidecar.md,
+    "Searching ahead"). Off by default.
+
+    Args:
+        max_staleness: weight syncs the searching weights may lag the trained ones. 0 (default):
+            off, every epoch searches with the weights its training starts from. 1: epoch t+1's
+            search runs on the vLLM sidecar during epoch t's optimizer steps, with the weights of
+            the last sync (the end of epoch t-1): its rows are one sync old when they are trained,
+            and the truncated importance weight corrects for it (needs
+            `--model.old_logprobs=recompute_tis`). Needs a generator with weights of its own (the
+            sidecar) and one process.
+    """
+
+    max_staleness: int = 0
+
+    def __post_init__(self) -> None:
+        _check(self.max_staleness in (0, 1), f"--data.async_search.max_staleness={self.max_staleness}: must be 0 (off) "
+               "or 1 (search the next epoch during this one's training); deeper pipelines are not supported")
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_staleness > 0

@@ -77,7 +77,7 @@ class TreeGRPOModule(PortClient, L.LightningModule):
             forward pass of the trainer's policy over the epoch's data before any update.
             "recompute_tis": the same, and each token's loss is weighted by the truncated
             importance weight min(pi_old / pi_generator, objective.tis_cap), correcting the
-            generator/trainer mismatch. "behaviour": the generator's own log-probs are
+            generator/trainer mismatch, and the lag of `--data.async_search` (which needs it). "behaviour": the generator's own log-probs are
             pi_old (no extra forward pass).
         dtype: parameter dtype of the policy ("float32" or "bfloat16").
         packing: compute each tree's shared prefixes once (flywheel.training.packing): the mini-batch's
@@ -224,6 +224,10 @@ class TreeGRPOModule(PortClient, L.LightningModule):
                      batch_size=len(batch["input_ids"]))
         if self.packing and self._trainer is not None:
             self.log("compute/packed", float(bool(batch.get("packed"))), batch_size=len(batch["input_ids"]))
+        if "staleness" in batch and self._trainer is not None:  # --data.async_search: how old the sampling weights are
+            n = len(batch["input_ids"])
+            self.log("compute/staleness", batch["staleness"].float().mean(), batch_size=n)
+            self.log("compute/staleness_steps", (self.global_step - batch["weight_version"]).float().mean(), batch_size=n)
         if self.objective.loss_type == "self_training":
             loss, stats = self._self_training_loss(batch, logprobs)
         else:

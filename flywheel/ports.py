@@ -49,6 +49,11 @@ class DataPort(Protocol):
     def eval_problems(self) -> tuple[Problem, ...]:
         """The held-out problems."""
 
+    def finish_search_ahead(self, abandon: bool) -> None:
+        """End the next epoch's search running beside this epoch's training
+        (`--data.async_search`) before the weights are pushed: wait for it, or with `abandon`
+        (the run stops) stop it and leave its problems to the resumed run. Nothing when none runs."""
+
     def push_weights(self, policy: Any, version: int) -> bool:
         """Make the generator sample from `policy` as of optimizer step `version` (collective);
         False when it already does."""

@@ -44,6 +44,11 @@ class SingleProcess:
 class GeneratorBackend(ABC):
     """Builds and owns the Generator the search and the evaluation sample from."""
 
+    own_weights: bool = False
+    """The generator samples from weights of its own, which only `sync_weights` changes (a
+    server process), so it can search while the trainer trains (`--data.async_search`). False
+    for one that reads the trainer's live parameters."""
+
     run_dir: Path | None = None
     """The run's log folder (set by the data module before `build`): where a backend that
     starts processes writes their logs."""
@@ -105,6 +110,9 @@ class LiveGenerator:
         self._generator: Generator | None = None
         self.version = 0
         """The optimizer step whose weights the generator samples from."""
+        self.pushes = 0
+        """Weight syncs in this process (a search's staleness is the syncs between its start and
+        its training: data_modules.search_ahead)."""
 
     @property
     def started(self) -> bool:
@@ -132,6 +140,7 @@ class LiveGenerator:
             return False
         self.backend.sync_weights(model, version=version)
         self.version = version
+        self.pushes += 1
         return True
 
     def close(self) -> None:

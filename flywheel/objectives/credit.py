@@ -209,6 +209,9 @@ class TrainingRow:
     reward: float
     correct: bool = False
     """Verified correct (a cached solution is)."""
+    weight_version: int | None = None
+    """The optimizer step of the generator's weights when its search started (stamped by the
+    data module; None: not stamped). Under `--data.async_search` it lags the trained weights."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,10 @@ exactly:
   put back as it was at the epoch's start, and the resumed run redoes that epoch's search;
 * during the epoch's optimizer steps the stop waits for the epoch's end (the epoch's
   training data exists only in memory, and its few steps are cheap next to a search): the
-  steps and the end-of-epoch work (round evaluation, hard-set refresh) finish first.
+  steps and the end-of-epoch work (round evaluation, hard-set refresh) finish first. A search
+  of the next epoch running beside them (`--data.async_search`) stops at its next search
+  round (`stop_requested`) and is not kept: the checkpoint holds its problems, and the resumed
+  run searches them again.
 Then `Preemption.on_exception` writes `last.ckpt` through the run's CheckpointIO (atomically)
 and logs the command that resumes; `flywheel fit` exits 143.
 
@@ -62,6 +65,16 @@ def stop_point(trainer: Any) -> None:
     if trainer.state.fn == "fit" and between_epochs(trainer):
         log.info("stopping: abandoning this epoch's search (it is redone on resume)")
         raise SIGTERMException()
+
+
+def stop_requested(trainer: Any) -> bool:
+    """A SIGTERM or Ctrl-C asked `fit` to stop, now or (`Preemption` deferred it) at the epoch's
+    end. A search running beside the epoch's training (data_modules.search_ahead) checks it
+    after every search round, and is abandoned: its epoch is searched again on resume."""
+    if trainer is None:
+        return False
+    return bool(getattr(trainer, "received_sigterm", False)) or any(
+        isinstance(c, Preemption) and c.deferred for c in getattr(trainer, "callbacks", None) or ())
 
 
 def last_checkpoint_path(trainer: Any) -> Path:

@@ -51,6 +51,14 @@ def check_settings(datamodule: Any) -> None:
         )
 
 
+def check_overlap(trainer: Any, model: Any, datamodule: Any) -> None:
+    """`--data.async_search` where it cannot work: the in-process generator, several processes,
+    a loss that would not correct the lag (the data module's `overlap_refusal`)."""
+    message = datamodule.overlap_refusal(trainer.world_size, model)
+    if message:
+        raise PreflightError(message)
+
+
 def check_epochs(trainer: Any) -> None:
     """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
     search) before it stops (issue 37)."""
@@ -318,6 +326,7 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     check_settings(datamodule)
     if subcommand == "fit":
         check_epochs(trainer)
+        check_overlap(trainer, model, datamodule)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
     if subcommand == "fit":

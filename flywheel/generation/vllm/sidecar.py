@@ -106,6 +106,8 @@ class VLLMSidecar(GeneratorBackend):
     adapter, in place (`/v1/load_lora_adapter`).
     """
 
+    own_weights = True  # the servers hold a copy that only a sync changes: they can search while the trainer trains
+
     def __init__(
         self,
         url: str | list[str] | None = None,
