@@ -28,8 +28,8 @@ def sources(*folders):
 
 def test_the_port_members():
     assert MEMBERS == sorted([
-        "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "generated_tokens",
-        "generator", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed", "task",
+        "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "finish_search_ahead",
+        "generated_tokens", "generator", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed", "task",
         "use_value_model"])
 
 
@@ -100,6 +100,9 @@ class CountingPort:
         self.pushes, self.refreshes, self.rounds_every, self.rounds_completed = [], 0, rounds_every, 0
         self.epoch_results, self.epoch_metrics, self.generated_tokens = [], {}, 0
 
+    def finish_search_ahead(self, abandon):
+        self.pushes.append(("search ahead ended", abandon))
+
     def push_weights(self, policy, version):
         self.pushes.append(version)
         return True
@@ -128,10 +131,13 @@ def test_each_epoch_end_pushes_the_weights_once_and_a_round_end_refreshes_once()
     module = SimpleNamespace(policy="policy", tokenizer="tok", log_dict=lambda metrics: None)
     for epoch, step in [(0, 4), (1, 8), (2, 12)]:
         trainer = SimpleNamespace(current_epoch=epoch, global_step=step, max_epochs=3, max_steps=-1,
-                                  is_global_zero=False)
+                                  is_global_zero=False, callbacks=[])
         protocol.on_train_epoch_end(trainer, module)
         assert port.pushes[-1] == step
-    assert port.pushes == [4, 8, 12]  # one push per epoch boundary, with the step as the version
+    # One push per epoch boundary, with the step as the version, after the search ahead ended
+    # (--data.async_search; stopped, not waited for, when the run ends there).
+    assert port.pushes == [("search ahead ended", False), 4, ("search ahead ended", False), 8,
+                           ("search ahead ended", True), 12]
     assert port.refreshes == 1  # epoch 1 ended round 1
     assert [(index, kw) for index, _, kw in ended] == [(1, {"last": False}), (2, {"partial": True})]
 
