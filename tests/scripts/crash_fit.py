@@ -7,9 +7,11 @@ POINT:N is one of
     search:E      the 3rd generator call of epoch E's tree search (trees in flight)
     optimizer:N   the N-th optimizer step, after its forward and backward, before the update
     checkpoint:N  the N-th checkpoint save, with half of the file's bytes written
+    train:E       the first training step of epoch E (with --data.async_search, while epoch
+                  E+1 is searched ahead)
 SIGKILL: the process ends with -SIGKILL; nothing of Python's shutdown runs (no finally, no
 atexit). With the prefix `term-` (term-search:E, term-optimizer:N) the process sends itself
-SIGTERM at that point and carries on; flywheel decides where to stop.
+SIGTERM at that point and carries on; flywheel decides where to stop (term-train:E too).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from flywheel.__main__ import main  # noqa: E402
 from flywheel.run.checkpoint import AtomicCheckpointIO  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.io import atomic_writer  # noqa: E402
+from flywheel.module import TreeGRPOModule  # noqa: E402
 
 
 SIGNAL = signal.SIGKILL
@@ -73,6 +76,19 @@ def arm_optimizer(n: int) -> None:
     torch.optim.AdamW.step = _step
 
 
+def arm_train(epoch: int) -> None:
+    step = TreeGRPOModule.training_step
+    done = []
+
+    def _step(self, batch, batch_idx):
+        if self.current_epoch == epoch and not done:
+            done.append(True)
+            die(f"at the first training step of epoch {epoch}")
+        return step(self, batch, batch_idx)
+
+    TreeGRPOModule.training_step = _step
+
+
 def arm_checkpoint(n: int) -> None:
     save = AtomicCheckpointIO.save_checkpoint
     calls = {"n": 0}
@@ -97,7 +113,7 @@ if __name__ == "__main__":
     point, _, value = sys.argv[1].partition(":")
     if point.startswith("term-"):
         point, SIGNAL = point.removeprefix("term-"), signal.SIGTERM
-    {"search": arm_search, "optimizer": arm_optimizer, "checkpoint": arm_checkpoint}[point](int(value))
+    {"search": arm_search, "optimizer": arm_optimizer, "checkpoint": arm_checkpoint, "train": arm_train}[point](int(value))
     main(sys.argv[2:])
     print("crash_fit: the run ended before the kill point", file=sys.stderr)
     sys.exit(3)
