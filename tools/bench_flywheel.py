@@ -4,6 +4,7 @@
     python tools/bench_flywheel.py --epochs 2 --config conf/quickstart.yaml --config conf/dapo.yaml
     python tools/bench_flywheel.py --config conf/quickstart_vllm.yaml   # the vLLM sidecar (FLYWHEEL_VLLM_PYTHON)
     python tools/bench_flywheel.py --epochs 1 --data.batching.problems_per_epoch=8   # any fit override
+    python tools/bench_flywheel.py --overlap     # the sidecar without and with the search ahead
 
 Runs `python -m flywheel fit` with the given configs (the quickstart by default) for `--epochs`
 epochs into a temporary folder, with any further arguments as fit overrides, and prints the
@@ -17,6 +18,14 @@ machine's load average is printed before and after: the 2-core machines this is 
 are often shared.
 
 Last line: RESULT busy_fraction=... search_s=... train_s=... other_s=... (every part).
+
+`--overlap`: the same fit twice through the vLLM sidecar (conf/quickstart_vllm.yaml on the
+quickstart unless `--config` says otherwise), without and with `--data.async_search.max_staleness=1`
+(both with `--model.old_logprobs=recompute_tis`, so only the overlap differs), the trainer
+pinned to one core and the server to another (`--cores`, taskset: the server through a
+wrapper of its interpreter, $FLYWHEEL_VLLM_PYTHON, passed as --data.generator.init_args.python).
+Last line: RESULT overlap_speedup=(wall without / wall with) wall_without_s=... wall_with_s=...
+search_wait_s=... (the epochs' ends waiting for the search ahead) overlapped_search_s=...
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -50,36 +60,82 @@ def table(split: dict) -> str:
     return "\n".join(lines)
 
 
+def run_fit(command: list[str], run_dir: Path) -> tuple[dict, float]:
+    """Run the fit `command` (writing under `run_dir`): its summary.json's wall split, and the
+    command's own seconds."""
+    print("command:", shlex.join(command))
+    print("load average before: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
+    start = time.perf_counter()
+    proc = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
+    process_s = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"the fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    summaries = sorted(run_dir.glob("**/summary.json"))
+    if not summaries:
+        sys.exit(f"the fit wrote no summary.json under {run_dir}")
+    split = json.loads(summaries[-1].read_text())["wall_split"]
+    print("load average after:  %.2f %.2f %.2f" % os.getloadavg())
+    print(f"wall split in seconds (busy = (generator + train) / wall); the command took {process_s:.1f} s")
+    print(table(split))
+    return split, process_s
+
+
+def pinned_python(folder: Path, core: str) -> Path:
+    """An interpreter wrapper that runs $FLYWHEEL_VLLM_PYTHON (or this one) on `core`: the
+    sidecar launches its server (and the server's watchdog) with it."""
+    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    wrapper = folder / "pinned-python"
+    wrapper.write_text(f"#!/bin/sh\nexec taskset -c {shlex.quote(core)} {shlex.quote(python)} \"$@\"\n")
+    wrapper.chmod(0o700)
+    return wrapper
+
+
+def overlap(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
+    """Both arms of `--overlap` (module docstring) and their RESULT line."""
+    trainer_core, server_core = args.cores.split(",")
+    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
+    walls, splits = {}, {}
+    for arm, staleness in (("without", 0), ("with", 1)):
+        run_dir = folder / arm
+        print(f"\n== {arm} the search ahead (--data.async_search.max_staleness={staleness})")
+        command = ["taskset", "-c", trainer_core, sys.executable, "-m", "flywheel", "fit",
+                   *[a for c in configs for a in ("--config", c)], f"--trainer.max_epochs={args.epochs}",
+                   f"--trainer.logger.init_args.save_dir={run_dir}", "--trainer.enable_progress_bar=false",
+                   f"--data.generator.init_args.python={pinned_python(folder, server_core)}",
+                   "--model.old_logprobs=recompute_tis", f"--data.async_search.max_staleness={staleness}", *overrides]
+        splits[arm], _ = run_fit(command, run_dir)
+        walls[arm] = splits[arm]["total"]["wall_s"]
+    total = splits["with"]["total"]
+    fields = {"overlap_speedup": round(walls["without"] / walls["with"], 3), "wall_without_s": walls["without"],
+              "wall_with_s": walls["with"], "search_wait_s": total.get("search_wait_s", 0.0),
+              "overlapped_search_s": total.get("overlapped/search_ahead_s", 0.0),
+              "search_s_without": splits["without"]["total"]["search_s"], "train_s_without": splits["without"]["total"]["train_s"],
+              "epochs": len(splits["with"]["epochs"])}
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Other arguments are passed to `flywheel fit` as overrides.")
     parser.add_argument("--config", action="append", help="config file(s) of the fit (default: conf/quickstart.yaml)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs to run (--trainer.max_epochs)")
     parser.add_argument("--run-dir", type=Path, help="where the run goes (default: a temporary folder, removed after)")
+    parser.add_argument("--overlap", action="store_true", help="the sidecar without and with the search ahead, "
+                        "trainer and server pinned to a core each; RESULT overlap_speedup=...")
+    parser.add_argument("--cores", default="0,1", help="with --overlap: the trainer's core and the server's core")
     args, overrides = parser.parse_known_args()
-    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
-    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="bench_flywheel_"))
-    command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
-               f"--trainer.max_epochs={args.epochs}", f"--trainer.logger.init_args.save_dir={run_dir}",
-               "--trainer.enable_progress_bar=false", *overrides]
-    print("command:", " ".join(command[1:]))
-    print("load average before: %.2f %.2f %.2f" % os.getloadavg(), flush=True)
-    start = time.perf_counter()
+    folder = args.run_dir or Path(tempfile.mkdtemp(prefix="bench_flywheel_"))
     try:
-        proc = subprocess.run(command, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True)
-        process_s = time.perf_counter() - start
-        if proc.returncode != 0:
-            sys.exit(f"the fit failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        summaries = sorted(run_dir.glob("**/summary.json"))
-        if not summaries:
-            sys.exit(f"the fit wrote no summary.json under {run_dir}")
-        split = json.loads(summaries[-1].read_text())["wall_split"]
+        if args.overlap:
+            return overlap(args, overrides, folder)
+        configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
+        command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
+                   f"--trainer.max_epochs={args.epochs}", f"--trainer.logger.init_args.save_dir={folder}",
+                   "--trainer.enable_progress_bar=false", *overrides]
+        split, process_s = run_fit(command, folder)
     finally:
         if args.run_dir is None:
-            shutil.rmtree(run_dir, ignore_errors=True)
-    print("load average after:  %.2f %.2f %.2f" % os.getloadavg())
-    print(f"wall split in seconds (busy = (generator + train) / wall); the command took {process_s:.1f} s")
-    print(table(split))
+            shutil.rmtree(folder, ignore_errors=True)
     total = split["total"]
     first = ["busy_fraction", "search_s", "train_s", "other_s"]
     fields = {**{k: total[k] for k in first}, **{k: v for k, v in total.items() if k not in first}}
