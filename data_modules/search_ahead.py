@@ -162,11 +162,15 @@ class SearchAhead:
         """The pending problems were searched in place."""
         self.pending = None
 
-    def close(self) -> None:
-        """Stop a search still in flight (the run ends or fails) and wait for it."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop a search still in flight (the run ends or fails): it ends at its next search
+        round; waited for at most `timeout` seconds (a daemon thread: it never holds the process
+        up, and its requests fail once the servers are stopped)."""
         if self._thread is not None:
             self._cancel.set()
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the search ahead did not stop within %.0f s; leaving it to end with its generator", timeout)
             self._thread, self._outcome = None, None
 
     # ------------------------------------------------------------------ resume

@@ -80,6 +80,13 @@ def run_fit(command: list[str], run_dir: Path) -> tuple[dict, float]:
     return split, process_s
 
 
+def outputs(run_dir: Path) -> list[str]:
+    """The fit's logs and checkpoints under `run_dir` (conf/quickstart_vllm.yaml names a
+    checkpoint folder of its own under runs/, which a second run would refuse), no progress bar."""
+    return [f"--trainer.logger.init_args.save_dir={run_dir}", f"--trainer.callbacks.init_args.dirpath={run_dir / 'checkpoints'}",
+            "--trainer.enable_progress_bar=false"]
+
+
 def pinned_python(folder: Path, core: str) -> Path:
     """An interpreter wrapper that runs $FLYWHEEL_VLLM_PYTHON (or this one) on `core`: the
     sidecar launches its server (and the server's watchdog) with it."""
@@ -100,8 +107,7 @@ def overlap(args: argparse.Namespace, overrides: list[str], folder: Path) -> Non
         print(f"\n== {arm} the search ahead (--data.async_search.max_staleness={staleness})")
         command = ["taskset", "-c", trainer_core, sys.executable, "-m", "flywheel", "fit",
                    *[a for c in configs for a in ("--config", c)], f"--trainer.max_epochs={args.epochs}",
-                   f"--trainer.logger.init_args.save_dir={run_dir}", "--trainer.enable_progress_bar=false",
-                   f"--data.generator.init_args.python={pinned_python(folder, server_core)}",
+                   *outputs(run_dir), f"--data.generator.init_args.python={pinned_python(folder, server_core)}",
                    "--model.old_logprobs=recompute_tis", f"--data.async_search.max_staleness={staleness}", *overrides]
         splits[arm], _ = run_fit(command, run_dir)
         walls[arm] = splits[arm]["total"]["wall_s"]
@@ -130,8 +136,7 @@ def main() -> None:
             return overlap(args, overrides, folder)
         configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
         command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
-                   f"--trainer.max_epochs={args.epochs}", f"--trainer.logger.init_args.save_dir={folder}",
-                   "--trainer.enable_progress_bar=false", *overrides]
+                   f"--trainer.max_epochs={args.epochs}", *outputs(folder), *overrides]
         split, process_s = run_fit(command, folder)
     finally:
         if args.run_dir is None:
