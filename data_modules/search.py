@@ -276,17 +276,21 @@ class SearchDataModule(L.LightningDataModule):
                 timer.split.add_overlapped("search_ahead", taken.seconds)
             return taken
         version, pushes = self.live.version, self.live.pushes
+        problems = self.drawn_problems(tokenizer, epoch, rank, world)
+        out = self.rollouts(problems, tokenizer, epoch, rank)
+        self.ahead.done(epoch)
+        return Searched(epoch, tuple(problems), out, time.perf_counter() - start, version, pushes)
+
+    def drawn_problems(self, tokenizer: Any, epoch: int, rank: int, world: int) -> list[Problem]:
+        """`epoch`'s problems: those drawn for it ahead whose search was not kept (a stop, a
+        resume), searched again, never drawn twice; else this epoch's draw."""
         redo = self.ahead.redo(epoch)
         if redo is None:
-            problems = self.epoch_problems(tokenizer, rank, world)
-        else:
-            pool = self.train_pool()
-            problems = [pool[i] for i in redo if i in pool]
-            log.info("epoch %d: searching its %d problems drawn before the run stopped (that search was not kept), with "
-                     "the weights of step %d", epoch, len(problems), version)
-        out = self.rollouts(problems, tokenizer, epoch, rank)
-        self.ahead.done()
-        return Searched(epoch, tuple(problems), out, time.perf_counter() - start, version, pushes)
+            return self.epoch_problems(tokenizer, rank, world)
+        pool = self.train_pool()
+        log.info("epoch %d: searching its %d problems drawn before (that search was not kept), with the weights of "
+                 "step %d", epoch, len(redo), self.live.version)
+        return [pool[i] for i in redo if i in pool]
 
     def search_next(self, tokenizer: Any, epoch: int, rank: int, world: int) -> None:
         """With `async_search`: draw epoch `epoch`'s problems now (on this thread: the curriculum's
@@ -295,7 +299,7 @@ class SearchDataModule(L.LightningDataModule):
         trainer = self.trainer
         if not self.async_search.enabled or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch):
             return
-        problems = self.epoch_problems(tokenizer, rank, world)
+        problems = self.drawn_problems(tokenizer, epoch, rank, world)
         cached = {p.id: self.curriculum.cached(p.id) for p in problems}
         self.ahead.launch(epoch, problems, self.live.version, self.live.pushes,
                           lambda advance: self.rollout_of(problems, tokenizer, epoch, rank, advance,

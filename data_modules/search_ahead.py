@@ -158,9 +158,10 @@ class SearchAhead:
             return self.pending[1]
         return None
 
-    def done(self) -> None:
-        """The pending problems were searched in place."""
-        self.pending = None
+    def done(self, epoch: int) -> None:
+        """`epoch`'s problems were searched in place: none of them is pending any more."""
+        if self.pending is not None and self.pending[0] == epoch:
+            self.pending = None
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop a search still in flight (the run ends or fails): it ends at its next search

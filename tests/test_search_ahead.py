@@ -79,7 +79,9 @@ def test_an_abandoned_search_is_not_kept_and_its_problems_are_searched_again():
     ahead.finish(abandon=True)  # the run stops at this epoch's end
     assert not ahead.running and ahead.take(2) is None  # never half-used
     assert ahead.redo(2) == ("p", "q") and ahead.redo(3) is None
-    ahead.done()  # the epoch searched them in place
+    ahead.done(3)  # another epoch's: still pending
+    assert ahead.redo(2) == ("p", "q")
+    ahead.done(2)  # the epoch searched them in place
     assert ahead.redo(2) is None
 
 
@@ -287,7 +289,7 @@ def test_ctrl_c_mid_overlap_resumes_with_every_epoch_trained_exactly_once(tmp_pa
     seen = spy_on_loaders(monkeypatch)
     resumed = fit(tmp_path, 3, "--ckpt_path", "last")
     assert re.findall(r"epoch (\d+): 8 problems", caplog.text) == ["2"]  # only the epoch left, once
-    assert "epoch 2: searching its 8 problems drawn before the run stopped" in caplog.text
+    assert "epoch 2: searching its 8 problems drawn before (that search was not kept)" in caplog.text
     run = Path(resumed.trainer.log_dir)
     assert trees_of(run, 2) == drawn["problems"]  # the problems drawn ahead, searched and trained
     assert {(v, s) for _, _, versions, lag in seen for v, s in zip(versions, lag)} == {(saved["global_step"], 0)}

@@ -80,7 +80,7 @@ def test_a_run_sigtermed_mid_overlap_resumes_with_every_epoch_trained_exactly_on
                         env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert re.findall(r"epoch (\d+): 8 problems", resumed.stderr) == ["2"]  # the epoch left, once
-    assert "epoch 2: searching its 8 problems drawn before the run stopped" in resumed.stderr
+    assert "epoch 2: searching its 8 problems drawn before (that search was not kept)" in resumed.stderr
     (run,) = tmp_path.glob("quickstart_vllm/version_*")
     assert trees_of(run, 2) == drawn["problems"]
     summary = json.loads((run / "summary.json").read_text())
