@@ -225,7 +225,7 @@ def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) 
     with torch.no_grad():
         pool, forks, root = measure(setup, samples=args.fork_samples, resamples=args.fork_resamples,
                                     max_step_forks=args.fork_steps, seed=args.fork_seed, chunk=512)
-    pool["seconds"] = time.perf_counter() - start
+    pool["diagnostic_seconds"] = time.perf_counter() - start
     report(pool, forks, root, fork_point=args.fork_point, replicates=args.bootstrap, seed=args.fork_seed)
 
 

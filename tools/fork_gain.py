@@ -309,10 +309,12 @@ def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: i
     for (s, kind, prefix, depth), completions in zip(meta, sample_chunked(setup, requests, chunk, "resamples"), strict=True):
         wins = sum(grade(setup, owners[s], prefix, c, depth)[0] for c in completions)
         tally = Tally(owners[s], s, len(completions), wins, sum(len(c.token_ids) for c in completions))
+        tokens += tally.tokens
         if kind == ROOT_KIND:
             root[s] = tally
         else:
             forks.setdefault(kind, []).append(tally)
+    pool_line["diagnostic_tokens"] = tokens  # what the whole measurement generated: pool and resamples
     return pool_line, forks, root
 
 
