@@ -43,9 +43,10 @@ def test_fork_points_of_one_response_by_hand():
 
 
 # Two problems, one failed sample each (samples 0 and 1), 2 resamples per arm:
-#   fork: problem 0 solves 1 of 2 in 20 tokens, problem 1 solves 0 of 2 in 10 tokens
+#   fork: problem 0 solves 1 of 2 in 20 tokens after keeping 6 tokens (1 step), problem 1 solves
+#         0 of 2 in 10 tokens after keeping 2 (inside its first step)
 #   root: each problem solves 1 of 2 in 40 tokens
-FORK = [Tally(0, 0, 2, 1, 20), Tally(1, 1, 2, 0, 10)]
+FORK = [Tally(0, 0, 2, 1, 20, kept=6, kept_steps=1), Tally(1, 1, 2, 0, 10, kept=2, kept_steps=0)]
 ROOT_TALLIES = {0: Tally(0, 0, 2, 1, 40), 1: Tally(1, 1, 2, 1, 40)}
 
 
@@ -80,6 +81,7 @@ def test_kind_lines_headline_and_result_line():
     assert (line["failed_samples"], line["problems"], line["resamples"]) == (2, 2, 4)
     assert line["solve_rate"] == 0.25 and line["tokens_per_resample"] == 7.5  # 1 of 4, 30 tokens / 4
     assert line["root_solve_rate"] == 0.5 and line["root_tokens_per_resample"] == 20.0
+    assert (line["kept_tokens"], line["kept_steps"]) == (4.0, 0.5)  # (6 + 2) / 2 tokens, (1 + 0) / 2 steps
     assert line["gain"] == pytest.approx(4 / 3)
     lines = [line, {**line, "fork": "mid", "gain": math.nan}, {**line, "fork": "entropy", "gain": 0.5}]
     assert fg.headline(lines, "best")["fork"] == "step1"  # nan never wins
@@ -118,8 +120,8 @@ def test_measure_on_a_scripted_generator(capsys):
     assert (pool["samples"], pool["failed"], pool["solve_rate"], pool["uncertainty"]) == (2, 1, 0.5, "entropy")
     assert pool["diagnostic_tokens"] == 10 + 10 + 4 + 4 + 6 + 4  # pool, root, step1, step2, mid, entropy
     assert root == {0: Tally(0, 0, 2, 1, 10)}
-    assert {k: (t.solves, t.tokens) for k, (t,) in forks.items()} == {
-        "step1": (1, 4), "step2": (0, 4), "mid": (2, 6), "entropy": (2, 4)}
+    assert {k: (t.solves, t.tokens, t.kept, t.kept_steps) for k, (t,) in forks.items()} == {
+        "step1": (1, 4, 3, 1), "step2": (0, 4, 5, 2), "mid": (2, 6, 4, 1), "entropy": (2, 4, 1, 0)}
     fg.report(pool, forks, root, fork_point="best", replicates=20, seed=0)
     out = capsys.readouterr().out.strip().splitlines()
     gains = {json.loads(line)["fork"]: json.loads(line).get("gain") for line in out[1:-1]}
