@@ -273,15 +273,27 @@ def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: i
             chunk: int) -> tuple[dict, dict[str, list[Tally]], dict[int, Tally]]:
     """Draw the pool, find the failed samples and their fork points, resample from each fork
     point and from the root; returns (the pool's line, fork tallies by kind, root tallies by sample)."""
+    pool_line, owners, points = draw_pool(setup, samples, max_step_forks, seed, chunk)
+    forks, root = resample(setup, owners, points, resamples, seed, chunk)
+    resampled = sum(t.tokens for t in root.values()) + sum(t.tokens for kind in forks.values() for t in kind)
+    pool_line["diagnostic_tokens"] = pool_line["tokens"] + resampled  # what the whole measurement generated
+    return pool_line, forks, root
+
+
+def draw_pool(setup: ForkSetup, samples: int, max_step_forks: int, seed: int,
+              chunk: int) -> tuple[dict, list[int], list[tuple[int, tuple, ForkPoint]]]:
+    """`samples` responses per problem from the root, with per-token entropies; returns the
+    pool's line, the problem of each failed sample, and (failed sample, its response ids, a
+    fork point) for every fork point of every failed sample."""
     from flywheel.generation.base import GenerationRequest
     from flywheel.search.expansion import derive_seed, rollout_sampling_params
 
     cfg = setup.config
-    pool_params = replace(rollout_sampling_params(setup.step, cfg, 0), top_logprobs=max(cfg.entropy_top_k, 1))
-    pool = sample_chunked(setup, [GenerationRequest(p.prompt_ids, samples, pool_params, derive_seed(seed, i, -1))
-                          for i, p in enumerate(setup.problems)], chunk, "pool")
-    failed: list[tuple[int, tuple, ForkPoint]] = []  # (problem, response ids, fork point) per fork
-    owners: list[int] = []  # failed sample -> its problem
+    params = replace(rollout_sampling_params(setup.step, cfg, 0), top_logprobs=max(cfg.entropy_top_k, 1))
+    pool = sample_chunked(setup, [GenerationRequest(p.prompt_ids, samples, params, derive_seed(seed, i, -1))
+                                  for i, p in enumerate(setup.problems)], chunk, "pool")
+    owners: list[int] = []
+    points: list[tuple[int, tuple, ForkPoint]] = []
     solved = tokens = 0
     for i, completions in enumerate(pool):
         for c in completions:
@@ -292,21 +304,32 @@ def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: i
                 continue
             ids = tuple(t for p in pieces for t in p.token_ids)
             unsure = c.entropies if c.entropies is not None else tuple(-lp for lp in c.logprobs)
-            for point in fork_points([len(p.token_ids) for p in pieces], unsure[: len(ids)], max_step_forks):
-                failed.append((len(owners), ids, point))
+            points.extend((len(owners), ids, point)
+                          for point in fork_points([len(p.token_ids) for p in pieces], unsure[: len(ids)], max_step_forks))
             owners.append(i)
     total = len(setup.problems) * samples
-    pool_line = {"arm": "pool", "problems": len(setup.problems), "samples": total, "solve_rate": ratio(solved, total),
-                 "tokens_per_sample": ratio(tokens, total), "failed": len(owners),
-                 "uncertainty": "entropy" if pool and pool[0][0].entropies is not None else "surprisal"}
-    requests, meta = [], []  # meta: (sample, kind, prefix, depth) per request
+    line = {"arm": "pool", "problems": len(setup.problems), "samples": total, "solve_rate": ratio(solved, total),
+            "tokens_per_sample": ratio(tokens, total), "tokens": tokens, "failed": len(owners),
+            "uncertainty": "entropy" if pool and pool[0][0].entropies is not None else "surprisal"}
+    return line, owners, points
+
+
+def resample(setup: ForkSetup, owners: list[int], points: list[tuple[int, tuple, ForkPoint]], resamples: int,
+             seed: int, chunk: int) -> tuple[dict[str, list[Tally]], dict[int, Tally]]:
+    """`resamples` continuations from every fork point and `resamples` fresh responses from the
+    root per failed sample, all in one batch; returns (fork tallies by kind, root tallies by sample)."""
+    from flywheel.generation.base import GenerationRequest
+    from flywheel.search.expansion import derive_seed, rollout_sampling_params
+
+    cfg, problems = setup.config, setup.problems
+    requests, meta = [], []  # meta: (failed sample, kind, kept prefix, its complete steps) per request
     for s, problem in enumerate(owners):
-        requests.append(GenerationRequest(setup.problems[problem].prompt_ids, resamples,
+        requests.append(GenerationRequest(problems[problem].prompt_ids, resamples,
                                           rollout_sampling_params(setup.step, cfg, 0), derive_seed(seed, problem, s, 0)))
         meta.append((s, ROOT_KIND, (), 0))
-    for k, (s, ids, point) in enumerate(failed):
+    for k, (s, ids, point) in enumerate(points):
         prefix = ids[: point.keep]
-        requests.append(GenerationRequest(setup.problems[owners[s]].prompt_ids + prefix, resamples,
+        requests.append(GenerationRequest(problems[owners[s]].prompt_ids + prefix, resamples,
                                           rollout_sampling_params(setup.step, cfg, point.depth),
                                           derive_seed(seed, owners[s], s, k + 1)))
         meta.append((s, point.kind, prefix, point.depth))
@@ -315,13 +338,11 @@ def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: i
     for (s, kind, prefix, depth), completions in zip(meta, sample_chunked(setup, requests, chunk, "resamples"), strict=True):
         wins = sum(grade(setup, owners[s], prefix, c, depth)[0] for c in completions)
         tally = Tally(owners[s], s, len(completions), wins, sum(len(c.token_ids) for c in completions), len(prefix), depth)
-        tokens += tally.tokens
         if kind == ROOT_KIND:
             root[s] = tally
         else:
             forks.setdefault(kind, []).append(tally)
-    pool_line["diagnostic_tokens"] = tokens  # what the whole measurement generated: pool and resamples
-    return pool_line, forks, root
+    return forks, root
 
 
 FORK_POINT = re.compile(r"best|mid|entropy|step[1-9][0-9]*")
