@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -127,3 +128,13 @@ def test_measure_on_a_scripted_generator(capsys):
     gains = {json.loads(line)["fork"]: json.loads(line).get("gain") for line in out[1:-1]}
     assert gains == pytest.approx({"step1": 2.5, "step2": 0.0, "mid": 10 / 3, "entropy": 5.0, "root": None})
     assert out[-1].startswith("RESULT fork_gain=5.000 ") and "fork_point=entropy" in out[-1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--fork-point", "step0"], "--fork-point must be best, step<j> (j >= 1), mid or entropy, got 'step0'"),
+    (["--fork-resamples", "0"], "--fork-resamples must be >= 1, got 0"),
+])
+def test_bad_fork_flags_fail_before_the_policy_loads(flags, message):
+    out = subprocess.run([sys.executable, "tools/bench_explore.py", "--config", "conf/quickstart.yaml", "--fork-gain",
+                          *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and out.stderr.strip() == message

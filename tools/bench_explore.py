@@ -206,18 +206,24 @@ def load_problems(task, args) -> list:
     return problems
 
 
-def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) -> None:
-    """--fork-gain: the fork value of failed flat samples (tools/fork_gain.py), last line RESULT."""
-    import torch
-
-    from flywheel.search import SearchDriver
-    from tools.fork_gain import FORK_POINT, ForkSetup, measure, report
+def check_fork_flags(args) -> None:
+    """The --fork-* flags, checked before the policy loads."""
+    from tools.fork_gain import FORK_POINT
 
     if not FORK_POINT.fullmatch(args.fork_point):
         raise SystemExit(f"--fork-point must be best, step<j> (j >= 1), mid or entropy, got {args.fork_point!r}")
     for flag in ("fork_samples", "fork_resamples", "fork_steps", "bootstrap"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+
+
+def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) -> None:
+    """--fork-gain: the fork value of failed flat samples (tools/fork_gain.py), last line RESULT."""
+    import torch
+
+    from flywheel.search import SearchDriver
+    from tools.fork_gain import ForkSetup, measure, report
+
     # the driver's matcher of the task's step delimiter in token ids (a BPE token may hold it)
     ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
     setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, frozenset(eos))
@@ -256,6 +262,8 @@ def main() -> None:
     parser.add_argument("--fork-seed", type=int, default=0, help="--fork-gain: seed of the samples and the bootstrap")
     parser.add_argument("--bootstrap", type=int, default=1000, help="--fork-gain: bootstrap replicates over problems")
     args, overrides = parser.parse_known_args()
+    if args.fork_gain:
+        check_fork_flags(args)
 
     from data_modules.examples import rows_from_result
     from data_modules.rollout import search_problems as make_search_problems
