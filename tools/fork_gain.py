@@ -3,8 +3,9 @@ resampling from a FAILED response's prefix worth its tokens, against a fresh sam
 
 A tree pays only where forking from a path it already has solves more per generated token
 than sampling again from the root. From one policy and one problem set:
-1. the pool: `samples` whole responses per problem from the root (the flat arm's sampling:
-   the task's prompt, temperature and top_p, with the generator's per-token entropies);
+1. the pool: `samples` responses per problem from the root (the flat arm's distribution: the
+   task's prompt, temperature and top_p; each drawn in one call, as rollout expansion draws
+   them, with the generator's per-token entropies); every later sample is drawn the same way;
 2. every FAILED response (graded wrong, or cut without an answer) gets its fork points:
    `step<j>` keeps its first j steps (the task's step rule cuts the response, as rollout
    expansion cuts a rollout; j = 1 .. steps - 1), `mid` keeps the first half of its tokens,
