@@ -202,3 +202,22 @@ def test_bench_generation_runs_both_backends():
     assert float(fields["hf_seconds"]) > 0 and float(fields["vllm_seconds"]) > 0
     assert 0.0 <= float(fields["vllm_hit_rate"]) <= 1.0 and 0.0 <= float(fields["hf_hit_rate"]) <= 1.0
     assert float(fields["batch_efficiency"]) > 0 and float(fields["vllm_batch_efficiency"]) > 0
+
+
+def test_bench_explore_fork_gain_smoke():
+    """--fork-gain on 3 training problems: one JSON line per fork point kind, the root's, RESULT last."""
+    fields, out = run_tool("tools/bench_explore.py", "--config", "conf/quickstart.yaml", "--split", "train",
+                           "--numbers", "3", "--limit", "3", "--fork-gain", "--fork-samples", "4",
+                           "--fork-resamples", "2", "--fork-steps", "2", "--bootstrap", "50")
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    pool, kinds = lines[0], [line["fork"] for line in lines[1:]]
+    assert pool["arm"] == "pool" and pool["samples"] == 12 and pool["uncertainty"] == "entropy"
+    assert kinds[-1] == "root" and {"step1", "mid", "entropy"} <= set(kinds) and "step3" not in kinds
+    # every failed sample has a root control of 2 resamples and mid / entropy fork points
+    assert int(fields["failed_samples"]) == pool["failed"] and lines[-1]["resamples"] == 2 * pool["failed"]
+    assert all(line["failed_samples"] == pool["failed"] for line in lines[1:] if line["fork"] in ("mid", "entropy"))
+    assert fields["problems"] == "3" and 0.0 <= float(fields["pool_solve_rate"]) <= 1.0
+    assert {"fork_gain", "fork_gain_se", "fork_gain_lo", "fork_gain_hi", "fork_point", "root_solves_per_ktok",
+            "fork_solves_per_ktok", "gain_step1", "gain_mid", "gain_entropy"} <= set(fields)
+    gain = float(fields["fork_gain"])
+    assert math.isnan(gain) or (gain >= 0 and float(fields["fork_gain_lo"]) <= float(fields["fork_gain_hi"]))

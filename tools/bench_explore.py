@@ -22,6 +22,17 @@ tokens per problem:
     python tools/bench_explore.py --config conf/quickstart.yaml --data.search.expansion_width=4
     python tools/bench_explore.py --config conf/quickstart.yaml --problems my_problems.jsonl
 
+`--fork-gain` measures instead whether forking can pay at all, before any tree is run: from
+failed flat samples, solves per generated token resampling from their step j / token midpoint /
+highest-entropy token against fresh samples from the root (tools/fork_gain.py; one JSON line
+per fork point kind, bootstrap SEs over problems), last line
+
+    RESULT fork_gain=... fork_gain_se=... fork_gain_lo=... fork_gain_hi=... fork_point=...
+           root_solves_per_ktok=... fork_solves_per_ktok=... gain_step1=... gain_mid=... gain_entropy=...
+
+    python tools/bench_explore.py --config conf/quickstart.yaml --split train --numbers 4 --limit 64 --fork-gain
+    python tools/bench_explore.py --config conf/deepsearch_cpu.yaml --split arith_train --limit 64 --fork-gain
+
 `--problems` takes Countdown jsonl rows with `numbers`, `target` and an optional `id`.
 Any other `--section.key=value` is passed to the config, as on the `fit` command line.
 Tune on a training slice (`--split train --numbers 4`), never on the held-out split that
@@ -182,15 +193,46 @@ def load_problems(task, args) -> list:
                 row = json.loads(line)
                 row.setdefault("id", f"{args.problems.name}:{number}")
                 problems.append(task.problem_from_row(row, f"{args.problems}:{number}"))
-    else:
+    elif hasattr(task, "split_files"):  # Countdown: every problem of the file; --numbers filters
         problems = task._read(task.split_files[args.split])
         if args.numbers is not None:
             problems = [p for p in problems if len(p.numbers) == args.numbers]
+    else:  # another task's built-in split (MathTask: --split arith_train)
+        problems = task.problems(args.split)
     if args.limit is not None:
         problems = problems[args.offset : args.offset + args.limit]
     if not problems:
         raise SystemExit("no problems to search: check --problems / --split / --numbers / --limit")
     return problems
+
+
+def check_fork_flags(args) -> None:
+    """The --fork-* flags, checked before the policy loads."""
+    from tools.fork_gain import FORK_POINT
+
+    if not FORK_POINT.fullmatch(args.fork_point):
+        raise SystemExit(f"--fork-point must be best, step<j> (j >= 1), mid or entropy, got {args.fork_point!r}")
+    for flag in ("fork_samples", "fork_resamples", "fork_steps", "bootstrap"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
+
+
+def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) -> None:
+    """--fork-gain: the fork value of failed flat samples (tools/fork_gain.py), last line RESULT."""
+    import torch
+
+    from flywheel.search import SearchDriver
+    from tools.fork_gain import ForkSetup, measure, report
+
+    # the driver's matcher of the task's step delimiter in token ids (a BPE token may hold it)
+    ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
+    setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, frozenset(eos))
+    start = time.perf_counter()
+    with torch.no_grad():
+        pool, forks, root = measure(setup, samples=args.fork_samples, resamples=args.fork_resamples,
+                                    max_step_forks=args.fork_steps, seed=args.fork_seed, chunk=512)
+    pool["diagnostic_seconds"] = time.perf_counter() - start
+    report(pool, forks, root, fork_point=args.fork_point, replicates=args.bootstrap, seed=args.fork_seed)
 
 
 def main() -> None:
@@ -208,7 +250,20 @@ def main() -> None:
                              "target?) as the search's value function with weight W (search.prm_weight)")
     parser.add_argument("--flat-cache", type=Path, help="read the flat samples from this file if it exists, else "
                         "sample them and write it (same policy and problems only: the file records both)")
+    parser.add_argument("--fork-gain", action="store_true", help="instead of the tree: the fork value of failed flat "
+                        "samples, solves per token resampling from their steps / top-entropy token vs from the root "
+                        "(tools/fork_gain.py)")
+    parser.add_argument("--fork-samples", type=int, default=8, help="--fork-gain: flat samples per problem (the pool)")
+    parser.add_argument("--fork-resamples", type=int, default=4,
+                        help="--fork-gain: fresh continuations per fork point, and from the root per failed sample")
+    parser.add_argument("--fork-steps", type=int, default=4, help="--fork-gain: step fork points step1..stepJ")
+    parser.add_argument("--fork-point", default="best", help="--fork-gain: the kind fork_gain reports (step1, step2, "
+                        "..., mid, entropy) or best (the largest gain: biased up, read its interval)")
+    parser.add_argument("--fork-seed", type=int, default=0, help="--fork-gain: seed of the samples and the bootstrap")
+    parser.add_argument("--bootstrap", type=int, default=1000, help="--fork-gain: bootstrap replicates over problems")
     args, overrides = parser.parse_known_args()
+    if args.fork_gain:
+        check_fork_flags(args)
 
     from flywheel.objectives.credit import Group, credit_groups
     from data_modules.rollout import search_problems as make_search_problems
@@ -241,6 +296,9 @@ def main() -> None:
     decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
     eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     print(f"{len(problems)} problems; search: {json.dumps(config.to_dict())}", file=sys.stderr, flush=True)
+    if args.fork_gain:
+        fork_gain_mode(args, search_problems, generator, config, task, decode, eos)
+        return
 
     start = time.perf_counter()
     driver = SearchDriver(generator, config, step=task.step, decode=decode,
