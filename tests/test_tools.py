@@ -58,6 +58,25 @@ def test_bench_flywheel_splits_a_short_fits_wall_time():
     assert "\n     0 " in out and "\n total " in out  # the per-epoch table
 
 
+def test_bench_flywheel_parity_reads_finished_runs_and_weighs_the_gap_against_seed_noise(tmp_path):
+    # Finished runs are reused, so hand-written summaries stand for the six fits (2 arms x 3 seeds,
+    # 10 epochs in rounds of 5): pass@1 before training, after round 1 and after round 2.
+    curves = {"without": [[0.20, 0.24, 0.26], [0.20, 0.22, 0.25], [0.20, 0.23, 0.27]],
+              "with": [[0.20, 0.25, 0.24], [0.20, 0.21, 0.23], [0.20, 0.24, 0.25]]}
+    for arm, runs in curves.items():
+        for seed, (base, *rounds) in enumerate(runs):
+            run = tmp_path / f"{arm}_seed{seed}" / "quickstart_vllm" / "version_0"
+            run.mkdir(parents=True)
+            (run / "summary.json").write_text(json.dumps({"base_eval_pass1": base, "rounds": [
+                {"round": i + 1, "epoch": 5 * i + 4, "eval_pass1": v} for i, v in enumerate(rounds)]}))
+    fields, out = run_tool("tools/bench_flywheel.py", "--parity", "--seeds", "3", "--epochs", "10", "--run-dir", str(tmp_path))
+    # Round 1: means 0.23 and 0.2333..., gap +0.0033; sd 0.01 and 0.02082 -> se sqrt(0.0001/3 + 0.000433/3) = 0.01333.
+    # Round 2: means 0.26 and 0.24, gap -0.02; sd 0.01 both -> se 0.008165; |gap| > 2 se: not within the noise.
+    assert fields == {"parity_max_gap": "0.0200", "parity_max_gap_se": "0.0082", "within_noise": "False",
+                      "seeds": "3", "rounds": "2"}, out
+    assert "    1   0.2300 (0.0100)   0.2333 (0.0208)  +0.0033 +- 0.0133" in out
+
+
 def test_bench_train_measures_packed_against_flat_with_equal_losses():
     fields, out = run_tool("tools/bench_train.py", "--models", "tiny", "--depths", "3", "--trees", "1", "--k", "3",
                            "--step-tokens", "4", "--prompt-tokens", "4", "--repeats", "1", "--threads", "1",

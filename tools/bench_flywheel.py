@@ -26,13 +26,24 @@ pinned to one core and the server to another (`--cores`, taskset: the server thr
 wrapper of its interpreter, $FLYWHEEL_VLLM_PYTHON, passed as --data.generator.init_args.python).
 Last line: RESULT overlap_speedup=(wall without / wall with) wall_without_s=... wall_with_s=...
 search_wait_s=... (the epochs' ends waiting for the search ahead) overlapped_search_s=...
+
+`--parity --seeds 3`: learning parity of the same two arms (not pinned: only the learning is
+compared), `--seeds` runs each, every round evaluated on the held-out split: held-out pass@1
+per round, each arm's mean and standard deviation over the seeds, and per round the gap of the
+means against the seeds' noise (the standard error of that difference). Each run keeps its
+folder under `--run-dir` (reused when it finished: a stopped comparison runs only what is left).
+Last line: RESULT parity_max_gap=(largest |mean with - mean without| over rounds)
+parity_max_gap_se=(that round's standard error of the difference) within_noise=(every round's
+gap <= 2 standard errors) seeds=... rounds=...
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import shlex
 import shutil
 import subprocess
@@ -105,10 +116,8 @@ def overlap(args: argparse.Namespace, overrides: list[str], folder: Path) -> Non
     for arm, staleness in (("without", 0), ("with", 1)):
         run_dir = folder / arm
         print(f"\n== {arm} the search ahead (--data.async_search.max_staleness={staleness})")
-        command = ["taskset", "-c", trainer_core, sys.executable, "-m", "flywheel", "fit",
-                   *[a for c in configs for a in ("--config", c)], f"--trainer.max_epochs={args.epochs}",
-                   *outputs(run_dir), f"--data.generator.init_args.python={pinned_python(folder, server_core)}",
-                   "--model.old_logprobs=recompute_tis", f"--data.async_search.max_staleness={staleness}", *overrides]
+        command = ["taskset", "-c", trainer_core,
+                   *sidecar_arm(configs, args.epochs, run_dir, staleness, str(pinned_python(folder, server_core)), overrides)]
         splits[arm], _ = run_fit(command, run_dir)
         walls[arm] = splits[arm]["total"]["wall_s"]
     total = splits["with"]["total"]
@@ -120,6 +129,59 @@ def overlap(args: argparse.Namespace, overrides: list[str], folder: Path) -> Non
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 
+def sidecar_arm(configs: list[str], epochs: int, run_dir: Path, staleness: int, python: str, overrides: list[str]) -> list[str]:
+    """The fit command of one arm of `--overlap` / `--parity`: the sidecar recipe, `recompute_tis`
+    in both arms so that only the search ahead differs."""
+    return [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
+            f"--trainer.max_epochs={epochs}", *outputs(run_dir), f"--data.generator.init_args.python={python}",
+            "--model.old_logprobs=recompute_tis", f"--data.async_search.max_staleness={staleness}", *overrides]
+
+
+def pass1_per_round(summary: dict) -> list[float]:
+    """Held-out pass@1 before training and after every round, from a summary.json."""
+    return [summary["base_eval_pass1"], *(r["eval_pass1"] for r in summary["rounds"] if r.get("eval_pass1") is not None)]
+
+
+def parity(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
+    """`--parity` (module docstring): both arms, `args.seeds` seeds each, and the RESULT line."""
+    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
+    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    curves: dict[str, list[list[float]]] = {"without": [], "with": []}
+    for seed in range(args.seeds):
+        for arm, staleness in (("without", 0), ("with", 1)):
+            run_dir = folder / f"{arm}_seed{seed}"
+            done = sorted(run_dir.glob("**/summary.json"))
+            summary = json.loads(done[-1].read_text()) if done else None
+            if summary is None or not summary["rounds"] or summary["rounds"][-1]["epoch"] + 1 < args.epochs:
+                shutil.rmtree(run_dir, ignore_errors=True)  # a run stopped part-way is run again whole
+                print(f"\n== seed {seed}, {arm} the search ahead", flush=True)
+                command = sidecar_arm(configs, args.epochs, run_dir, staleness, python,
+                                      [f"--seed_everything={seed}", f"--data.seed={seed}", *overrides])
+                run_fit(command, run_dir)
+                summary = json.loads(sorted(run_dir.glob("**/summary.json"))[-1].read_text())
+            curves[arm].append(pass1_per_round(summary))
+            print(f"seed {seed} {arm}: pass@1 per round " + " ".join(f"{v:.4f}" for v in curves[arm][-1]), flush=True)
+    rounds = min(len(c) for arm in curves.values() for c in arm)
+    print(f"\nheld-out pass@1 per round over {args.seeds} seeds: mean (sd); gap = with - without, +- its standard error")
+    print(f"{'round':>5} {'without':>16} {'with':>16} {'gap':>16}")
+    worst = (0.0, 0.0)
+    within = True
+    for r in range(rounds):
+        a = [c[r] for c in curves["without"]]
+        b = [c[r] for c in curves["with"]]
+        sd_a = statistics.stdev(a) if len(a) > 1 else 0.0
+        sd_b = statistics.stdev(b) if len(b) > 1 else 0.0
+        gap = statistics.mean(b) - statistics.mean(a)
+        se = math.sqrt(sd_a ** 2 / len(a) + sd_b ** 2 / len(b))
+        print(f"{r:>5} {statistics.mean(a):>8.4f} ({sd_a:.4f}) {statistics.mean(b):>8.4f} ({sd_b:.4f}) {gap:>+8.4f} +- {se:.4f}")
+        if r > 0:  # round 0 is the same base policy in both arms
+            within &= abs(gap) <= 2 * se
+            if abs(gap) >= abs(worst[0]):
+                worst = (gap, se)
+    print(f"RESULT parity_max_gap={abs(worst[0]):.4f} parity_max_gap_se={worst[1]:.4f} within_noise={within} "
+          f"seeds={args.seeds} rounds={rounds - 1}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      epilog="Other arguments are passed to `flywheel fit` as overrides.")
@@ -129,11 +191,19 @@ def main() -> None:
     parser.add_argument("--overlap", action="store_true", help="the sidecar without and with the search ahead, "
                         "trainer and server pinned to a core each; RESULT overlap_speedup=...")
     parser.add_argument("--cores", default="0,1", help="with --overlap: the trainer's core and the server's core")
+    parser.add_argument("--parity", action="store_true", help="held-out pass@1 per round of the same two arms "
+                        "(not pinned), --seeds seeds each; RESULT parity_max_gap=... within_noise=...")
+    parser.add_argument("--seeds", type=int, default=3, help="with --parity: seeds per arm")
     args, overrides = parser.parse_known_args()
+    if args.parity and args.seeds < 2:
+        parser.error(f"--parity --seeds {args.seeds}: the seeds' noise needs at least 2 seeds per arm; give --seeds 2 or more")
     folder = args.run_dir or Path(tempfile.mkdtemp(prefix="bench_flywheel_"))
+    folder.mkdir(parents=True, exist_ok=True)
     try:
         if args.overlap:
             return overlap(args, overrides, folder)
+        if args.parity:
+            return parity(args, overrides, folder)
         configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
         command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
                    f"--trainer.max_epochs={args.epochs}", *outputs(folder), *overrides]
