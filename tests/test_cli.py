@@ -12,7 +12,8 @@ from flywheel.module import TreeGRPOModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
-OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "quickstart_vllm.yaml", "countdown_mcts.yaml"}
+OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "quickstart_vllm.yaml", "countdown_mcts.yaml",
+            "smollm2_vllm.yaml"}
 GPU_RECIPES = {
     # Instantiated here with its GPU parts swapped for CPU ones (DeepSpeed and vLLM are GPU
     # extras); its DeepSpeed file is checked by tests/test_deepspeed_config.py.
