@@ -261,7 +261,7 @@ class HFGenerator:
             if full or (starts_group and chunks[-1] and len(chunks[-1]) + row.n > self.max_batch_size):
                 chunks.append([])
             chunks[-1].append(row)
-        return chunks
+        return chunks if chunks[0] else []
 
     def _stop_matcher(self, strings: tuple[str, ...], vocab: int) -> StopStrings:
         if strings not in self._stop_strings:
