@@ -65,7 +65,9 @@ def split_steps(
     start, carried = 0, len(open_step)
     for i in range(len(ids)):
         length = i + 1 - start + carried
-        delimited = step.delimiter is not None and ends_step(open_step + ids[start : i + 1] if carried else ids[start : i + 1])
+        delimited = False
+        if step.delimiter is not None:  # no slicing per token for fixed chunks
+            delimited = ends_step(open_step + ids[start : i + 1] if carried else ids[start : i + 1])
         if not delimited and length < step.max_tokens:
             continue
         last = i + 1 == len(ids)
