@@ -148,6 +148,11 @@ def test_entropy_fork_tree_reproduced_exactly():
     assert [t.steps[-1].depth for t in res.trajectories] == [3, 2, 3]
     assert res.trajectories[2].response_ids == (5, NEWLINE, 6, 8, NEWLINE, 2, EOS)
     assert res.stats.generated_tokens == 7 + 4 + 4
+    # The logged search/depth counts steps too: (3 + 2 + 3) / 3, not the nodes' (4 + 2 + 4) / 3.
+    from data_modules.epoch_metrics import epoch_metrics
+    from flywheel.search.driver import DriverStats
+
+    assert epoch_metrics([res], DriverStats(), 1.0, 0, None)["search/depth"] == pytest.approx(8 / 3)
 
 
 def test_the_same_rollout_forked_at_steps_only_has_one_node_per_step():
