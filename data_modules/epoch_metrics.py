@@ -28,7 +28,8 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
         "search/trees_short": float(sum(not r.complete for r in searched)),
         "search/iterations_per_tree": sum(r.stats.expansions for r in searched) / max(len(searched), 1),
         "search/nodes_per_tree": sum(r.stats.nodes for r in searched) / max(len(searched), 1),
-        "search/depth": sum(len(t.steps) for t in trajectories) / max(len(trajectories), 1),
+        # steps, not nodes: a rollout cut inside a step (fork_rule "entropy") has more nodes than steps
+        "search/depth": sum(t.steps[-1].depth for t in trajectories if t.steps) / max(len(trajectories), 1),
         "search/max_depth": float(max((r.stats.max_depth for r in results), default=0)),
         "search/reward": sum(t.reward for t in trajectories) / max(len(trajectories), 1),
         "search/correct_fraction": sum(t.verdict.correct for t in trajectories) / max(len(trajectories), 1),

@@ -118,6 +118,9 @@ class SearchDataModule(L.LightningDataModule):
             log.warning(warning)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
+        if search.distinct_children and not self.backend.distinct_first_token:
+            raise ValueError(f"--data.search.distinct_children=true: {type(self.backend).__name__} cannot draw first tokens "
+                             "without replacement; use --data.generator=HFBackend or set --data.search.distinct_children=false")
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval
         self.save_trees, self.seed, self.async_search = save_trees, seed, async_search
         self.pool = ProblemPool(self.task, problems, seed)

@@ -75,7 +75,7 @@ def test_evaluation_grades_a_length_cut_response_strictly():
 
 
 def _result(*reasons: str):
-    trajectories = [SimpleNamespace(steps=(0,), reward=0.0, verdict=Verdict(r.startswith("correct"), 0.0, None, r))
+    trajectories = [SimpleNamespace(steps=(SimpleNamespace(depth=1),), reward=0.0, verdict=Verdict(r.startswith("correct"), 0.0, None, r))
                     for r in reasons]
     stats = SimpleNamespace(expansions=1, nodes=2, max_depth=1)
     return SimpleNamespace(mode="search", complete=True, stats=stats, trajectories=trajectories)

@@ -61,5 +61,6 @@ def test_bench_explore_runs_end_to_end(tmp_path):
     assert {"tree_tokens_per_problem", "tree_solved", "flat_solved_at_equal_tokens", "solve_ratio",
             "mean_branching"} <= set(result)
     assert 0.0 <= float(result["tree_solved"]) <= 1.0
+    assert (result["expansion"], result["fork_rule"], result["distinct_children"]) == ("rollout", "uct", "false")
     cached = json.loads(cache.read_text())
     assert len(cached["samples"]) == 2 and all(len(s) == 64 for s in cached["samples"])

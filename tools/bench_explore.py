@@ -15,7 +15,11 @@ problem. The last line compares the tree with flat sampling interpolated at the 
 tokens per problem:
 
     RESULT tree_tokens_per_problem=... tree_solved=... flat_solved_at_equal_tokens=...
-           solve_ratio=... mean_branching=...
+           solve_ratio=... mean_branching=... expansion=... fork_rule=... distinct_children=...
+
+Each fork switch (`--data.search.fork_rule=entropy`, `--data.search.distinct_children=true`) is
+measured by its own run; the RESULT line names the switches it ran with. The flat arm does not
+depend on them, so `--flat-cache` shares one flat sample set between those runs.
 
     python tools/bench_explore.py --config conf/quickstart.yaml
     python tools/bench_explore.py --config conf/quickstart.yaml --split train --numbers 4 --limit 200
@@ -309,9 +313,12 @@ def main() -> None:
     tree = tree_arm(trees, rows)
     tree["seconds"] = time.perf_counter() - start
     print(json.dumps(tree), flush=True)
+    # the fork switches the tree ran with, so each RESULT line names what its solve_ratio measures
+    switches = (f"expansion={config.expansion} fork_rule={config.fork_rule} "
+                f"distinct_children={str(config.distinct_children).lower()}")
     if args.skip_flat:
         print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
-              f"mean_branching={tree['mean_branching']:.3f}")
+              f"mean_branching={tree['mean_branching']:.3f} {switches}")
         return
 
     key = {"policy": module.hparams.get("policy"), "problems": [p.id for p in problems], "samples": FLAT_SAMPLES}
@@ -359,7 +366,8 @@ def main() -> None:
     print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
           f"flat_solved_at_equal_tokens={at_equal:.4f} solve_ratio={ratio:.3f} mean_branching={tree['mean_branching']:.3f} "
           f"tree_distinct={tree['distinct_correct_per_problem']:.3f} flat_distinct_at_equal_tokens={distinct_equal:.3f}"
-          + (f" flat_adaptive_solved_at_equal_tokens={adaptive_equal:.4f}" if config.stop_when_solved else ""))
+          + (f" flat_adaptive_solved_at_equal_tokens={adaptive_equal:.4f}" if config.stop_when_solved else "")
+          + f" {switches}")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,10 @@ class GeneratorBackend(ABC):
     server process), so it can search while the trainer trains (`--data.async_search`). False
     for one that reads the trainer's live parameters."""
 
+    distinct_first_token: bool = False
+    """Its generator honours `SamplingParams.distinct_first_token` (`--data.search.distinct_children`
+    is refused for a backend that does not)."""
+
     run_dir: Path | None = None
     """The run's log folder (set by the data module before `build`): where a backend that
     starts processes writes their logs."""
@@ -79,6 +83,8 @@ class HFBackend(GeneratorBackend):
             next, so expanding a node computes only its new tokens (0 = off). Emptied when
             the weights change.
     """
+
+    distinct_first_token = True
 
     def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0,
                  prefix_cache_mb: float = PREFIX_CACHE_MB) -> None:

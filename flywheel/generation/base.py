@@ -28,6 +28,14 @@ class SamplingParams:
     top_logprobs: int = 0
     """Also return, per sampled token, the entropy of the sampling distribution computed
     from this many top log-probs (0 = off; backends with full logits use all of them)."""
+    distinct_first_token: bool = False
+    """The request's n samples start with n different tokens: the first token is drawn
+    without replacement (Gumbel-top-k over the first token's distribution after temperature
+    and top-p; Kool et al. 2019), the rest as usual. Where that distribution has fewer than n
+    tokens, the samples past them draw their first token with replacement. `logprobs` stay
+    the policy's (see Completion): the n first tokens together are not n independent draws
+    from it, a bias the trainer does not correct (docs/search.md, "Distinct children").
+    Backends that cannot sample this way refuse the request."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -21,6 +21,7 @@ import torch
 
 from flywheel.generation.base import Completion, GenerationStats
 from flywheel.generation.decoding import ACTIVE, DecodeRecord, StopRules, compaction_due, decode_step, row_settings
+from flywheel.generation.distinct_first import distinct_first_tokens
 from flywheel.generation.kv_cache import BlockCache, compaction
 from flywheel.generation.lean_decode import LeanDecoder
 from flywheel.generation.prefix_attention import SharedPrompts
@@ -80,10 +81,11 @@ def decode_rows(
     prompt_len = kv.prompt_len  # [B]
     prompt_total = int(prompt_len.sum())
     temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
+    first = distinct_first_tokens(rows, logits, temperature, top_p)  # [B] or None
     passes = row_steps = kv_columns = real_columns = 0
     for t in range(horizon):
         new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
-                                  tokenizer)  # [B], [B]
+                                  tokenizer, first if t == 0 else None)  # [B], [B]
         if prefix_cache is not None:
             keep_stopped_kv(prefix_cache, rows, slots, reason, record.tokens, t, kv.reader(t))
         active &= reason == ACTIVE

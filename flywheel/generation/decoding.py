@@ -104,10 +104,13 @@ def row_settings(rows: list, horizon: int, device) -> tuple[torch.Tensor, torch.
     return temperature, top_p, uniforms.to(device)
 
 
-def decode_step(t: int, logits, temperature, top_p, uniforms, slots, active, record, rules, tokenizer):
+def decode_step(t: int, logits, temperature, top_p, uniforms, slots, active, record, rules, tokenizer, forced=None):
     """Step t of a decode loop: every row samples its token, which is recorded and tested
-    against the stop rules. Returns the tokens [B] and each row's finish code [B]."""
+    against the stop rules. Returns the tokens [B] and each row's finish code [B].
+    `forced` [B]: a token chosen beforehand where >= 0 (distinct first tokens, at t = 0)."""
     new = sample_tokens(logits, temperature, top_p, uniforms[:, t])
+    if forced is not None:
+        new = torch.where(forced >= 0, forced, new)
     record.add(t, slots, active, new, logits)
     reason = rules.check(t, slots, active, new, record.tokens, tokenizer)
     record.finish(t, slots, reason)

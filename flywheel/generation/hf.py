@@ -80,6 +80,10 @@ class _Row:
     prompt: tuple[int, ...]
     params: SamplingParams
     uniforms: torch.Tensor  # [params.max_new_tokens], CPU
+    n: int = 1
+    """The request's sample count (`params.distinct_first_token` ranks its rows' first tokens)."""
+    noise_seed: int = 0
+    """Seed of the request's Gumbel noise over the first token (`distinct_first_token` only)."""
 
 
 
@@ -200,8 +204,7 @@ class HFGenerator:
         self.model.eval()
         try:
             with torch.no_grad():
-                for lo in range(0, len(order), self.max_batch_size):
-                    chunk = [rows[i] for i in order[lo : lo + self.max_batch_size]]
+                for chunk in self._chunks(rows, order):
                     for row, completion in zip(chunk, self._decode(chunk)):
                         results[row.request][row.sample] = completion
         finally:
@@ -241,8 +244,24 @@ class HFGenerator:
         for i, r in enumerate(requests):
             rng = self._rng if r.seed is None else torch.Generator().manual_seed(r.seed)
             uniforms = torch.rand(r.n, r.params.max_new_tokens, generator=rng)  # [n, T]
-            rows += [_Row(i, j, r.prompt_ids, r.params, uniforms[j]) for j in range(r.n)]
+            # drawn after the uniforms, so a request without the switch samples as before
+            noise_seed = int(torch.randint(2**62, (1,), generator=rng)) if r.params.distinct_first_token else 0
+            rows += [_Row(i, j, r.prompt_ids, r.params, uniforms[j], r.n, noise_seed) for j in range(r.n)]
         return rows
+
+    def _chunks(self, rows: list[_Row], order: list[int]) -> list[list[_Row]]:
+        """`order`'s rows in chunks of at most `max_batch_size`; a request with
+        `distinct_first_token` is not split between two chunks (its rows rank one first-token
+        draw, flywheel.generation.distinct_first) unless it alone is larger than a chunk."""
+        chunks: list[list[_Row]] = [[]]
+        for k, i in enumerate(order):
+            row = rows[i]
+            starts_group = row.params.distinct_first_token and (k == 0 or rows[order[k - 1]].request != row.request)
+            full = len(chunks[-1]) >= self.max_batch_size
+            if full or (starts_group and chunks[-1] and len(chunks[-1]) + row.n > self.max_batch_size):
+                chunks.append([])
+            chunks[-1].append(row)
+        return chunks if chunks[0] else []
 
     def _stop_matcher(self, strings: tuple[str, ...], vocab: int) -> StopStrings:
         if strings not in self._stop_strings:

@@ -19,7 +19,7 @@ GammaRule = Literal["paper", "code"]
 TerminalChoice = Literal["mean_nll", "entropy", "random"]
 UctSampling = Literal["argmax", "softmax"]
 Expansion = Literal["step", "rollout"]
-ForkRule = Literal["uct", "random", "root"]
+ForkRule = Literal["uct", "random", "root", "entropy"]
 """Each choice is written once, in its Literal: SearchConfig checks a value against the
 Literal's arguments, and `selection` / `fork_rule` against the rules registered under those
 names (flywheel.search.rules, where a test or a plugin may add one)."""
@@ -104,7 +104,23 @@ class SearchConfig:
         fork_rule: rollout mode: "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s))
             (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them;
             "root" = always the root: flat sampling in rounds of n with the tree's stopping
-            rules (K, stop_when_solved), the control that tells what the forks themselves buy.
+            rules (K, stop_when_solved), the control that tells what the forks themselves buy;
+            "entropy" = TreeRL's EPTree forks (arXiv 2506.11902): every new rollout is also cut
+            just before its `entropy_forks_per_chain` highest-entropy tokens, and the next fork
+            is the untried cut with the highest entropy, so the new continuations resample the
+            uncertain token; the root once every cut was tried. A mid-step cut is no reasoning
+            step: it does not count towards max_depth (docs/search.md, "Entropy forks").
+        entropy_forks_per_chain: rollout mode, fork_rule "entropy": N, the tokens of each new
+            rollout (its highest per-token entropies, the first token excepted) before which it
+            is cut into fork points (TreeRL's released script: 2).
+        fork_width: rollout mode: T, continuations sampled per fork below the root (TreeRL's
+            script: 2); 0 = expansion_width. The root's expansions sample expansion_width.
+        distinct_children: the n children of one expansion start with n different tokens: their
+            first token is drawn without replacement (Gumbel-top-k over the policy's first-token
+            distribution), the rest as usual. The recorded log-probs stay the policy's, so the
+            trainer's ratio ignores that the n first tokens were not drawn independently (a bias
+            towards unlikely first tokens; docs/search.md, "Distinct children"). Needs a generator
+            that can (the in-process HFBackend; the vLLM sidecar refuses it).
         max_children: rollout mode: a node with this many children is no longer forked from
             (0 = no cap).
         train_all_terminals: a finished tree hands every distinct graded terminal to training,
@@ -154,6 +170,9 @@ class SearchConfig:
     seed: int = 0
     expansion: Expansion = "step"
     fork_rule: ForkRule = "uct"
+    entropy_forks_per_chain: int = 2
+    fork_width: int = 0
+    distinct_children: bool = False
     max_children: int = 0
     train_all_terminals: bool = False
     stop_when_solved: int = 0
@@ -217,6 +236,18 @@ class SearchConfig:
         if self.selection in AGENT_RULES and self.expansion != "step":
             raise ValueError(f"search.selection={self.selection!r} grows the tree one step per child; it cannot be "
                              "combined with --data.search.expansion=rollout (set --data.search.expansion=step)")
+        if self.fork_rule == "entropy" and (self.entropy_forks_per_chain < 1 or self.entropy_top_k < 1):
+            raise ValueError(
+                "--data.search.fork_rule='entropy' cuts every rollout at its highest-entropy tokens: it needs "
+                f"--data.search.entropy_forks_per_chain >= 1 (got {self.entropy_forks_per_chain}) and "
+                f"--data.search.entropy_top_k >= 1 (got {self.entropy_top_k}); set both to 1 or more"
+            )
+        if not 0 <= self.fork_width <= MAX_EXPANSION_WIDTH:
+            raise ValueError(f"--data.search.fork_width must be in [0, {MAX_EXPANSION_WIDTH}] (0 = expansion_width), "
+                             f"got {self.fork_width}; set it to 0 or a width")
+        if self.fork_width and self.expansion != "rollout":
+            raise ValueError(f"--data.search.fork_width={self.fork_width} sets the width of rollout forks; it needs "
+                             "--data.search.expansion=rollout (or set --data.search.fork_width=0)")
         for name in ("max_children", "stop_when_solved"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator
@@ -98,6 +98,8 @@ class SearchDriver:
         self.value_fn = value_fn
         self.stats = DriverStats()
         self.params = step_sampling_params(step, config)
+        if config.distinct_children:  # the search's children only: flat rollouts share step_sampling_params
+            self.params = replace(self.params, distinct_first_token=True)
         self._may_end_step: dict[int, bool] = {}
         self.new_tree = self._tree_factory()
 

@@ -25,6 +25,10 @@ class ExpansionMode(Protocol):
         """The request's sampling parameters to expand `node` (`params`: one step's)."""
         ...
 
+    def width(self, live: LiveTree, node: int) -> int:
+        """n, the samples of the request that expands `node`."""
+        ...
+
     def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
                eos_ids: frozenset[int]) -> tuple[list[int], bool]:
         """Add `live.next_node`'s completions to the tree, grade and back up; returns the new
@@ -81,7 +85,7 @@ class LiveTree:
         self._prefix_node, self._prefix = node, prefix
         return GenerationRequest(
             prompt_ids=prefix,
-            n=self.config.expansion_width,
+            n=self.mode.width(self, node),
             params=params,
             seed=derive_seed(self.config.seed, self.index, self.expansions),
             affinity=self.index,

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from flywheel.generation.base import Completion, SamplingParams
 from flywheel.search.backup import backup_trajectory
 from flywheel.search.config import SearchConfig
+from flywheel.search.entropy_forks import open_step, record_fork_points
 from flywheel.search.expansion import Decode, emitted_eos, grade_terminal, rollout_sampling_params
 from flywheel.search.selection import prm_term, uct_score
 from flywheel.search.terminal import is_terminal_step
@@ -39,7 +41,8 @@ is left to fork from. It reads the tree and never changes it; it may draw from t
 
 
 def split_steps(
-    completion: Completion, step: StepSpec, ends_step: Callable[[Sequence[int]], bool], max_steps: int
+    completion: Completion, step: StepSpec, ends_step: Callable[[Sequence[int]], bool], max_steps: int,
+    open_step: tuple[int, ...] = (),
 ) -> list[Completion]:
     """Cut a whole continuation into at most `max_steps` steps, as the step rule would have
     sampled them: after the token that completes the delimiter (`ends_step(piece)` is asked
@@ -47,7 +50,9 @@ def split_steps(
     tokenizer may spell "\n\n" as two "\n" tokens) or after `step.max_tokens` tokens.
     Tokens past the `max_steps`-th step are dropped (that step sits at max depth). Every
     piece but the last finishes with "stop" ("length" when cut at the cap); the last keeps
-    the completion's own finish reason.
+    the completion's own finish reason. `open_step`: the tokens of the step the continuation
+    starts inside (a fork from a mid-step node, flywheel.search.entropy_forks): the first
+    piece completes that step, its cap and delimiter counting them.
 
     >>> c = Completion((1, 9, 2, 9, 3), (-0.1,) * 5, "eos")
     >>> [p.token_ids for p in split_steps(c, StepSpec(8, "\\n"), lambda piece: piece[-1] == 9, 8)]
@@ -57,16 +62,18 @@ def split_steps(
     """
     ids, lps, ents = completion.token_ids, completion.logprobs, completion.entropies
     pieces: list[Completion] = []
-    start = 0
+    start, carried = 0, len(open_step)
     for i in range(len(ids)):
-        length = i + 1 - start
-        delimited = step.delimiter is not None and ends_step(ids[start : i + 1])
+        length = i + 1 - start + carried
+        delimited = False
+        if step.delimiter is not None:  # no slicing per token for fixed chunks
+            delimited = ends_step(open_step + ids[start : i + 1] if carried else ids[start : i + 1])
         if not delimited and length < step.max_tokens:
             continue
         last = i + 1 == len(ids)
         reason = completion.finish_reason if last else ("stop" if delimited else "length")
         pieces.append(_piece(ids, lps, ents, start, i + 1, reason))
-        start = i + 1
+        start, carried = i + 1, 0
         if len(pieces) == max_steps:
             return pieces
     if start < len(ids) or not pieces:
@@ -79,25 +86,48 @@ def _piece(ids, lps, ents, start: int, end: int, reason: str) -> Completion:
 
 
 def insert_path(
-    tree: SearchTree, node: int, pieces: Sequence[Completion], terminal_last: bool, merge: bool
+    tree: SearchTree, node: int, pieces: Sequence[Completion], terminal_last: bool, merge: bool,
+    mid_step: Sequence[bool] | None = None, path: list[int] | None = None,
 ) -> tuple[int, list[int]]:
     """Hang the steps `pieces` below `node` as one path; return (its last node, the new nodes).
 
     With `merge`, a step identical to an existing child of the node it continues is that
     child (the trie of sampled trajectories: a repeated prefix is stored once). The last
     node is terminal iff `terminal_last`; a path that repeats an existing one to its end
-    returns the existing last node and creates nothing.
+    returns the existing last node and creates nothing. `mid_step[j]`: piece j ends inside a
+    step (SearchTree.mid_step; None = none does). `path` receives the node of every piece.
     """
     new: list[int] = []
     for j, piece in enumerate(pieces):
         is_last = j + 1 == len(pieces)
-        twin = _same_child(tree, node, piece.token_ids) if merge else None
-        if twin is not None and tree.terminal[twin] == (is_last and terminal_last):
+        mid = mid_step is not None and mid_step[j]
+        twin = _twin(tree, node, piece, is_last and terminal_last, mid) if merge else None
+        if twin is not None:
             node = twin
-            continue
-        (node,) = tree.add_children(node, [piece], [is_last and terminal_last], extend=True)
-        new.append(node)
+        else:
+            (node,) = tree.add_children(node, [piece], [is_last and terminal_last], extend=True,
+                                        mid_step=None if mid_step is None else [mid])
+            new.append(node)
+        if path is not None:
+            path.append(node)
     return node, new
+
+
+def repeated_steps(tree: SearchTree, node: int, pieces: Sequence[Completion], terminal_last: bool) -> int:
+    """How many leading `pieces` `insert_path` with `merge` would find in the tree already."""
+    for j, piece in enumerate(pieces):
+        node = _twin(tree, node, piece, j + 1 == len(pieces) and terminal_last, False)  # type: ignore[assignment]
+        if node is None:
+            return j
+    return len(pieces)
+
+
+def _twin(tree: SearchTree, node: int, piece: Completion, terminal: bool, mid: bool) -> int | None:
+    """The child of `node` that `piece` repeats: the same tokens, terminal and mid-step flags."""
+    twin = _same_child(tree, node, piece.token_ids)
+    if twin is None or tree.terminal[twin] != terminal or tree.mid_step[twin] != mid:
+        return None
+    return twin
 
 
 def _same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int | None:
@@ -148,30 +178,53 @@ def fork_root(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int
     return ROOT if candidates and candidates[0] == ROOT else None
 
 
+ForkCut = Callable[[Sequence[Completion], int, SearchConfig], tuple[list[Completion], list[bool], dict[int, float]]]
+"""(a rollout's steps, how many of them repeat existing nodes, config) -> the pieces cut further
+(inside steps too), whether each ends inside a step, and {piece index: score} for the pieces whose
+preceding node becomes a fork point (flywheel.search.entropy_forks.cut_at_entropy)."""
+
+
 class RolloutExpansion:
     """The ExpansionMode of rollout expansion: each expansion hangs n whole continuations of the
     chosen node below it as paths of steps, grades their terminals and backs every one up; the
     next node is `fork`'s choice. K counts rollouts (a repeat of a trajectory too), so a policy
-    that keeps writing one wrong answer cannot keep a tree alive."""
+    that keeps writing one wrong answer cannot keep a tree alive. `cut` (fork_rule "entropy")
+    also cuts each rollout at its fork points."""
 
-    def __init__(self, fork: ForkSelection, step: StepSpec, ends_step: Callable[[Sequence[int]], bool]) -> None:
+    def __init__(self, fork: ForkSelection, step: StepSpec, ends_step: Callable[[Sequence[int]], bool],
+                 cut: ForkCut | None = None) -> None:
         self.fork = fork
         self.step = step
         self.ends_step = ends_step
+        self.cut = cut
+
+    def width(self, live: LiveTree, node: int) -> int:
+        cfg = live.config
+        return cfg.fork_width if cfg.fork_width and node != ROOT else cfg.expansion_width
 
     def sampling_params(self, live: LiveTree, node: int, params: SamplingParams) -> SamplingParams:
-        return rollout_sampling_params(self.step, live.config, live.tree.depth[node])
+        cfg, tree = live.config, live.tree
+        out = rollout_sampling_params(self.step, cfg, tree.depth[node], len(open_step(tree, node)))
+        return replace(out, distinct_first_token=True) if cfg.distinct_children else out
 
     def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
                eos_ids: frozenset[int]) -> tuple[list[int], bool]:
         cfg, tree, node = live.config, live.tree, live.next_node
         new_live: list[int] = []
+        carried = open_step(tree, node)
         for completion in completions:
-            pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node])
+            pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node], carried)
             eos = emitted_eos(pieces[-1], eos_ids)  # False when the cut at max depth dropped the end
-            last_depth = tree.depth[node] + len(pieces)
+            last_depth = tree.depth[node] + len(pieces)  # steps: a cut inside a step below adds none
             terminal = is_terminal_step("eos" if eos else pieces[-1].finish_reason, last_depth, cfg.max_depth)
-            leaf, new = insert_path(tree, node, pieces, terminal, cfg.merge_duplicate_steps)
+            mid: list[bool] | None = None
+            if self.cut is not None:
+                repeated = repeated_steps(tree, node, pieces, terminal) if cfg.merge_duplicate_steps else 0
+                pieces, mid, forks = self.cut(pieces, repeated, cfg)
+            path: list[int] = []
+            leaf, new = insert_path(tree, node, pieces, terminal, cfg.merge_duplicate_steps, mid, path)
+            if mid is not None:
+                record_fork_points(tree, path, node, forks)
             new_live.extend(v for v in new if not tree.terminal[v])
             if not tree.terminal[leaf]:
                 continue

@@ -4,6 +4,7 @@ injected function; no tree branches on a rule's name).
     SELECTION_RULES[config.selection]   step expansion: the node to expand next (§5)
     AGENT_RULES[config.selection]       several agents per tree and round: one agent's descent
     FORK_RULES[config.fork_rule]        rollout expansion: where the next rollouts start
+    FORK_CUTS[config.fork_rule]         rollout expansion: where a new rollout is cut besides its steps
     EXPANSION_MODES[config.expansion]   how an expansion grows a tree, with its rule resolved
 
 SearchConfig accepts exactly the names registered here, so a new rule is a function with its
@@ -22,7 +23,8 @@ from flywheel.search.agents import agent_descend
 from flywheel.search.config import SearchConfig
 from flywheel.search.live import ExpansionMode
 from flywheel.search.live_agents import AgentDescent
-from flywheel.search.rollout import ForkSelection, RolloutExpansion, fork_random, fork_root, fork_uct
+from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy
+from flywheel.search.rollout import ForkCut, ForkSelection, RolloutExpansion, fork_random, fork_root, fork_uct
 from flywheel.search.selection import descend_puct, descend_uct, local_uct_select, select_frontier
 from flywheel.search.step_expansion import SelectionRule, StepExpansion
 from flywheel.search.tree import SearchTree
@@ -63,7 +65,10 @@ def puct_agent(tree: SearchTree, pending: Sequence[int], config: SearchConfig) -
 
 SELECTION_RULES: dict[str, SelectionRule] = {"frontier": frontier, "vanilla_uct": vanilla_uct, "puct": puct}
 AGENT_RULES: dict[str, AgentDescent] = {"puct_agents": puct_agent}
-FORK_RULES: dict[str, ForkSelection] = {"uct": fork_uct, "random": fork_random, "root": fork_root}
+FORK_RULES: dict[str, ForkSelection] = {"uct": fork_uct, "random": fork_random, "root": fork_root,
+                                        "entropy": fork_entropy}
+FORK_CUTS: dict[str, ForkCut] = {"entropy": cut_at_entropy}
+"""Fork rules that also cut every new rollout at fork points of their own (inside steps too)."""
 
 EndsStep = Callable[[Sequence[int]], bool]
 
@@ -75,7 +80,7 @@ def step_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> Step
 
 def rollout_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> RolloutExpansion:
     """n whole continuations of a node per expansion, the next node by the fork rule."""
-    return RolloutExpansion(FORK_RULES[config.fork_rule], step, ends_step)
+    return RolloutExpansion(FORK_RULES[config.fork_rule], step, ends_step, FORK_CUTS.get(config.fork_rule))
 
 
 EXPANSION_MODES: dict[str, Callable[[SearchConfig, StepSpec, EndsStep], ExpansionMode]] = {

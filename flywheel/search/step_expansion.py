@@ -35,6 +35,9 @@ class StepExpansion:
     def sampling_params(self, live: LiveTree, node: int, params: SamplingParams) -> SamplingParams:
         return params  # one step, as the driver asks for it
 
+    def width(self, live: LiveTree, node: int) -> int:
+        return live.config.expansion_width
+
     def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
                eos_ids: frozenset[int]) -> tuple[list[int], bool]:
         cfg, tree, node = live.config, live.tree, live.next_node

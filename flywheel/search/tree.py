@@ -45,6 +45,14 @@ class SearchTree:
         self.children: list[tuple[int, ...]] = [()]
         """Tuples, set once at expansion (tuples of ints are untracked by the cyclic GC)."""
         self.depth: list[int] = [0]
+        """Reasoning steps from the root to the node's end. A `mid_step` node ends inside a step,
+        so it has its parent's depth and the node completing that step counts it."""
+        self.mid_step: list[bool] = [False]
+        """The node ends inside a step: a rollout cut before a high-entropy token (fork_rule
+        "entropy"); its children continue the same step."""
+        self.fork_points: dict[int, float] = {}
+        """Rollout fork_rule "entropy": node -> entropy of the token that followed it in a rollout,
+        for the nodes a rollout was cut at (the highest such entropy when several were)."""
         # Statistics (§4): N and q (a sum); Q = q / N is derived.
         self.visits: list[int] = [0]
         self.value: list[float] = [0.0]
@@ -93,6 +101,7 @@ class SearchTree:
         *,
         initial_visit: bool = True,
         extend: bool = False,
+        mid_step: Sequence[bool] | None = None,
     ) -> list[int]:
         """Attach one child per completion under the leaf `node`; return the new ids.
 
@@ -100,7 +109,8 @@ class SearchTree:
         With `initial_visit`, a new non-terminal child starts with N = 1 and no value (§1);
         terminal children start at N = 0 and get their visit from the backup (§4).
         `extend`: `node` may already have children (rollout expansion forks from inner
-        nodes); the new ones are added after them.
+        nodes); the new ones are added after them. `mid_step[i]`: child i ends inside a step
+        (it keeps `node`'s depth; see `depth`); None = every child ends its step.
         """
         if self.children[node] and not extend:
             raise ValueError(f"node {node} is already expanded; only leaves are expanded")
@@ -115,7 +125,16 @@ class SearchTree:
         # every expansion of every live tree, issue 18).
         self.parent.extend([node] * k)
         self.children.extend([()] * k)
-        self.depth.extend([self.depth[node] + 1] * k)
+        if mid_step is None:
+            self.depth.extend([self.depth[node] + 1] * k)
+            self.mid_step.extend([False] * k)
+        else:
+            if len(mid_step) != k:
+                raise ValueError(f"{k} completions but {len(mid_step)} mid_step flags")
+            if any(m and t for m, t in zip(mid_step, terminal)):
+                raise ValueError("a terminal child ends its trajectory, so it cannot end inside a step")
+            self.depth.extend(self.depth[node] + (not m) for m in mid_step)
+            self.mid_step.extend(mid_step)
         self.value.extend([0.0] * k)
         self.prm_value.extend([math.nan] * k)
         self.kind.extend([None] * k)

@@ -20,6 +20,13 @@ from flywheel.generation.vllm.client import SidecarError
 from flywheel.generation.vllm.server import Server
 
 
+DISTINCT_REFUSAL = (
+    "--data.search.distinct_children=true needs first tokens drawn without replacement, which the vLLM "
+    "server's /v1/completions cannot do; use the in-process generator (--data.generator=HFBackend) or set "
+    "--data.search.distinct_children=false"
+)
+
+
 def route(servers: Sequence[Server], requests: Sequence[GenerationRequest], round_robin: Iterator[int]) -> list[Server]:
     """The server of each request: by affinity (one tree, one server), else round-robin."""
     n = len(servers)
@@ -75,6 +82,8 @@ class VLLMGenerator:
         return self._stats
 
     def sample(self, requests: Sequence[GenerationRequest]) -> list[list[Completion]]:
+        if any(r.params.distinct_first_token for r in requests):
+            raise ValueError(DISTINCT_REFUSAL)
         start = time.perf_counter()
         results = list(self._pool.map(self._one, requests, route(self.servers, requests, self._round_robin)))
         stats = self._stats
