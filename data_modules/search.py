@@ -36,7 +36,7 @@ from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, s
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
-from data_modules.token_split import TokenSplit, token_split
+from data_modules.token_split import TokenSplit
 from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
@@ -214,8 +214,8 @@ class SearchDataModule(L.LightningDataModule):
             self.observe(problems, out)
         self.epoch_results = out.results
         self.generated_tokens += all_sum(out.stats.generated_tokens)
-        curriculum, split = self.curriculum, token_split(out.results)
-        split = TokenSplit(*map(sum, zip(*all_gather((split.tree, split.flat)))))  # every rank's
+        curriculum = self.curriculum
+        split = TokenSplit(*map(sum, zip(*all_gather((out.tokens.tree, out.tokens.flat)))))  # every rank's
         curriculum.count_tokens(split)
         self.epoch_metrics = {**epoch_metrics(out.results, out.stats, searched.seconds, self.generated_tokens,
                                               self.live.generator, hard_set_size=len(curriculum.hard),

@@ -1,20 +1,18 @@
 """Where the generated tokens went: tree search, flat sampling, Pass1@K screening (issue 32).
 
 DeepSearch's claim is about allocation: tree tokens only on the problems the policy fails,
-flat (mixed) rollouts for those with a cached solution. `token_split` reads it off an
-epoch's rollouts (every TreeResult counts its own generated tokens: a search tree's are
-tree tokens, a flat group's flat tokens, including the direct samples of a mixed rollout;
-cached solutions cost none), and the `TokenLedger` adds epochs and screenings up per run
-and per flywheel round for TensorBoard (`search/tree_tokens`, ...) and summary.json. Plain
-data, no Lightning; the counts handed in are already summed over the ranks.
+flat (mixed) rollouts for those with a cached solution. An epoch's rollout counts its split
+(data_modules.rollout: the search driver's tokens are tree tokens, those of flat rollouts and
+of the direct samples of mixed rollouts flat tokens; cached solutions cost none), and the
+`TokenLedger` adds epochs and screenings up per run and per flywheel round for TensorBoard
+(`search/tree_tokens`, ...) and summary.json. Plain data, no Lightning; the counts handed in
+are already summed over the ranks.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
-
-from flywheel.search.outputs import TreeResult
+from typing import Any, Mapping
 
 FORMAT = "flywheel.token_split/v1"
 
@@ -59,14 +57,6 @@ class TokenSplit:
         """A round's split for its summary.json row."""
         return {"tree_tokens": self.tree, "flat_tokens": self.flat, "tree_token_fraction": self.tree_fraction,
                 "screening_tokens": self.screening}
-
-
-def token_split(results: Sequence[TreeResult]) -> TokenSplit:
-    """The tree and flat tokens of one rank's rollouts (each result's `stats.generated_tokens`
-    by its `mode`)."""
-    tree = sum(r.stats.generated_tokens for r in results if r.mode == "search")
-    flat = sum(r.stats.generated_tokens for r in results if r.mode != "search")
-    return TokenSplit(tree=tree, flat=flat)
 
 
 class TokenLedger:

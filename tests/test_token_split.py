@@ -1,21 +1,15 @@
 """The token split (data_modules/token_split.py): where an epoch's generated tokens went, trees
-or flat samples, by hand; and on a real rollout with a replay-buffer problem, that the split
-adds up to the tokens the generator produced."""
+or flat samples, by hand; and on a real rollout with a replay-buffer problem (and a problem
+drawn twice), that the split adds up to the tokens the generator produced."""
 
 from __future__ import annotations
 
 import doctest
-from types import SimpleNamespace
 
 import pytest
 
 import data_modules.token_split as token_split_mod
-from data_modules.token_split import TokenLedger, TokenSplit, token_split
-
-
-def result(mode: str, tokens: int):
-    """Stands in for a TreeResult: the split reads only its mode and its token count."""
-    return SimpleNamespace(mode=mode, stats=SimpleNamespace(generated_tokens=tokens))
+from data_modules.token_split import TokenLedger, TokenSplit
 
 
 def test_doctests():
@@ -26,7 +20,7 @@ def test_doctests():
 def test_an_epochs_split_by_hand():
     # Two trees (600 + 300 tokens), a flat group (200) and the direct samples of a mixed
     # rollout (100): tree 900, flat 300, tree fraction 900 / 1200 = 0.75.
-    split = token_split([result("search", 600), result("flat", 200), result("search", 300), result("flat", 100)])
+    split = TokenSplit(tree=600) + TokenSplit(flat=200) + TokenSplit(tree=300) + TokenSplit(flat=100)
     assert split == TokenSplit(tree=900, flat=300, screening=0)
     assert split.epoch_metrics() == {"search/tree_tokens": 900.0, "search/flat_tokens": 300.0,
                                      "search/tree_token_fraction": 0.75}
@@ -36,10 +30,10 @@ def test_an_epochs_split_by_hand():
 
 def test_an_epoch_that_generated_nothing_has_no_fraction():
     # Every problem replayed with 8 cached solutions: no direct sample, no tree.
-    split = token_split([])
+    split = TokenSplit()
     assert split.tree_fraction is None and "search/tree_token_fraction" not in split.epoch_metrics()
     assert split.round_facts()["tree_token_fraction"] is None  # null in summary.json
-    assert token_split([result("flat", 50)]).tree_fraction == 0.0  # a flat baseline: all flat
+    assert TokenSplit(flat=50).tree_fraction == 0.0  # a flat baseline: all flat
 
 
 def test_the_ledger_starts_a_round_at_its_first_count():
@@ -73,7 +67,7 @@ def test_a_malformed_ledger_state_is_refused(edit, message):
 def test_a_rollout_with_a_cached_problem_splits_its_tokens_between_trees_and_flat_samples(one_thread):
     # Three problems, the first with a cached solution: it gets a mixed rollout (the cached one
     # and 3 direct samples, no tree), the other two get trees. Every generated token is
-    # counted once: tree + flat = the driver's count.
+    # counted once: tree + flat = the generator calls' count.
     from data_modules.rollout import rollout
     from flywheel.adaptive import CachedSolution
     from flywheel.generation.hf import HFGenerator
@@ -92,7 +86,13 @@ def test_a_rollout_with_a_cached_problem_splits_its_tokens_between_trees_and_fla
                   cached=lambda pid: (solution,) if pid == problems[0].id else ())
     modes = {r.problem_id: r.mode for r in out.results}
     assert modes == {problems[0].id: "flat", problems[1].id: "search", problems[2].id: "search"}
-    split = token_split(out.results)
+    split = out.tokens
     mixed = next(r for r in out.results if r.mode == "flat")
     assert len(mixed.trajectories) == 3 and split.flat == mixed.stats.generated_tokens > 0
-    assert split.tree > 0 and split.tree + split.flat == out.stats.generated_tokens
+    assert split.tree == sum(r.stats.generated_tokens for r in out.results if r.mode == "search") > 0
+    assert split.tree + split.flat == out.stats.generated_tokens and split.screening == 0
+    # A problem drawn twice in one epoch (a hard set smaller than --data.batching.problems_per_epoch)
+    # is searched twice; both searches' tokens count, though its results share one id.
+    twice = rollout([problems[1], problems[1]], generator=HFGenerator(model, tokenizer), task=task, tokenizer=tokenizer,
+                    kind="search", search=search, flat_samples=8, max_concurrent_trees=8, credit=Credit(advantage="outcome"))
+    assert twice.tokens == TokenSplit(tree=twice.stats.generated_tokens) and twice.tokens.tree > 0
