@@ -82,7 +82,7 @@ class Curriculum:
         if not cfg.enabled:
             log.info("hard set off: training on all %d problems", len(ids))
         else:
-            log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
+            log.info("hard set: %d of %d screened training problems have Pass1@%d %s %.2f under the base policy",
                      len(self.hard), len(ids), cfg.k, "<" if cfg.comparison == "lt" else "<=", cfg.delta)
 
     def start_streaming(self) -> None:

@@ -74,6 +74,10 @@ def test_the_plateau_recipe_rescreens_every_round_and_reports_its_token_split(tm
     split = [t.value + f.value for t, f in zip(tags["search/tree_tokens"], tags["search/flat_tokens"])]
     assert split == epoch_tokens
 
+    # The run report has the round's tree share.
+    report = (log_dir / "report.md").read_text()
+    assert "| tree tokens |" in report and f"| {rounds[1]['tree_token_fraction']:.0%} |" in report
+
     # The checkpoint carries the split, so a resumed run continues its round's count.
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["SearchDataModule"]
     assert state["tokens"] == curriculum.tokens.state_dict()
