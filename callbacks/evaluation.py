@@ -24,6 +24,9 @@ from callbacks.wall_time import EVAL, wall_section
 
 log = logging.getLogger(__name__)
 
+CURRICULUM_FACTS = ("hard_set_size", "cached", "generated_tokens")
+"""The facts of `DataPort.round_facts` every summary row has; any further ones are copied as given."""
+
 
 class HeldOutEval(PortClient, Callback):
     """Evaluates the policy on the data module's held-out problems before the first update
@@ -59,7 +62,8 @@ class HeldOutEval(PortClient, Callback):
                   curriculum: dict[str, Any], partial: bool = False, last: bool = False) -> dict[str, float] | None:
         """Evaluate at the end of round `round_index` (called by the round protocol,
         callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
-        round's summary row. `partial`: the run ended before the round's last epoch (its
+        round's summary row, and any further facts of the round (the token split: tree_tokens,
+        flat_tokens, tree_token_fraction, screening_tokens), copied into the row as given. `partial`: the run ended before the round's last epoch (its
         token budget, or `--trainer.max_epochs` not a multiple of `--data.epochs_per_round`;
         the row says so; a resumed run's whole-round row replaces it). `last`: the run
         ends with this round. With `--data.eval.every_tokens` a round that is neither gets
@@ -86,6 +90,7 @@ class HeldOutEval(PortClient, Callback):
                 "hard_set_size": curriculum["hard_set_size"],
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
+                **{key: value for key, value in curriculum.items() if key not in CURRICULUM_FACTS},
                 "wall_seconds": round(self.wall_seconds(), 1),
                 "config": config_file(trainer),  # the settings this round ran under (each resume has its own file)
                 **({"partial": True} if partial else {}),

@@ -1,7 +1,8 @@
 """Curriculum: which problems the flywheel trains on, round after round (deepsearch.md §7).
 
 A plain object (no Lightning, no I/O): the Pass1@K hard set, the replay buffer of cached
-correct solutions, the round counter and the cursor into this round's problem stream. It
+correct solutions, the round counter, the cursor into this round's problem stream and the
+token split per round (data_modules.token_split). It
 is the one place that decides when a round ends (`round_ends`); the data module saves it in
 every checkpoint (`state_dict`) and the round protocol (callbacks.rounds) ends its rounds.
 """
@@ -13,7 +14,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from flywheel.adaptive import CachedSolution, HardSet, HardSetConfig, ReplayBuffer, ReplayConfig
+from data_modules.token_split import TokenLedger, TokenSplit
+from flywheel.adaptive import CachedSolution, HardSet, HardSetConfig, ReplayBuffer, ReplayConfig, screening_ids
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem
 
@@ -57,6 +59,8 @@ class Curriculum:
         """Flywheel rounds completed."""
         self.cursor = 0
         """Problems of this round's shuffled hard-set stream consumed so far."""
+        self.tokens = TokenLedger()
+        """Tokens generated in trees, flat samples and screening, per run and per round."""
 
     # ------------------------------------------------------------------ rounds
     def round_starts(self, epoch: int) -> bool:
@@ -78,7 +82,7 @@ class Curriculum:
         if not cfg.enabled:
             log.info("hard set off: training on all %d problems", len(ids))
         else:
-            log.info("hard set: %d of %d training problems have Pass1@%d %s %.2f under the base policy",
+            log.info("hard set: %d of %d screened training problems have Pass1@%d %s %.2f under the base policy",
                      len(self.hard), len(ids), cfg.k, "<" if cfg.comparison == "lt" else "<=", cfg.delta)
 
     def start_streaming(self) -> None:
@@ -88,20 +92,55 @@ class Curriculum:
         log.info("problems streamed: each epoch's draw is %s", "screened, the hard ones searched"
                  if self.hard_set_config.enabled else "searched whole (hard set off)")
 
-    def end_round(self, rates: Mapping[str, float]) -> RoundChange:
-        """Shrink the hard set with the trained policy's rates (Eq. 9), settle the replay
-        buffer's candidates against the same rates, and start the next round's stream."""
+    def to_screen(self, pool_ids: Sequence[str]) -> list[str]:
+        """The training problems the next screening measures: before the first, the pool
+        (Eq. 8); at a round's end the hard set (Eq. 9). With `--data.hard_set.rescreen=all`
+        both are the pool, or a seeded sample of `screen_problems` of it (new every round)
+        plus the replay buffer's pending candidates (flywheel.adaptive.rescreen)."""
+        cfg = self.hard_set_config
+        if cfg.rescreen == "all":
+            return list(screening_ids(pool_ids, sample=cfg.screen_problems, seed=derive_seed(self.seed, self.round, 11),
+                                      always=self.buffer.pending))
+        return list(pool_ids) if self.hard is None else list(self.hard.ids)
+
+    def end_round(self, rates: Mapping[str, float], screened: Sequence[str] | None = None) -> RoundChange:
+        """Refresh the hard set with the trained policy's rates, settle the replay buffer's
+        candidates against the same rates, and start the next round's stream.
+
+        `--data.hard_set.rescreen=hard` (Eq. 9): the set shrinks to its members still hard,
+        and the buffer keeps only them (`retain`: the paper's Table 6, cached + unsolved =
+        |D_hard|). `rescreen=all`: the set is the `screened` problems still hard, so it can
+        grow again; the buffer keeps every problem's solutions, since a problem that leaves
+        may come back, and then gets its mixed rollout instead of a new search (its size is
+        bounded by `--data.replay.max_problems`)."""
         if self.hard is None:
             raise RuntimeError("a round ended before the first epoch screened the hard set")
         before = len(self.hard)
-        self.hard = self.hard.refresh(rates)
+        regrow = self.hard_set_config.enabled and self.hard_set_config.rescreen == "all"
+        if regrow and screened is None:
+            raise ValueError("--data.hard_set.rescreen=all: a round's end needs the problems it screened")
+        self.hard = self.hard.rescreen(screened, rates) if regrow else self.hard.refresh(rates)
         registered = self.buffer.settle(rates)
-        self.buffer.retain(self.hard.ids)
+        if not regrow:
+            self.buffer.retain(self.hard.ids)
         self.round += 1
         self.cursor = 0
-        log.info("round %d: hard set %d -> %d, %d newly cached, %d problems in the replay buffer",
-                 self.round, before, len(self.hard), len(registered), len(self.buffer))
+        log.info("round %d: hard set %d -> %d%s, %d newly cached, %d problems in the replay buffer",
+                 self.round, before, len(self.hard), f" ({len(screened)} problems re-screened)" if regrow else "",
+                 len(registered), len(self.buffer))
         return RoundChange(before, len(self.hard), len(registered))
+
+    @property
+    def cached_count(self) -> int:
+        """Hard-set problems with cached solutions: those that get mixed rollouts (the paper's
+        Table 6 "cached"; the whole buffer under rescreen=hard, which keeps it inside the set)."""
+        if self.hard is None:
+            return len(self.buffer)
+        return sum(pid in self.hard for pid in self.buffer)
+
+    def count_tokens(self, split: TokenSplit) -> None:
+        """Add generated tokens (summed over the ranks) to this round's and the run's split."""
+        self.tokens.add(split, self.round)
 
     def screening_seed(self) -> int:
         """Seed of this round's Pass1@K screening samples."""
@@ -144,6 +183,7 @@ class Curriculum:
             "cursor": self.cursor,
             "hard_set": self.hard.to_dict() if self.hard is not None else None,
             "replay_buffer": self.buffer.to_dict(),
+            "tokens": self.tokens.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -151,4 +191,7 @@ class Curriculum:
         round_, cursor = int(state["round"]), int(state["cursor"])
         hard = HardSet.from_dict(state["hard_set"], self.hard_set_config) if state["hard_set"] is not None else None
         buffer = ReplayBuffer.from_dict(state["replay_buffer"], self.replay_config)
-        self.round, self.cursor, self.hard, self.buffer = round_, cursor, hard, buffer
+        tokens = TokenLedger()
+        if state.get("tokens") is not None:  # absent in checkpoints from before the split was counted
+            tokens.load_state_dict(state["tokens"])
+        self.round, self.cursor, self.hard, self.buffer, self.tokens = round_, cursor, hard, buffer, tokens

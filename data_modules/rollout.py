@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Sequence
 
+from data_modules.token_split import TokenSplit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
@@ -38,6 +39,10 @@ class Rollouts:
     stats: DriverStats
     uniform_groups: int
     """Groups left out by `drop_uniform_groups`."""
+    tokens: TokenSplit = TokenSplit()
+    """`stats.generated_tokens` split: the tree search's, and the flat samples' (flat rollouts and
+    the direct samples of mixed rollouts). Counted from the generator calls of each, so it adds
+    up even when a problem is drawn twice in one epoch (its results share one id)."""
 
 
 def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
@@ -109,6 +114,7 @@ def rollout(
         stats = driver.stats
     elif fresh:
         found = flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None)
+    tree_tokens = stats.generated_tokens if kind == "search" else 0  # every token so far is the driver's
     for problem, result in zip(fresh, found):
         results[problem.id] = result
         groups[problem.id] = Group.of(result)
@@ -125,7 +131,8 @@ def rollout(
                                        tuple(cached(problem.id)), n)
     credited = credit_groups([groups[p.id] for p in problems], credit, kind, value_fn)
     ordered = [results[p.id] for p in problems if p.id in results]
-    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups)
+    tokens = TokenSplit(tree=tree_tokens, flat=stats.generated_tokens - tree_tokens)
+    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups, tokens)
 
 
 def search_outcomes(problems: Sequence[Problem], results: Sequence[TreeResult]):

@@ -1,6 +1,8 @@
 """Pass1@K screening (deepsearch.md §7, Eq. 8-9): sample K responses per problem at the
 screening temperature, grade them, and gather every rank's rates (`screen`); and the
-problems it selects for an epoch and at a round's end (`Screening`)."""
+problems it selects for an epoch and at a round's end (`Screening`), which problems it
+measures being the curriculum's call (`Curriculum.to_screen`: the hard set, or with
+`--data.hard_set.rescreen=all` the pool)."""
 
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from callbacks.wall_time import SCREENING, wall_section
 from data_modules.curriculum import Curriculum, RoundChange
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
+from data_modules.token_split import TokenSplit
 from flywheel.adaptive import HardSetConfig, pass1_rates
-from flywheel.run.distributed import all_gather
+from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Generator
 from flywheel.tasks import Problem, Task
@@ -58,6 +61,7 @@ class Screening:
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
                                    seed=self.curriculum.screening_seed(), progress=advance)
         self.tokens += tokens
+        self.curriculum.count_tokens(TokenSplit(screening=all_sum(tokens)))
         return rates
 
     def of_ids(self, ids: Sequence[str], label: str, **run: Any) -> dict[str, float]:
@@ -66,11 +70,16 @@ class Screening:
         return self.rates([pool[i] for i in ids[trainer.global_rank :: trainer.world_size]], label, **run)
 
     def start(self, **run: Any) -> None:
-        """D_hard(0), once: screen the training pool with the policy as it starts (Eq. 8)."""
+        """D_hard(0), once: screen the training pool (or with rescreen=all and
+        `screen_problems`, a sample of it) with the policy as it starts (Eq. 8)."""
         curriculum = self.curriculum
         if not curriculum.started:
             ids = list(self.pool.train())
-            curriculum.start(ids, self.of_ids(ids, "base", **run) if curriculum.hard_set_config.enabled else {})
+            if not curriculum.hard_set_config.enabled:
+                curriculum.start(ids, {})
+                return
+            ids = curriculum.to_screen(ids)
+            curriculum.start(ids, self.of_ids(ids, "base", **run))
 
     def draw(self, count: int, **run: Any) -> list[Problem]:
         """This rank's share of a file stream's next `count` problems, screened with the
@@ -85,10 +94,13 @@ class Screening:
         return [p for p in drawn if curriculum.hard_set_config.is_hard(rates[p.id])]
 
     def end_round(self, **run: Any) -> RoundChange:
-        """Re-measure the hard set with the trained policy and shrink it (Eq. 9); settle the
+        """Re-measure the hard set with the trained policy and shrink it (Eq. 9), or with
+        rescreen=all re-measure the pool (or a sample) and take its hard problems; settle the
         replay buffer's candidates against the same rates."""
         curriculum = self.curriculum
         if curriculum.hard is None:
             raise RuntimeError("a round ended before the first epoch screened the hard set")
-        enabled = curriculum.hard_set_config.enabled
-        return curriculum.end_round(self.of_ids(curriculum.hard.ids, f"round {curriculum.round + 1}", **run) if enabled else {})
+        if not curriculum.hard_set_config.enabled:
+            return curriculum.end_round({})
+        ids = curriculum.to_screen(list(self.pool.train()))
+        return curriculum.end_round(self.of_ids(ids, f"round {curriculum.round + 1}", **run), ids)

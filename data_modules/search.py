@@ -36,6 +36,7 @@ from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, s
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
+from data_modules.token_split import TokenSplit
 from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsConfig
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
@@ -75,8 +76,8 @@ class SearchDataModule(L.LightningDataModule):
         credit: how trajectories are credited (advantage rule, std normalisation, uniform
             groups, the degenerate-response filter, ReST-MCTS* path weights).
         hard_set: the Pass1@K hard set: screening samples K, threshold delta, screening
-            temperature (deepsearch.md §7). `--data.hard_set.enabled=false` trains on every
-            problem.
+            temperature (deepsearch.md §7); `rescreen=all` re-measures the pool every round.
+            `--data.hard_set.enabled=false` trains on every problem.
         replay: the replay buffer of cached correct solutions and its registration rule.
         eval: the held-out evaluation: samples per problem, k, temperature, before training.
         epochs_per_round: epochs per flywheel round; at each round's end the hard set is
@@ -114,6 +115,10 @@ class SearchDataModule(L.LightningDataModule):
         if problems.stream and replay.enabled:
             raise ValueError("--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer "
                              "re-screens its problems at every round's end, and a stream keeps no pool to find them in")
+        if problems.stream and hard_set.enabled and hard_set.rescreen == "all":
+            raise ValueError("--data.hard_set.rescreen=all re-screens the training pool every round, and "
+                             "--data.problems.stream=true keeps none (each epoch's draw is screened instead): set "
+                             "--data.hard_set.rescreen=hard, or load the files whole (--data.problems.stream=false)")
         for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
             log.warning(warning)
         self.task = task if task is not None else CountdownTask()
@@ -213,11 +218,13 @@ class SearchDataModule(L.LightningDataModule):
         self.epoch_results = out.results
         self.generated_tokens += all_sum(out.stats.generated_tokens)
         curriculum = self.curriculum
+        split = TokenSplit(*map(sum, zip(*all_gather((out.tokens.tree, out.tokens.flat)))))  # every rank's
+        curriculum.count_tokens(split)
         self.epoch_metrics = {**epoch_metrics(out.results, out.stats, searched.seconds, self.generated_tokens,
                                               self.live.generator, hard_set_size=len(curriculum.hard),
-                                              cached=len(curriculum.buffer), answer_rules=self.task.answer_rules,
+                                              cached=curriculum.cached_count, answer_rules=self.task.answer_rules,
                                               uniform_groups_dropped=out.uniform_groups),
-                              "compute/screening_tokens": float(self.screening_tokens)}
+                              **split.epoch_metrics(), "compute/screening_tokens": float(self.screening_tokens)}
         lag = staleness(searched, self.live.pushes, trainer.global_step)
         if self.async_search.enabled:
             self.epoch_metrics.update({"search/staleness": float(lag[0]), "search/staleness_steps": float(lag[1])})
@@ -342,10 +349,13 @@ class SearchDataModule(L.LightningDataModule):
         return self.curriculum.round_ends(epoch)
 
     def round_facts(self) -> dict[str, float | None]:
-        """The curriculum's numbers that go into a round's summary row (after its refresh)."""
+        """The curriculum's numbers that go into a round's summary row (after its refresh):
+        the hard set, its cached problems, the run's training tokens, and the round's own
+        token split (tree, flat, tree fraction, screening: data_modules.token_split)."""
         curriculum = self.curriculum
         return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
-                "cached": len(curriculum.buffer), "generated_tokens": self.generated_tokens}
+                "cached": curriculum.cached_count, "generated_tokens": self.generated_tokens,
+                **curriculum.tokens.this_round.round_facts()}
 
     # ------------------------------------------------------------------ hard set
     @property
@@ -354,12 +364,12 @@ class SearchDataModule(L.LightningDataModule):
         return self.screening.tokens
 
     def end_round(self, tokenizer: Any) -> dict[str, float]:
-        """A flywheel round's end: re-measure the hard set with the trained policy and shrink
-        it (Eq. 9); settle the replay buffer's candidates against the same rates."""
+        """A flywheel round's end: re-screen with the trained policy (the hard set, Eq. 9, or
+        with rescreen=all the pool); settle the replay buffer's candidates against the same rates."""
         change = self.screening.end_round(trainer=self.trainer, generator=self.generator, tokenizer=tokenizer)
         curriculum = self.curriculum
         write_run_files(self.trainer, curriculum.hard, curriculum.buffer)
-        return {"round/hard_set_size": float(change.after), "round/cached": float(len(curriculum.buffer))}
+        return {"round/hard_set_size": float(change.after), "round/cached": float(curriculum.cached_count)}
 
     # ------------------------------------------------------------------ validate / test
     def val_dataloader(self) -> DataLoader:

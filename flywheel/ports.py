@@ -72,7 +72,8 @@ class DataPort(Protocol):
         (collective); the round's scalars."""
 
     def round_facts(self) -> dict[str, float | None]:
-        """hard_set_size, cached and generated_tokens for a round's summary row."""
+        """hard_set_size, cached and generated_tokens for a round's summary row, and the round's
+        token split (tree_tokens, flat_tokens, tree_token_fraction, screening_tokens)."""
 
 
 class PortClient:

@@ -18,6 +18,7 @@ import flywheel.adaptive.hard_set as hard_set_mod
 import flywheel.adaptive.mixed as mixed_mod
 import flywheel.adaptive.replay as replay_mod
 import flywheel.adaptive.replay_rule as replay_rule_mod
+import flywheel.adaptive.rescreen as rescreen_mod
 from flywheel.adaptive import (
     CachedSolution,
     DegenerateFilter,
@@ -34,13 +35,14 @@ from flywheel.adaptive import (
     pass1_rates,
     qualifies,
     repeated_tail,
+    screening_ids,
 )
 from flywheel.io import atomic_write_json
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
 
-@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, replay_rule_mod, mixed_mod, filters_mod])
+@pytest.mark.parametrize("module", [hard_set_mod, replay_mod, replay_rule_mod, mixed_mod, filters_mod, rescreen_mod])
 def test_doctests(module):
     result = doctest.testmod(module)
     assert result.attempted > 0 and result.failed == 0
@@ -81,6 +83,9 @@ def test_pass1_rates_sums_the_shards_of_one_problem():
         ({"comparison": "lte"}, "--data.hard_set.comparison"),
         ({"temperature": -1.0}, "--data.hard_set.temperature"),
         ({"top_p": 0.0}, "--data.hard_set.top_p"),
+        ({"rescreen": "pool"}, "--data.hard_set.rescreen='pool': choose 'hard'"),
+        ({"rescreen": "all", "screen_problems": 0}, "--data.hard_set.screen_problems must be an integer >= 1"),
+        ({"screen_problems": 64}, r"screen_problems=64 .* set --data.hard_set.rescreen=all, or leave"),
     ],
 )
 def test_hard_set_config_names_the_flag(kwargs, flag):
@@ -91,6 +96,7 @@ def test_hard_set_config_names_the_flag(kwargs, flag):
 def test_hard_set_config_defaults_are_the_papers():
     cfg = HardSetConfig()
     assert (cfg.k, cfg.delta, cfg.comparison, cfg.temperature, cfg.top_p, cfg.enabled) == (4, 0.25, "lt", 0.6, 0.95, True)
+    assert (cfg.rescreen, cfg.screen_problems) == ("hard", None)  # Eq. 9, the pool screened whole
 
 
 ROUND0 = {"a": 0.0, "b": 0.25, "c": 0.5, "d": 0.0, "e": 0.75}  # "f" not measured
@@ -186,6 +192,79 @@ def test_refresh_never_adds_and_keeps_order(ids, rounds, comparison):
         hard = nxt
     assert list(hard.history) == sorted(hard.history, reverse=True) and hard.history[-1] == len(hard)
     assert HardSet.from_dict(hard.to_dict()) == hard
+
+
+# ---------------------------------------------------------------------- re-screening (rescreen="all")
+ALL = HardSetConfig(rescreen="all")
+
+
+def test_rescreen_all_lets_a_forgotten_problem_come_back():
+    # D_hard(0) over the screened p1..p4, rate < 0.25: p1 (0.0) and p4 (0.0); p2 (0.25), p3 leave.
+    hard = HardSet.initial(["p1", "p2", "p3", "p4"], {"p1": 0.0, "p2": 0.25, "p3": 0.5, "p4": 0.0}, ALL)
+    assert hard.ids == ("p1", "p4")
+    # Round 1 screens p2, p3, p5, p6 (p1, p4 not in the sample): p2 fell to 0.0 and comes back
+    # (Eq. 9 would keep it out for good), p6 joins at 0.0, p3 (0.75) and p5 (0.25) are not hard;
+    # p1 and p4 were not measured, so they leave: the next set is the round's evidence.
+    hard = hard.rescreen(["p2", "p3", "p5", "p6"], {"p2": 0.0, "p3": 0.75, "p5": 0.25, "p6": 0.0})
+    assert hard.ids == ("p2", "p6") and hard.round == 1 and hard.history == (2, 2)
+    # Round 2 screens the whole pool, all at 0.0: the set grows to 6, in the screened order.
+    pool = ["p1", "p2", "p3", "p4", "p5", "p6"]
+    hard = hard.rescreen(pool, dict.fromkeys(pool, 0.0))
+    assert hard.ids == tuple(pool) and hard.history == (2, 2, 6)
+    assert HardSet.from_dict(json.loads(json.dumps(hard.to_dict()))) == hard  # a grown history is valid under "all"
+    # With "le" (the released data) p5's 0.25 is hard too.
+    le = HardSet.initial(["p5"], {}, HardSetConfig(rescreen="all", comparison="le")).rescreen(["p5"], {"p5": 0.25})
+    assert le.ids == ("p5",)
+
+
+def test_rescreen_keeps_an_unmeasured_member_and_never_adds_one():
+    hard = HardSet.initial(["a", "b"], {"a": 0.0, "b": 0.0}, ALL)
+    # b and c were to be screened but have no rate (e.g. a shard lost): b stays (dropped only
+    # on evidence), c is not added without it.
+    assert hard.rescreen(["a", "b", "c"], {"a": 0.5}).ids == ("b",)
+    assert HardSet.initial(["a"], {"a": 1.0}, HardSetConfig(rescreen="all", enabled=False)).rescreen([], {}).ids == ("a",)
+
+
+def test_a_grown_history_resumed_under_rescreen_hard_names_the_flag():
+    grown = HardSet.initial(["a"], {"a": 0.0}, ALL).rescreen(["a", "b"], {"a": 0.0, "b": 0.0}).to_dict()
+    with pytest.raises(ValueError, match="resumes with --data.hard_set.rescreen=all"):
+        HardSet.from_dict(grown, config=HardSetConfig())
+    assert HardSet.from_dict(grown, config=ALL).history == (1, 2)
+
+
+@SETTINGS
+@given(
+    pool=st.lists(st.text(min_size=1, max_size=3), max_size=20, unique=True),
+    rounds=st.lists(st.dictionaries(st.text(min_size=1, max_size=3), st.sampled_from([0.0, 0.25, 0.5, 1.0])), max_size=4),
+    comparison=st.sampled_from(["lt", "le"]),
+)
+def test_rescreen_is_the_screened_problems_below_delta(pool, rounds, comparison):
+    config = HardSetConfig(rescreen="all", comparison=comparison)
+    hard = HardSet.initial(pool, rounds[0] if rounds else {}, config)
+    for i, rates in enumerate(rounds[1:]):
+        screened = pool[i % 2 :: 2]  # every other problem: some members go unmeasured
+        nxt = hard.rescreen(screened, rates)
+        expected = [p for p in screened if (is_hard(rates[p], 0.25, comparison) if p in rates else p in hard)]
+        assert list(nxt.ids) == expected and nxt.history == hard.history + (len(expected),)
+        hard = nxt
+    assert HardSet.from_dict(hard.to_dict()) == hard
+
+
+def test_screening_ids_are_the_pending_and_a_seeded_sample_in_pool_order():
+    pool = [f"q{i}" for i in range(10)]
+    # No sample size: the whole pool (a pending id outside the pool is ignored).
+    assert screening_ids(pool, sample=None, seed=0, always=["q3", "gone"]) == tuple(pool)
+    assert screening_ids(pool, sample=20, seed=0) == tuple(pool)  # asks for more than there are
+    # 3 sampled from the 8 ids that are not pending, plus the 2 pending ones: 5, in pool order.
+    picked = screening_ids(pool, sample=3, seed=7, always=["q9", "q0"])
+    assert len(picked) == 5 and {"q0", "q9"} <= set(picked) and list(picked) == [p for p in pool if p in picked]
+    assert screening_ids(pool, sample=3, seed=7, always=["q9", "q0"]) == picked  # the same on every rank
+    assert screening_ids(pool, sample=0, seed=7, always=["q4"]) == ("q4",)
+    # A new seed each round: over 10 rounds the samples differ and cover most of the pool.
+    samples = {screening_ids(pool, sample=3, seed=round_) for round_ in range(10)}
+    assert len(samples) > 1 and len(set().union(*samples)) >= 8
+    with pytest.raises(ValueError, match="sample >= 0"):
+        screening_ids(pool, sample=-1, seed=0)
 
 
 # ---------------------------------------------------------------------- replay rules

@@ -13,7 +13,7 @@ from flywheel.module import TreeGRPOModule
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
 OVERLAYS = {"dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "quickstart_vllm.yaml", "countdown_mcts.yaml",
-            "smollm2_vllm.yaml"}
+            "smollm2_vllm.yaml", "deepsearch_plateau.yaml"}
 GPU_RECIPES = {
     # Instantiated here with its GPU parts swapped for CPU ones (DeepSpeed and vLLM are GPU
     # extras); its DeepSpeed file is checked by tests/test_deepspeed_config.py.
@@ -108,6 +108,17 @@ def test_countdown_mcts_overlay_puts_the_seed_recipe_together():
     assert not cli.datamodule.curriculum.replay_config.enabled and not cli.datamodule.credit.drop_uniform_groups
 
 
+def test_deepsearch_plateau_overlay_puts_the_allocation_together():
+    base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
+    dm = main(base + ["--config", str(ROOT / "conf" / "deepsearch_plateau.yaml")], run=False).datamodule
+    hard, replay = dm.curriculum.hard_set_config, dm.curriculum.replay_config
+    assert (hard.enabled, hard.k, hard.delta, hard.comparison) == (True, 4, 0.25, "le")  # Pass1@4 of 0% or 25%
+    assert (hard.rescreen, hard.screen_problems) == ("all", 512)
+    assert (replay.enabled, replay.rule) == (True, "paper") and dm.rollout == "search"
+    assert dm.task.numbers_count == 4 and dm.pool.config.eval_split == "test_hard"
+    assert dm.search.terminal_choice == "random"  # the quickstart's search kept
+
+
 def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
     """An overlay that renames the run (dapo, best-of-N, CISPO, ReST-MCTS*) must not write into the
     quickstart's checkpoint folder, or a later `--ckpt_path last` of the quickstart would resume
@@ -115,7 +126,8 @@ def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
     base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
     save_dir = f"--trainer.logger.init_args.save_dir={tmp_path}"
     folders = {}
-    for overlay in (None, "dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "countdown_mcts.yaml"):
+    for overlay in (None, "dapo.yaml", "best_of_n.yaml", "cispo.yaml", "rest_mcts.yaml", "countdown_mcts.yaml",
+                    "deepsearch_plateau.yaml"):
         args = base + (["--config", str(ROOT / "conf" / overlay)] if overlay else []) + [save_dir]
         folders[overlay] = main(args, run=False).trainer.checkpoint_callback.dirpath
     assert folders[None] == str(tmp_path / "quickstart" / "checkpoints")

@@ -10,6 +10,7 @@ import pytest
 from data_modules.curriculum import Curriculum
 from data_modules.search import SearchDataModule
 from data_modules.settings import BatchingConfig, ProblemsConfig
+from data_modules.token_split import TokenSplit
 from flywheel.objectives.credit import Credit
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.generation.backends import HFBackend
@@ -72,6 +73,91 @@ def test_the_state_round_trips_and_a_malformed_one_raises():
     del broken["replay_buffer"]
     with pytest.raises(KeyError):
         curriculum().load_state_dict(broken)
+
+
+def rescreening(screen_problems: int | None = None, rule: str = "paper") -> Curriculum:
+    return Curriculum(HardSetConfig(rescreen="all", screen_problems=screen_problems), ReplayConfig(rule=rule), 1, seed=0)
+
+
+def test_rescreen_all_regrows_the_hard_set_and_keeps_the_cache_of_a_problem_that_left():
+    c = rescreening()
+    # D_hard(0): the whole pool is screened; a (0.0) and b (0.0) are hard.
+    assert c.to_screen(list(POOL)) == list(POOL)
+    c.start(c.to_screen(list(POOL)), {"a": 0.0, "b": 0.0, "c": 0.5, "d": 1.0, "e": 0.25})
+    assert c.hard.ids == ("a", "b")
+    # Round 0: a's search found 1 correct of 4 (pending, paper rule); b's found none.
+    c.observe([("a", [((5, 6), "56")], 4), ("b", [], 4)])
+    # Round 1's screening measures the pool again: a is still hard (0.0), so its solution is
+    # registered; b learnt (0.5) and leaves; c was forgotten (0.0) and comes back, which Eq. 9
+    # could never do.
+    change = c.end_round({"a": 0.0, "b": 0.5, "c": 0.0, "d": 1.0, "e": 0.25}, c.to_screen(list(POOL)))
+    assert c.hard.ids == ("a", "c") and (change.before, change.after, change.newly_cached) == (2, 2, 1)
+    assert c.cached_count == 1 and [s.response_ids for s in c.cached("a")] == [(5, 6)]
+    # Round 2: a is solved now (0.75) and leaves the set, but keeps its cached solution: the
+    # buffer holds it, the hard set's count of cached problems drops to 0.
+    c.end_round({"a": 0.75, "b": 0.5, "c": 0.0, "d": 1.0, "e": 0.25}, c.to_screen(list(POOL)))
+    assert c.hard.ids == ("c",) and "a" in c.buffer and c.cached_count == 0
+    # Round 3: a is forgotten again and comes back with its solution: a mixed rollout, no tree.
+    c.end_round({"a": 0.0, "b": 0.5, "c": 0.0, "d": 1.0, "e": 0.25}, c.to_screen(list(POOL)))
+    assert c.hard.ids == ("a", "c") and c.cached_count == 1 and c.cached("a")
+    assert c.hard.history == (2, 2, 1, 2)
+    with pytest.raises(ValueError, match="rescreen=all: a round's end needs the problems it screened"):
+        c.end_round({"a": 0.0})
+
+
+def test_rescreen_hard_still_shrinks_and_drops_the_cache_of_a_problem_that_left():
+    c = curriculum(rule="paper")
+    c.start(c.to_screen(list(POOL)), {"a": 0.0, "b": 0.0, "c": 0.5, "d": 1.0, "e": 0.25})
+    c.observe([("a", [((5, 6), "56")], 4)])
+    assert c.to_screen(list(POOL)) == ["a", "b"]  # Eq. 9: the hard set only
+    c.end_round({"a": 0.0, "b": 0.5}, c.to_screen(list(POOL)))
+    assert c.hard.ids == ("a",) and c.cached("a")
+    c.end_round({"a": 0.75}, c.to_screen(list(POOL)))
+    assert c.hard.ids == () and "a" not in c.buffer  # retain(hard ids): the paper's Table 6
+
+
+def test_a_sampled_rescreen_always_measures_the_pending_candidates():
+    c = rescreening(screen_problems=2)
+    first = c.to_screen(list(POOL))
+    assert len(first) == 2 and first == [p for p in POOL if p in first]
+    c.start(first, dict.fromkeys(first, 0.0))
+    pending = first[0]
+    c.observe([(pending, [((1,), "1")], 4)])
+    screened = c.to_screen(list(POOL))  # round 0's end: the pending one plus 2 of the other 4
+    assert len(screened) == 3 and pending in screened
+    c.end_round(dict.fromkeys(screened, 0.0), screened)
+    assert c.hard.ids == tuple(screened) and c.cached(pending)  # settled: its post-round rate was measured
+    # Round 1's sample is drawn with round 1's seed; a copy restored from the state draws the same.
+    back = rescreening(screen_problems=2)
+    back.load_state_dict(c.state_dict())
+    assert back.to_screen(list(POOL)) == c.to_screen(list(POOL))
+
+
+def test_the_token_split_is_counted_per_round_and_round_trips():
+    c = rescreening()
+    c.start(list(POOL), dict.fromkeys(POOL, 0.0))
+    c.count_tokens(TokenSplit(screening=100))  # D_hard(0)'s screening, in round 0
+    c.count_tokens(TokenSplit(tree=300, flat=100))  # epoch 0
+    c.count_tokens(TokenSplit(screening=40))  # round 0's end screening, before the round counts
+    c.end_round(dict.fromkeys(POOL, 0.0), list(POOL))
+    # The round that just ended, until the next one counts something: 300 + 100 + 140.
+    assert c.tokens.this_round == TokenSplit(tree=300, flat=100, screening=140)
+    c.count_tokens(TokenSplit(tree=0, flat=50))  # round 1's first epoch: all mixed rollouts
+    assert c.tokens.this_round == TokenSplit(flat=50) and c.tokens.round == 1
+    assert c.tokens.total == TokenSplit(tree=300, flat=150, screening=140)
+    back = rescreening()
+    back.load_state_dict(c.state_dict())
+    assert back.state_dict() == c.state_dict() and back.tokens.this_round == TokenSplit(flat=50)
+    old = c.state_dict()
+    del old["tokens"]  # a checkpoint from before the split was counted: restored from zero
+    back.load_state_dict(old)
+    assert back.tokens.total == TokenSplit() and back.hard == c.hard
+
+
+def test_rescreen_all_with_a_problem_stream_is_refused_with_the_flags_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--data.hard_set.rescreen=all .* --data.problems.stream=true"):
+        SearchDataModule(problems=ProblemsConfig(train_files=[str(tmp_path / "p.jsonl")], stream=True),
+                         replay=ReplayConfig(enabled=False), hard_set=HardSetConfig(rescreen="all"))
 
 
 @pytest.mark.parametrize("flag", ["max_concurrent_trees", "problems_per_epoch", "mini_batch_problems", "flat_samples"])

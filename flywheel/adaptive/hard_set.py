@@ -7,6 +7,11 @@ with K = 4, delta = 25%, screening samples at temperature 0.6, top_p 0.95. Pass1
 success RATE over K samples, not "any of K". The released data keeps 0% and 25%, i.e.
 `<=` delta: `comparison="le"` reproduces it, `"lt"` (the paper) is the default.
 
+Eq. 9 only ever shrinks the set. `rescreen="all"` (conf/deepsearch_plateau.yaml) instead
+re-measures the training pool every round (flywheel.adaptive.rescreen picks which problems):
+    D_hard(i+1) = {x in S_i : Pass1@K(x, pi_i) < delta}
+with S_i the round's screened problems, so a problem the policy forgot comes back.
+
 Pure data: the caller measures the rates (e.g. `flywheel.reporting.evaluation.evaluate` with
 `EvalConfig(samples=k, temperature=..., top_p=...)`, then `pass1_rates`) and hands them in.
 """
@@ -21,6 +26,7 @@ from flywheel.adaptive.state_checks import is_int, is_rate, stored_config
 from flywheel.finite import check_finite_fields
 
 Comparison = Literal["lt", "le"]
+Rescreen = Literal["hard", "all"]
 
 FORMAT = "flywheel.adaptive.hard_set/v1"
 
@@ -90,7 +96,18 @@ class HardSetConfig:
             keeps 0% and 25% with K = 4).
         temperature: sampling temperature of the screening samples (paper: 0.6).
         top_p: nucleus sampling of the screening samples (paper: 0.95).
-        enabled: keep a hard set; off = every problem stays in training every round.
+        enabled: keep a hard set; off = every problem stays in training every round (and
+            nothing is screened: `rescreen` and `screen_problems` are then unused).
+        rescreen: what a round's end re-measures. "hard" (paper Eq. 9): the hard set only, so
+            it only shrinks. "all": the training pool (or a sample of `screen_problems` of it),
+            and the next hard set is every screened problem below delta, so a problem the
+            policy forgot comes back (conf/deepsearch_plateau.yaml). Each screened problem
+            costs K samples.
+        screen_problems: with rescreen="all", how many training problems each screening
+            (D_hard(0) and every round's end) measures: a seeded random sample, new every round,
+            plus the replay buffer's pending candidates (the paper rule needs their post-round
+            rate). None = the whole pool (4,000 4-number Countdown problems: 16,000 samples a
+            round at K = 4).
     """
 
     k: int = 4
@@ -99,6 +116,8 @@ class HardSetConfig:
     temperature: float = 0.6
     top_p: float = 0.95
     enabled: bool = True
+    rescreen: Rescreen = "hard"
+    screen_problems: int | None = None
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.hard_set")
@@ -114,6 +133,23 @@ class HardSetConfig:
             raise ValueError(f"--data.hard_set.temperature must be >= 0, got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"--data.hard_set.top_p must be in (0, 1], got {self.top_p}")
+        if self.rescreen not in ("hard", "all"):
+            raise ValueError(
+                f"--data.hard_set.rescreen={self.rescreen!r}: choose 'hard' (re-measure the hard set only, "
+                "paper Eq. 9) or 'all' (re-measure the training pool every round)"
+            )
+        if self.screen_problems is not None:
+            if not is_int(self.screen_problems, 1):
+                raise ValueError(
+                    f"--data.hard_set.screen_problems must be an integer >= 1, or null to screen the whole pool; "
+                    f"got {self.screen_problems!r}"
+                )
+            if self.rescreen != "all":
+                raise ValueError(
+                    f"--data.hard_set.screen_problems={self.screen_problems} samples the pool that "
+                    "--data.hard_set.rescreen=all re-measures; with rescreen='hard' a round re-measures the hard "
+                    "set itself: set --data.hard_set.rescreen=all, or leave screen_problems out (null)"
+                )
 
     def is_hard(self, rate: float) -> bool:
         return is_hard(rate, self.delta, self.comparison)
@@ -134,7 +170,8 @@ class HardSet:
     round: int
     """0 after `initial`, +1 per `refresh`."""
     history: tuple[int, ...]
-    """Sizes |D_hard(0)|, ..., |D_hard(round)|; non-increasing, last = len(ids)."""
+    """Sizes |D_hard(0)|, ..., |D_hard(round)|, last = len(ids); non-increasing under
+    rescreen="hard" (Eq. 9)."""
     config: HardSetConfig = field(default_factory=HardSetConfig)
 
     def __post_init__(self) -> None:
@@ -148,9 +185,11 @@ class HardSet:
             raise ValueError(f"hard set history must hold round + 1 = {self.round + 1} sizes, got {len(self.history)}")
         if self.history[-1] != len(self.ids):
             raise ValueError(f"hard set history ends with {self.history[-1]} but the set holds {len(self.ids)} ids")
-        if any(b > a for a, b in zip(self.history, self.history[1:])):
+        if self.config.rescreen == "hard" and any(b > a for a, b in zip(self.history, self.history[1:])):
             raise ValueError(
-                f"hard set history must be non-increasing (a refresh never adds problems), got {list(self.history)}"
+                f"hard set history must be non-increasing under --data.hard_set.rescreen=hard (a refresh never adds "
+                f"problems), got {list(self.history)}; a run that re-screened the pool resumes with "
+                "--data.hard_set.rescreen=all"
             )
 
     @classmethod
@@ -175,6 +214,22 @@ class HardSet:
         """
         kept = _keep(self.ids, rates, self.config)
         return HardSet(ids=kept, round=self.round + 1, history=self.history + (len(kept),), config=self.config)
+
+    def rescreen(self, screened: Iterable[str], rates: Mapping[str, float]) -> HardSet:
+        """D_hard(round + 1) = {x in screened : rate(x) hard} (`rescreen="all"`), in the order
+        of `screened` (the pool's): the set can grow again. A screened id without a rate stays
+        only if it is in the set now (dropped or added only on evidence); ids not screened
+        leave. With `config.enabled` False the set is unchanged (round + 1).
+
+        >>> hard = HardSet.initial(["a", "b"], {"a": 0.0, "b": 0.0})
+        >>> hard.rescreen(["a", "b", "c", "d"], {"a": 0.5, "c": 0.0, "d": 0.25}).ids  # b: no rate, stays
+        ('b', 'c')
+        """
+        if not self.config.enabled:
+            return self.refresh({})
+        kept = [pid for pid in _keep(tuple(dict.fromkeys(screened)), rates, self.config)
+                if pid in rates or pid in self]
+        return HardSet(ids=tuple(kept), round=self.round + 1, history=self.history + (len(kept),), config=self.config)
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -3,7 +3,8 @@
 Reads the summary dict that HeldOutEval writes (`base_eval_pass1`, `rounds` with round,
 epoch, eval_pass1, eval_passk, k, hard_set_size, cached, generated_tokens, wall_seconds):
 the paper's Table 6 analogue (hard-set size and cached solutions per round) next to the
-held-out gains; with the ReST-MCTS* value model, its held-out AUC per round (`prm_auc`).
+held-out gains; the round's share of generated tokens spent in trees (`tree_token_fraction`,
+data_modules.token_split); with the ReST-MCTS* value model, its held-out AUC per round (`prm_auc`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def report_markdown(summary: dict[str, Any], title: str = "flywheel run") -> str
     base1, basek = summary.get("base_eval_pass1"), summary.get("base_eval_passk")
     rows = summary.get("rounds", [])
     auc = any("prm_auc" in r for r in rows)  # the ReST-MCTS* value model's column
+    split = any("tree_token_fraction" in r for r in rows)  # the token split's (summaries from before it lack it)
     lines = [
         f"# {title}",
         "",
@@ -30,16 +32,18 @@ def report_markdown(summary: dict[str, Any], title: str = "flywheel run") -> str
         f"temperature {summary.get('temperature', '?')}; pass@k is the unbiased estimator.",
         "",
         f"| round | epoch | pass@1 | pass@{k} | hard set | cached | generated tokens | wall time (s) |"
-        + (" value-model AUC |" if auc else ""),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if auc else ""),
+        + (" tree tokens |" if split else "") + (" value-model AUC |" if auc else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if split else "") + ("---:|" if auc else ""),
     ]
     if base1 is not None:
-        lines.append(f"| base | - | {base1:.4f} | {_cell(basek, '.4f')} | - | - | 0 | 0 |" + (" - |" if auc else ""))
+        lines.append(f"| base | - | {base1:.4f} | {_cell(basek, '.4f')} | - | - | 0 | 0 |" + (" - |" if split else "")
+                     + (" - |" if auc else ""))
     for r in rows:
         lines.append(
             f"| {r['round']} | {r['epoch']} | {_cell(r.get('eval_pass1'), '.4f')} | {_cell(r.get('eval_passk'), '.4f')} | "
             f"{_cell(r.get('hard_set_size'), 'd')} | {_cell(r.get('cached'), 'd')} | {_cell(r.get('generated_tokens'), ',d')} | "
-            f"{_cell(r.get('wall_seconds'), '.0f')} |" + (f" {_cell(r.get('prm_auc'), '.3f')} |" if auc else "")
+            f"{_cell(r.get('wall_seconds'), '.0f')} |" + (f" {_cell(r.get('tree_token_fraction'), '.0%')} |" if split else "")
+            + (f" {_cell(r.get('prm_auc'), '.3f')} |" if auc else "")
         )
     if base1 is not None and rows and rows[-1].get("eval_pass1") is not None:
         last = rows[-1]["eval_pass1"]
