@@ -86,6 +86,7 @@ class HeldOutEval(PortClient, Callback):
                 "hard_set_size": curriculum["hard_set_size"],
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
+                "optimizer_steps": trainer.global_step,
                 "wall_seconds": round(self.wall_seconds(), 1),
                 "config": config_file(trainer),  # the settings this round ran under (each resume has its own file)
                 **({"partial": True} if partial else {}),
