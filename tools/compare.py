@@ -30,12 +30,10 @@ data state), and the arms of the 2 x 2 {flat DAPO, rollout tree} x {all problems
 solution cache} are dapo, rollout, dapo_hard and rollout_hard; breadth is the BroRL control (flat,
 64 samples per prompt, hard set only) and flat_first trains flat groups where 8 flat samples
 solve a problem and grows trees from those 8 where none does (docs/search.md). Seeds may run as
-separate processes into one --out:
+separate processes into one --out (`--seed-list 1`, ...), read together by `--report --seeds 3`:
 
-    python tools/compare.py --init 'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt' --seed-list 0 \
-        --tokens 2000000 --arms dapo rollout dapo_hard rollout_hard breadth flat_first --out runs/continue &
-    python tools/compare.py ... --seed-list 1 ... &       # the same command with the other seeds
-    python tools/compare.py --report --seeds 3 --tokens 2000000 --arms ... --out runs/continue
+    python tools/compare.py --init 'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt' --seed-list 0 \\
+        --tokens 2000000 --arms dapo rollout dapo_hard rollout_hard breadth flat_first --out runs/continue
 
 A comparison is resumable and can grow: every run keeps its last.ckpt under OUT/<arm>_seed<s>/,
 so running the same command again skips the finished runs and resumes an interrupted one from
@@ -168,8 +166,8 @@ def claimed(folder: Path):
     try:
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
-        pid = int(lock.read_text() or 0)
-        if pid and pid_alive(pid):
+        pid = int(lock.read_text() or 0)  # 0: being written by the process that just made it
+        if not pid or pid_alive(pid):
             raise RuntimeError(f"{folder.name} is being run by process {pid}; not started twice") from None
         lock.unlink()  # left by a process that is gone
         fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
@@ -186,8 +184,8 @@ def pid_alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # alive, someone else's
-        return True
+    except PermissionError:  # alive, another user's
+        pass
     return True
 
 
@@ -360,14 +358,12 @@ def main() -> None:
                              "each into the same --out (folders are per arm and seed, and a folder another process is "
                              "running is never started twice); --report --seeds N then reads them all")
     parser.add_argument("--init", default=None, metavar="P",
-                        help="start every run from the plateau checkpoint P, a `flywheel fit` .ckpt (e.g. "
-                             "runs/plateau/dapo_seed0/checkpoints/last.ckpt; `{seed}` in P is the run's seed, e.g. "
-                             "'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt'): a fresh run (its epoch and step "
-                             "counters, learning-rate schedule, hard set, replay buffer and problem cursor start anew; "
-                             "--tokens counts from 0) with P's policy weights (exported once into the run's folder, "
-                             "init_policy/, by tools/export_hf.py) and P's AdamW moments where the arm's optimizer "
-                             "matches P's (the same parameters: not with a value head or LoRA; then weights only, and "
-                             "the run's log says so; callbacks/optimizer_from.py)")
+                        help="start every run from P, a `flywheel fit` .ckpt (`{seed}` in P is the run's seed: "
+                             "'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt') as a fresh run: P's policy weights "
+                             "(exported into the run's init_policy/ by tools/export_hf.py) and, where the arm's optimizer "
+                             "has P's parameters (not with a value head or LoRA; else weights only, as its log says), "
+                             "P's AdamW moments (callbacks/optimizer_from.py); new step counters, learning-rate "
+                             "schedule, hard set, replay buffer and problem cursor; --tokens counts from 0")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--arms", "--methods", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--report", action="store_true", help="print the tables of the runs found in --out; run nothing")
