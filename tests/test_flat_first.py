@@ -204,3 +204,31 @@ def test_without_flat_first_every_problem_gets_a_tree():
                   flat_samples=8, max_concurrent_trees=4, credit=Credit())
     assert [r.mode for r in out.results] == ["search", "search"] and len(gen.calls) == 1
     assert all(r.stats.reused_tokens == 0 for r in out.results)
+
+
+def test_flat_first_with_the_tiny_policy_splits_by_the_flat_samples(one_thread):
+    """The tiny policy on 8 Countdown problems, 4 flat samples first: every problem that solved
+    one trains on its 4 samples, every other one on a tree whose first 4 chains are incorrect and
+    whose tokens include them; the epoch's tokens are the results' tokens, counted once."""
+    from data_modules.rollout import rollout
+    from flywheel.generation.hf import HFGenerator
+    from flywheel.policies.load import load_policy
+    from flywheel.tasks.countdown import CountdownTask
+
+    model, tokenizer = load_policy("tiny-countdown")
+    task = CountdownTask()
+    search = SearchConfig(expansion="rollout", expansion_width=4, trajectories_per_tree=12, max_depth=8,
+                          overlong_max_tokens=task.max_response_tokens, overlong_buffer_tokens=16)
+    out = rollout(task.problems("train")[:8], generator=HFGenerator(model, tokenizer), task=task, tokenizer=tokenizer,
+                  kind="search", search=search, flat_samples=8, max_concurrent_trees=8, credit=Credit(advantage="subtree"),
+                  flat_first=4)
+    flat = [r for r in out.results if r.mode == "flat"]
+    trees = [r for r in out.results if r.mode == "search"]
+    assert flat and trees, [r.mode for r in out.results]  # both kinds occur on these problems
+    assert all(len(r.trajectories) == 4 and any(t.verdict.correct for t in r.trajectories) for r in flat)
+    for r in trees:
+        first = r.trajectories[:4]
+        assert [t.backup_index for t in first] == [0, 1, 2, 3] and not any(t.verdict.correct for t in first)
+        assert sum(len(t.response_ids) for t in first) == r.stats.reused_tokens < r.stats.generated_tokens
+    assert out.stats.generated_tokens == sum(r.stats.generated_tokens for r in out.results)
+    assert len(out.rows) == 8 and out.searched == frozenset(p.id for p in task.problems("train")[:8])

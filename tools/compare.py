@@ -67,7 +67,9 @@ ROLLOUT = [
 ]
 HARD = ["--data.hard_set.enabled=true", "--data.replay.enabled=true"]
 """The hard filter + solution cache: train on the problems below the Pass1@K threshold, replay
-the cached correct solutions of the ones searched to a solution (deepsearch.md §7)."""
+the cached correct solutions of the ones searched to a solution (deepsearch.md §7). Flat
+rollouts offer the buffer nothing yet (the data module observes searches only), so dapo_hard
+has the filter without the cache."""
 ARMS: dict[str, tuple[list[str], list[str]]] = {
     # name: (overlay configs, overrides) on top of conf/quickstart.yaml
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
