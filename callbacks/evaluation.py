@@ -91,6 +91,7 @@ class HeldOutEval(PortClient, Callback):
                 "cached": curriculum["cached"],
                 "generated_tokens": curriculum["generated_tokens"],
                 **{key: value for key, value in curriculum.items() if key not in CURRICULUM_FACTS},
+                "optimizer_steps": trainer.global_step,
                 "wall_seconds": round(self.wall_seconds(), 1),
                 "config": config_file(trainer),  # the settings this round ran under (each resume has its own file)
                 **({"partial": True} if partial else {}),

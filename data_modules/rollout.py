@@ -10,7 +10,7 @@ No Lightning: the generator, the task, the tokenizer and the settings are argume
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Literal, Sequence
 
 from data_modules.token_split import TokenSplit
@@ -20,8 +20,8 @@ from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, Group, TrainingRow, credit_groups
 from flywheel.objectives.self_training import ValueFn
 from flywheel.search.config import SearchConfig
-from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem
-from flywheel.search.flat import flat_rollouts
+from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
+from flywheel.search.flat import flat_responses, flat_rollouts
 from flywheel.search.outputs import TreeResult
 from flywheel.tasks import Problem, Task
 
@@ -40,9 +40,14 @@ class Rollouts:
     uniform_groups: int
     """Groups left out by `drop_uniform_groups`."""
     tokens: TokenSplit = TokenSplit()
-    """`stats.generated_tokens` split: the tree search's, and the flat samples' (flat rollouts and
-    the direct samples of mixed rollouts). Counted from the generator calls of each, so it adds
-    up even when a problem is drawn twice in one epoch (its results share one id)."""
+    """`stats.generated_tokens` split: the tree search's, and the flat samples' (flat rollouts,
+    `flat_first` samples and the direct samples of mixed rollouts). Counted from the generator
+    calls of each, so it adds up even when a problem is drawn twice in one epoch (its results
+    share one id)."""
+    searched: frozenset[str] = frozenset()
+    """Ids of the problems searched afresh under kind "search" (a tree, or with
+    `flat_first` the flat group that solved it), not given a mixed rollout: what the
+    replay buffer is offered (`search_outcomes`)."""
 
 
 def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
@@ -76,6 +81,7 @@ def rollout(
     flat_samples: int,
     max_concurrent_trees: int,
     credit: Credit,
+    flat_first: int = 0,
     cached: Callable[[str], Sequence[CachedSolution]] = lambda problem_id: (),
     value_fn: ValueFn | None = None,
     node_values: ValueFn | None = None,
@@ -87,7 +93,10 @@ def rollout(
     credited by `credit.advantage`; "flat": `flat_samples` independent responses, DAPO
     advantages; "best_of_n": the same samples, the correct ones only. A problem with
     `cached(id)` solutions gets a mixed rollout instead, credited by the same rule
-    (`flywheel.objectives.credit.credit_groups`). `value_fn` scores new search nodes
+    (`flywheel.objectives.credit.credit_groups`). With `flat_first` = m (kind "search"), every
+    fresh problem first gets m flat samples: a problem with a correct one keeps them as its
+    flat group, one with none gets a tree that starts from them (`SearchProblem.first_rollouts`).
+    `value_fn` scores new search nodes
     when `search.prm_weight` > 0; otherwise `node_values` does (the policy's value head, for
     `search.selection=puct_agents`). `progress(problems done, tokens or None)`.
     """
@@ -96,28 +105,42 @@ def rollout(
     stats = DriverStats()
     results: dict[str, TreeResult] = {}
     groups: dict[str, Group] = {}
-    found: list[TreeResult] = []
+    found: list[TreeResult] = []  # the fresh problems' trees and flat groups
     decode, eos = decoder(tokenizer), eos_ids(tokenizer)
 
-    def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None) -> list[TreeResult]:
+    def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None,
+             config: SearchConfig = search) -> list[TreeResult]:
         return flat_rollouts(search_problems(tokenizer, task, group), generator, n=n, step=task.step, decode=decode,
-                             config=search, max_concurrent_problems=max_concurrent_trees, eos_token_ids=eos,
+                             config=config, max_concurrent_problems=max_concurrent_trees, eos_token_ids=eos,
                              stats=stats, progress=on_done)
 
-    if kind == "search" and fresh:
+    searched, first_rollouts = fresh, {}
+    tree_tokens = 0  # the driver's generated tokens; everything else in `stats` is flat sampling
+    if kind == "search" and fresh and flat_first:  # tree tokens only where flat fails
+        samples = flat(fresh, flat_first, (lambda done: progress(0, None)) if progress else None,
+                       flat_first_config(search))
+        for problem, result in zip(fresh, samples):
+            if any(t.verdict.correct for t in result.trajectories):
+                found.append(result)
+            else:
+                first_rollouts[problem.id] = flat_responses(result)
+        searched = [p for p in fresh if p.id in first_rollouts]
+    if kind == "search" and searched:
+        done_flat = len(found)
         driver = SearchDriver(
             generator, search, step=task.step, decode=decode, max_concurrent_trees=max_concurrent_trees,
             eos_token_ids=eos, value_fn=value_fn if search.prm_weight > 0 else node_values,
-            progress=(lambda p: progress(p.trees_done, p.generated_tokens)) if progress else None,
+            progress=(lambda p: progress(done_flat + p.trees_done, p.generated_tokens)) if progress else None,
         )
-        found = driver.run(search_problems(tokenizer, task, fresh))
-        stats = driver.stats
-    elif fresh:
+        found += driver.run([replace(sp, first_rollouts=first_rollouts.get(sp.id, ()))
+                             for sp in search_problems(tokenizer, task, searched)])
+        tree_tokens = driver.stats.generated_tokens
+        stats = added(stats, driver.stats)
+    elif fresh and kind != "search":
         found = flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None)
-    tree_tokens = stats.generated_tokens if kind == "search" else 0  # every token so far is the driver's
-    for problem, result in zip(fresh, found):
-        results[problem.id] = result
-        groups[problem.id] = Group.of(result)
+    for result in found:
+        results[result.problem_id] = result
+        groups[result.problem_id] = Group.of(result)
     n = search.trajectories_per_tree if kind == "search" else flat_samples
     by_need: dict[int, list[Problem]] = {}
     for problem in buffered:
@@ -131,14 +154,47 @@ def rollout(
                                        tuple(cached(problem.id)), n)
     credited = credit_groups([groups[p.id] for p in problems], credit, kind, value_fn)
     ordered = [results[p.id] for p in problems if p.id in results]
-    tokens = TokenSplit(tree=tree_tokens, flat=stats.generated_tokens - tree_tokens)
-    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups, tokens)
+    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups,
+                    tokens=TokenSplit(tree=tree_tokens, flat=stats.generated_tokens - tree_tokens),
+                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset())
 
 
-def search_outcomes(problems: Sequence[Problem], results: Sequence[TreeResult]):
+FLAT_FIRST_SEED = 1
+"""Salt of the flat-first samples' seed: derive_seed(search.seed, FLAT_FIRST_SEED), so that a
+tree's requests (derived from search.seed and the tree's index) never repeat a flat request's
+seed (derived from the same root and the problem's index) and resample its very responses."""
+
+
+def check_flat_first(m: int, kind: str, search: SearchConfig) -> None:
+    """Refuse a `--data.batching.flat_first` that cannot work, naming the flag and the fix."""
+    if not m:
+        return
+    if kind != "search":
+        raise ValueError(f"--data.batching.flat_first={m} builds trees where flat samples fail, but --data.rollout={kind} "
+                         "builds none: set --data.rollout=search, or --data.batching.flat_first=0")
+    if search.expansion != "rollout":
+        raise ValueError(f"--data.batching.flat_first={m} starts each tree from whole flat responses, which only rollout "
+                         "expansion takes in: set --data.search.expansion=rollout, or --data.batching.flat_first=0")
+    if m >= search.trajectories_per_tree:
+        raise ValueError(f"--data.batching.flat_first={m} must be below --data.search.trajectories_per_tree="
+                         f"{search.trajectories_per_tree}: the m flat responses count towards a tree's K rollouts, so "
+                         "the tree would end before its first fork; raise trajectories_per_tree or lower flat_first")
+
+
+def flat_first_config(search: SearchConfig) -> SearchConfig:
+    """The config of the flat samples taken before the trees (`--data.batching.flat_first`)."""
+    return replace(search, seed=derive_seed(search.seed, FLAT_FIRST_SEED))
+
+
+def added(a: DriverStats, b: DriverStats) -> DriverStats:
+    """The counters of two passes (the flat-first samples and the trees) as one."""
+    return DriverStats(**{f.name: getattr(a, f.name) + getattr(b, f.name) for f in fields(DriverStats)})
+
+
+def search_outcomes(problems: Sequence[Problem], out: Rollouts):
     """What the replay buffer needs of the searched (not mixed) problems: (id, correct
     responses as (ids, text), trajectories searched), in problem order."""
-    by_id = {r.problem_id: r for r in results if r.mode == "search"}
+    by_id = {r.problem_id: r for r in out.results if r.problem_id in out.searched}
     return [
         (p.id, [(t.response_ids, t.response_text) for t in by_id[p.id].trajectories if t.verdict.correct],
          len(by_id[p.id].trajectories))

@@ -32,7 +32,7 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import Rollout, Rollouts, ValueFn, decoder, rollout, search_outcomes
+from data_modules.rollout import Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -66,7 +66,8 @@ class SearchDataModule(L.LightningDataModule):
             problems). Default: Countdown (`flywheel.tasks.countdown.CountdownTask`).
         generator: the sampling backend. Default: in-process transformers
             (`flywheel.generation.backends.HFBackend`).
-        rollout: "search" = DeepSearch MCTS with Tree-GRPO advantages (default); "flat" =
+        rollout: "search" = DeepSearch MCTS with Tree-GRPO advantages (default; with
+            `batching.flat_first` = m, trees only for the problems m flat samples all fail); "flat" =
             `batching.flat_samples` independent responses per problem with DAPO advantages
             (reward - group mean); "best_of_n" = the same samples, train on the correct ones
             only (rejection-sampling fine-tuning).
@@ -110,6 +111,7 @@ class SearchDataModule(L.LightningDataModule):
         super().__init__()
         if rollout not in ("search", "flat", "best_of_n"):
             raise ValueError(f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
+        check_flat_first(batching.flat_first, rollout, search)
         if save_trees < 0:
             raise ValueError(f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
         if problems.stream and replay.enabled:
@@ -269,6 +271,7 @@ class SearchDataModule(L.LightningDataModule):
         return rollout(
             problems, generator=self.generator, task=self.task, tokenizer=tokenizer, kind=self.rollout,
             search=self.effective_search_config(epoch, rank), flat_samples=self.batching.flat_samples,
+            flat_first=self.batching.flat_first,
             max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
             cached=cached or self.curriculum.cached, value_fn=self.value_fn,
             node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
@@ -332,7 +335,7 @@ class SearchDataModule(L.LightningDataModule):
 
     def observe(self, problems: Sequence[Problem], out: Rollouts) -> None:
         """Offer every rank's finished searches to the replay buffer (collective)."""
-        self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out.results)) for o in part)
+        self.curriculum.observe(o for part in all_gather(search_outcomes(problems, out)) for o in part)
 
     # ------------------------------------------------------------------ rounds
     @property

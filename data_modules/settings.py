@@ -92,17 +92,27 @@ class BatchingConfig:
         max_concurrent_trees: trees (or flat groups) kept in flight per generator call.
         flat_samples: responses per problem for the flat and best-of-N rollouts
             (`--data.rollout=flat|best_of_n`).
+        flat_first: m, tree tokens only where flat fails (issue 32; `--data.rollout=search` with
+            `--data.search.expansion=rollout`): each epoch first samples m flat responses per
+            problem; a problem with a correct one trains on them as a flat group (credited by
+            the configured rule), and only a problem with 0 of m gets a tree, which starts from
+            those m responses as its first chains (counted towards K, their tokens counted once
+            in the budget) and spends the rest of its K rollouts forking from them. 0 (default):
+            off, every problem gets a tree.
     """
 
     problems_per_epoch: int = 64
     mini_batch_problems: int = 8
     max_concurrent_trees: int = MAX_CONCURRENT_TREES
     flat_samples: int = 8
+    flat_first: int = 0
 
     def __post_init__(self) -> None:
         for name in ("problems_per_epoch", "mini_batch_problems", "max_concurrent_trees", "flat_samples"):
             value = getattr(self, name)
             _check(value >= 1, f"--data.batching.{name}={value}: must be >= 1; set it to 1 or more")
+        _check(self.flat_first >= 0, f"--data.batching.flat_first={self.flat_first}: must be >= 0 (0 = off); set it "
+               "to the flat samples per problem taken before any tree, or 0")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,17 @@ held-out AUC per round, printed beside pass@k), and the seed's Countdown MCTS re
 agents sharing one pUCT tree, a value head, one greedy trajectory per tree, CISPO, KL). The last line is
 `RESULT <arm>_pass1=mean <arm>_pass1_sd=... <arm>_pass8=... base_pass1=... base_pass8=... tokens=...`.
 
+From a plateau (issue 32 item 3): `--init P` starts every arm from the checkpoint P of an earlier
+run (its policy weights, and its AdamW moments where the optimizers match; not its counters or
+data state), and the arms of the 2 x 2 {flat DAPO, rollout tree} x {all problems, hard set +
+solution cache} are dapo, rollout, dapo_hard and rollout_hard; breadth is the BroRL control (flat,
+64 samples per prompt, hard set only) and flat_first trains flat groups where 8 flat samples
+solve a problem and grows trees from those 8 where none does (docs/search.md). Seeds may run as
+separate processes into one --out (`--seed-list 1`, ...), read together by `--report --seeds 3`:
+
+    python tools/compare.py --init 'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt' --seed-list 0 \\
+        --tokens 2000000 --arms dapo rollout dapo_hard rollout_hard breadth flat_first --out runs/continue
+
 A comparison is resumable and can grow: every run keeps its last.ckpt under OUT/<arm>_seed<s>/,
 so running the same command again skips the finished runs and resumes an interrupted one from
 its last epoch, and a larger `--tokens` (or `--seeds`) continues the finished runs from where
@@ -36,9 +47,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +65,11 @@ ROLLOUT = [
     # rows per optimizer step, and the steps per generated token, near DAPO's (16 x 8 samples).
     "--data.batching.mini_batch_problems=4",
 ]
+HARD = ["--data.hard_set.enabled=true", "--data.replay.enabled=true"]
+"""The hard filter + solution cache: train on the problems below the Pass1@K threshold, replay
+the cached correct solutions of the ones searched to a solution (deepsearch.md §7). Flat
+rollouts offer the buffer nothing yet (the data module observes searches only), so dapo_hard
+has the filter without the cache."""
 ARMS: dict[str, tuple[list[str], list[str]]] = {
     # name: (overlay configs, overrides) on top of conf/quickstart.yaml
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
@@ -70,6 +88,19 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # ReST-MCTS*: value-guided search, the value model refitted every round, self-training
     "rest_mcts": (["conf/rest_mcts.yaml"], []),
     "countdown_mcts": (["conf/countdown_mcts.yaml"], []),  # the seed's Countdown MCTS recipe
+    # Issue 32 item 3's 2 x 2 from a plateau (--init): {flat DAPO, rollout tree} x {all problems
+    # (dapo, rollout), the Pass1@K hard set + the replay buffer's solution cache (below)}.
+    "dapo_hard": (["conf/dapo.yaml"], HARD),
+    "rollout_hard": ([], ROLLOUT + HARD),
+    # BroRL's control: flat, 64 samples per prompt, hard set only (no solution cache). 8 problems
+    # per epoch in mini-batches of 2 keep DAPO's samples per epoch (64 x 8) and rows per step (128).
+    "breadth": (["conf/dapo.yaml"], ["--data.batching.flat_samples=64", "--data.batching.problems_per_epoch=8",
+                                     "--data.batching.mini_batch_problems=2", "--data.hard_set.enabled=true",
+                                     "--data.replay.enabled=false"]),
+    # Tree tokens only where flat fails (issue 32 item 4, docs/search.md): 8 flat samples per problem,
+    # a rollout tree (from those 8) only for the problems with none correct. Most groups are flat
+    # (8 rows), so mini-batches of 8 problems, between DAPO's 16 and the rollout tree's 4.
+    "flat_first": ([], ROLLOUT + ["--data.batching.flat_first=8", "--data.batching.mini_batch_problems=8"]),
 }
 EVAL_SAMPLES, EVAL_K = 16, 8
 
@@ -96,15 +127,86 @@ def latest_summary(folder: Path) -> dict:
     return json.loads(parts[-1].read_text())
 
 
+def init_checkpoint(args: argparse.Namespace, seed: int) -> Path | None:
+    """The plateau checkpoint P seed `seed`'s arms start from (`--init`, `{seed}` filled in), or None."""
+    if args.init is None:
+        return None
+    path = Path(args.init.format(seed=seed)).resolve()
+    if not path.is_file():
+        raise RuntimeError(f"--init {args.init}: {path} is not a checkpoint file (for seed {seed})")
+    return path
+
+
+def init_overrides(folder: Path, checkpoint: Path) -> list[str]:
+    """The overrides that start a fresh run from `checkpoint`'s policy weights (exported once into
+    `folder`/init_policy by tools/export_hf.py) and, where the optimizers match, its optimizer
+    moments (callbacks.optimizer_from); its counters and data state are not taken."""
+    policy, record = folder / "init_policy", folder / "init.json"
+    started = json.loads(record.read_text())["checkpoint"] if record.is_file() else None
+    if started is None and (folder / "checkpoints" / "last.ckpt").is_file():
+        raise RuntimeError(f"{folder.name} ran without --init; it cannot go on from {checkpoint} (use another --out)")
+    if started is not None and started != str(checkpoint):
+        raise RuntimeError(f"{folder.name} started from {started}, not {checkpoint}; use another --out")
+    if started is None:
+        folder.mkdir(parents=True, exist_ok=True)
+        with (folder / "export.log").open("w") as fh:
+            proc = subprocess.run([sys.executable, "tools/export_hf.py", str(checkpoint), str(policy)], cwd=ROOT,
+                                  stdout=fh, stderr=subprocess.STDOUT)
+        if proc.returncode:
+            raise RuntimeError(f"exporting {checkpoint} failed (exit {proc.returncode}); see {folder / 'export.log'}")
+        atomic_write_json(record, {"checkpoint": str(checkpoint)})
+    return [f"--model.policy={policy}", "--trainer.callbacks+=callbacks.optimizer_from.OptimizerStateFrom",
+            f"--trainer.callbacks.checkpoint={checkpoint}"]
+
+
+@contextmanager
+def claimed(folder: Path):
+    """Hold `folder` for this process (a `running.pid` file), so that two compare.py processes
+    (`--seed-list` in parallel, overlapping by mistake) never run one arm and seed at once."""
+    folder.mkdir(parents=True, exist_ok=True)
+    lock = folder / "running.pid"
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        pid = int(lock.read_text() or 0)  # 0: being written by the process that just made it
+        if not pid or pid_alive(pid):
+            raise RuntimeError(f"{folder.name} is being run by process {pid}; not started twice") from None
+        lock.unlink()  # left by a process that is gone
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    try:
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        pass
+    return True
+
+
 def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
     """One arm's run at `args.tokens`: reused when it already ran that far, resumed from its
     last.ckpt when it stopped earlier (interrupted, or finished on a smaller budget)."""
-    overlays, overrides = ARMS[arm]
     folder = run_folder(args, arm, seed)
     done = finished_at(folder, args.tokens)
     if done is not None:
         print(f"  {folder.name}: finished earlier at {done['tokens']} tokens; reused", flush=True)
         return latest_summary(folder)
+    with claimed(folder):
+        return fit(arm, seed, folder, args)
+
+
+def fit(arm: str, seed: int, folder: Path, args: argparse.Namespace) -> dict:
+    """Run (or resume) the arm's `flywheel fit` to `args.tokens`; its summary."""
+    overlays, overrides = ARMS[arm]
+    checkpoint = init_checkpoint(args, seed)
     cmd = [sys.executable, "-m", "flywheel", "fit", "--config", "conf/quickstart.yaml"]
     for overlay in overlays:
         cmd += ["--config", overlay]
@@ -123,12 +225,13 @@ def run(arm: str, seed: int, args: argparse.Namespace) -> dict:
         f"--seed_everything={seed}",
         f"--data.seed={seed}",
         *args.extra,
+        *(init_overrides(folder, checkpoint) if checkpoint is not None else []),
     ]
     if (folder / "checkpoints" / "last.ckpt").is_file():
         cmd += ["--ckpt_path", "last"]
         print(f"  {folder.name}: resuming from its last.ckpt", flush=True)
     folder.mkdir(parents=True, exist_ok=True)
-    parts = len(list(folder.glob("*.log")))
+    parts = len(list(folder.glob("fit-*.log")))
     log = folder / f"fit-{parts}.log"
     with log.open("w") as fh:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
@@ -152,28 +255,54 @@ def last_round(summary: dict) -> dict | None:
     return rounds[-1] if rounds else None
 
 
+def fit_seconds(rounds: list[dict]) -> list[float | None]:
+    """Per round, the run's wall seconds to its end without the held-out evaluations (search,
+    training, hard-set screening, weight syncs, checkpoints: what the arm costs), summed from
+    each round's wall split; None from a round without one on."""
+    out, total = [], 0.0
+    for r in rounds:
+        split = r.get("wall_split")
+        total = total + split["wall_s"] - split["eval_s"] if split is not None and total is not None else None
+        out.append(total)
+    return out
+
+
 def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens")
-    print(f"{'arm':<18} {'seed':>4} {'round':>7} {'tokens':>10} {'pass@1':>7} {f'pass@{EVAL_K}':>7} {'wall s':>7}")
+    print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens, "
+          "optimizer steps and fit seconds (wall time without the held-out evaluations)")
+    print(f"{'arm':<18} {'seed':>4} {'round':>7} {'tokens':>10} {'steps':>6} {'fit s':>7} {'pass@1':>7} "
+          f"{f'pass@{EVAL_K}':>7} {'wall s':>7}")
     for arm, runs in results.items():
         for seed, summary in runs:
-            print(f"{arm:<18} {seed:>4} {'base':>7} {0:>10} {summary['base_eval_pass1']:7.4f} {summary['base_eval_passk']:7.4f}")
-            for r in evaluated(summary):
+            print(f"{arm:<18} {seed:>4} {'base':>7} {0:>10} {0:>6} {0:>7} {summary['base_eval_pass1']:7.4f} "
+                  f"{summary['base_eval_passk']:7.4f}")
+            rounds = summary.get("rounds", [])
+            for r, seconds in zip(rounds, fit_seconds(rounds)):
+                if r.get("eval_pass1") is None:
+                    continue
                 label = f"{r['round']}{'*' if r.get('partial') else ''}"
                 auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
-                print(f"{arm:<18} {seed:>4} {label:>7} {r['generated_tokens']:>10} {r['eval_pass1']:7.4f} "
-                      f"{r['eval_passk']:7.4f} {r.get('wall_seconds', 0):7.0f}{auc}")
-    print("(* a partial round: the budget ended the run inside it)")
+                print(f"{arm:<18} {seed:>4} {label:>7} {r['generated_tokens']:>10} {cell(r.get('optimizer_steps'), 'd', 6)} "
+                      f"{cell(seconds, '.0f', 7)} {r['eval_pass1']:7.4f} {r['eval_passk']:7.4f} "
+                      f"{r.get('wall_seconds', 0):7.0f}{auc}")
+    print("(* a partial round: the budget ended the run inside it; - : not recorded by that run)")
+    print("newly solved train problems: not reported; no run records which training problems it solved per round "
+          "(summary.json holds counts of the hard set and the replay buffer, not solved ids)")
     fields = []
-    print("\nlast evaluation, mean +- sd over the seeds that have one")
+    print(f"\nlast evaluation, mean +- sd over the seeds that have one; the pass@1 gain over each run's base per 1M "
+          "tokens, per 100 optimizer steps and per 1000 fit seconds")
     for arm, runs in results.items():
-        ends = [last_round(s) for _, s in runs if last_round(s) is not None]
+        ends = [(s, last_round(s)) for _, s in runs if last_round(s) is not None]
         if not ends:
             continue
-        p1, pk = [r["eval_pass1"] for r in ends], [r["eval_passk"] for r in ends]
-        tokens = statistics.mean(r["generated_tokens"] for r in ends)
+        p1, pk = [r["eval_pass1"] for _, r in ends], [r["eval_passk"] for _, r in ends]
+        tokens = statistics.mean(r["generated_tokens"] for _, r in ends)
         print(f"{arm:<18} pass@1 {statistics.mean(p1):.4f} +- {spread(p1):.4f}   pass@{EVAL_K} "
               f"{statistics.mean(pk):.4f} +- {spread(pk):.4f}   {len(ends)} seed(s), {tokens:,.0f} tokens")
+        gains = rates(ends)
+        if gains:
+            print(f"{'':<18} gain per 1M tokens {gains['per_mtok']:+.4f}   per 100 steps {cell(gains['per_100_steps'], '+.4f')}"
+                  f"   per 1000 s {cell(gains['per_1000_s'], '+.4f')}")
         fields += [f"{arm}_pass1={statistics.mean(p1):.4f}", f"{arm}_pass1_sd={spread(p1):.4f}",
                    f"{arm}_pass{EVAL_K}={statistics.mean(pk):.4f}", f"{arm}_seeds={len(ends)}"]
     bases = [s for runs in results.values() for _, s in runs if s.get("base_eval_pass1") is not None]
@@ -183,7 +312,37 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
     base1 = statistics.mean(s["base_eval_pass1"] for s in bases)
     basek = statistics.mean(s["base_eval_passk"] for s in bases)
     print(f"RESULT {' '.join(fields)} base_pass1={base1:.4f} base_pass{EVAL_K}={basek:.4f} tokens={args.tokens} "
-          f"seeds={args.seeds}")
+          f"seeds={len(args.seeds)}")
+
+
+def rates(ends: list[tuple[dict, dict]]) -> dict[str, float | None]:
+    """The mean over seeds of each run's pass@1 gain (last evaluation - its base) per 1M training
+    tokens, per 100 optimizer steps and per 1000 fit seconds (None where a run did not record
+    steps or its wall split); {} when no run has a base evaluation."""
+    runs = [(s, r) for s, r in ends if s.get("base_eval_pass1") is not None and r["generated_tokens"]]
+    if not runs:
+        return {}
+
+    def mean_per(amount) -> float | None:
+        values = []
+        for summary, row in runs:
+            spent = amount(summary, row)
+            if not spent:
+                return None
+            values.append((row["eval_pass1"] - summary["base_eval_pass1"]) / spent)
+        return statistics.mean(values)
+
+    def seconds(summary: dict, row: dict) -> float | None:
+        rounds = summary["rounds"]
+        return fit_seconds(rounds)[rounds.index(row)]
+
+    return {"per_mtok": mean_per(lambda s, r: r["generated_tokens"] / 1e6),
+            "per_100_steps": mean_per(lambda s, r: (r.get("optimizer_steps") or 0) / 100),
+            "per_1000_s": mean_per(lambda s, r: (seconds(s, r) or 0) / 1000)}
+
+
+def cell(value, spec: str, width: int = 0) -> str:
+    return f"{'-' if value is None else format(value, spec):>{width}}"
 
 
 def main() -> None:
@@ -195,18 +354,34 @@ def main() -> None:
     parser.add_argument("--eval-every-tokens", type=int, default=1_000_000,
                         help="held-out evaluations at round ends at least this many training tokens apart, and always "
                              "at the budget (a flat arm's round is ~0.14M tokens; 500 x 16 samples cost more than it)")
-    parser.add_argument("--seeds", type=int, default=1, help="runs per arm, seeds 0 .. seeds-1")
+    parser.add_argument("--seeds", type=int, default=None, help="runs per arm, seeds 0 .. seeds-1 (default 1)")
+    parser.add_argument("--seed-list", type=int, nargs="+", default=None, metavar="SEED",
+                        help="run these seeds only (e.g. --seed-list 1 2): seeds as separate processes side by side, "
+                             "each into the same --out (folders are per arm and seed, and a folder another process is "
+                             "running is never started twice); --report --seeds N then reads them all")
+    parser.add_argument("--init", default=None, metavar="P",
+                        help="start every run from P, a `flywheel fit` .ckpt (`{seed}` in P is the run's seed: "
+                             "'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt') as a fresh run: P's policy weights "
+                             "(exported into the run's init_policy/ by tools/export_hf.py) and, where the arm's optimizer "
+                             "has P's parameters (not with a value head or LoRA; else weights only, as its log says), "
+                             "P's AdamW moments (callbacks/optimizer_from.py); new step counters, learning-rate "
+                             "schedule, hard set, replay buffer and problem cursor; --tokens counts from 0")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "compare")
     parser.add_argument("--arms", "--methods", nargs="+", default=list(ARMS), choices=list(ARMS))
     parser.add_argument("--report", action="store_true", help="print the tables of the runs found in --out; run nothing")
     # Any other --key=value is passed to every run, e.g. --data.hard_set.enabled=false.
     args, args.extra = parser.parse_known_args()
+    if args.seeds is not None and args.seed_list is not None:
+        parser.error("Can't provide both `--seeds` and `--seed-list`. Choose one.")
+    if args.init is not None and any(e.startswith("--model.policy") for e in args.extra):
+        parser.error("Can't provide both `--init` and `--model.policy`: --init sets the policy to P's. Choose one.")
+    args.seeds = args.seed_list or list(range(args.seeds if args.seeds is not None else 1))
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 
     results: dict[str, list[tuple[int, dict]]] = {}
     failed = []
-    for seed in range(args.seeds):  # seed-major: a stopped comparison still has every arm
+    for seed in args.seeds:  # seed-major: a stopped comparison still has every arm
         for arm in args.arms:
             folder = run_folder(args, arm, seed)
             if args.report:

@@ -113,6 +113,21 @@ class SearchDriver:
         mode = EXPANSION_MODES[config.expansion](config, self.step, self.ends_step)
         return lambda index, problem: LiveTree(index, problem, config, mode)
 
+    def join(self, index: int, problem: SearchProblem) -> LiveTree | AgentTree:
+        """The tree of `problem`. One with `first_rollouts` (`--data.batching.flat_first`) starts
+        from them before its first round: absorbed as the root's first expansion, their new
+        steps scored by the value model (if any), then its first fork chosen."""
+        tree = self.new_tree(index, problem)
+        if problem.first_rollouts:
+            if self.config.expansion != "rollout" or not isinstance(tree, LiveTree):
+                raise ValueError(f"problem {problem.id!r} comes with first rollouts, which only a rollout-expansion tree "
+                                 "can start from: set --data.search.expansion=rollout")
+            tree.start_from(problem.first_rollouts, self.decode, self.eos_token_ids)
+            if self.value_fn is not None and tree.status is None:
+                self._score_new_nodes([tree])
+            tree.choose_next()
+        return tree
+
     def ends_step(self, piece: Sequence[int]) -> bool:
         """Does the step whose tokens so far are `piece` end with its last token: does that token
         complete the delimiter in the step's text? Matched as the generators match a stop string
@@ -154,7 +169,7 @@ class SearchDriver:
         """Search every problem, yielding each TreeResult as soon as its tree finishes (so the
         caller can persist it); the order is completion order, `TreeResult.index` is input order."""
         total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
-        trees = (_TreeMember(self.new_tree(index, problem), self) for index, problem in enumerate(problems))
+        trees = (_TreeMember(self.join(index, problem), self) for index, problem in enumerate(problems))
         done = done_trajectories = 0
         start = last_log = time.perf_counter()
 
@@ -209,11 +224,15 @@ class _TreeMember:
         self.driver = driver
 
     def requests(self) -> list[GenerationRequest]:
-        # One request per tree, or one per agent that reached a leaf (selection "puct_agents").
+        # One request per tree, or one per agent that reached a leaf (selection "puct_agents");
+        # none for a tree that finished when it joined (its first rollouts left nothing to do).
+        if self.tree.status is not None:
+            return []
         return self.tree.requests(self.driver.params)
 
     def absorb(self, outputs: Sequence[Sequence[Completion]]) -> None:
-        self.tree.absorb_all(outputs, self.driver.decode, self.driver.eos_token_ids)
+        if self.tree.status is None:
+            self.tree.absorb_all(outputs, self.driver.decode, self.driver.eos_token_ids)
 
     @property
     def done(self) -> bool:

@@ -26,14 +26,19 @@ class SearchProblem:
     `score(text, truncated=...)` grades the full response text (every step from the root to a
     terminal, decoded; never the prompt), e.g. `functools.partial(task.score, problem)`;
     `truncated` is True for a trajectory cut at max depth without EOS (the length limit).
+    `first_rollouts`: whole responses to the prompt sampled before the tree (the flat samples
+    of `--data.batching.flat_first`): a rollout-expansion tree starts from them as its first
+    chains, without generating them again (flywheel.search.live.LiveTree.start_from).
     """
 
     prompt_ids: tuple[int, ...]
     score: Callable[..., Verdict]
     id: str = ""
+    first_rollouts: tuple[Completion, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))  # a list is accepted
+        object.__setattr__(self, "first_rollouts", tuple(self.first_rollouts))
         if not self.prompt_ids:
             raise ValueError(f"problem {self.id!r}: prompt_ids must not be empty")
 

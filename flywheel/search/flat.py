@@ -174,3 +174,20 @@ def _result(fp: _FlatProblem, config: SearchConfig) -> TreeResult:
         tree=tree,
         mode="flat",
     )
+
+
+def flat_responses(result: TreeResult) -> tuple[Completion, ...]:
+    """A flat group's responses as whole completions, in chain order: each chain's steps joined
+    (tokens, log-probs, entropies when every step has them), ending as its last step ended.
+    What a rollout-expansion tree starts from (`SearchProblem.first_rollouts`,
+    `--data.batching.flat_first`); cut into steps again there, they give back the chain's steps."""
+    tree = result.tree
+    out = []
+    for trajectory in result.trajectories:
+        path = tree.path(trajectory.terminal_id)[1:]
+        entropies = [tree.entropies[v] for v in path]
+        out.append(Completion(
+            trajectory.response_ids, trajectory.response_logprobs, tree.finish[path[-1]] or "stop",  # type: ignore[arg-type]
+            None if any(e is None for e in entropies) else tuple(x for e in entropies for x in e),  # type: ignore[union-attr]
+        ))
+    return tuple(out)

@@ -60,6 +60,8 @@ class LiveTree:
         self.rollouts = 0
         """Rollout expansion: rollouts that reached a terminal, repeats of a trajectory included."""
         self.generated_tokens = 0
+        self.reused_tokens = 0
+        """Of `generated_tokens`, those of the rollouts the tree started from (`start_from`)."""
         self.graded: dict[tuple[tuple[int, ...], bool], tuple[str, Verdict]] = {}
         self.terminals = 0
         self.first_correct_tokens: int | None = None
@@ -112,6 +114,24 @@ class LiveTree:
         self.last_expanded = node
         self._check_stop()
 
+    def start_from(self, rollouts: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """Begin the tree with `rollouts`, whole responses to the prompt sampled before it (the
+        flat samples of `--data.batching.flat_first`): they are absorbed as if the root's first
+        expansion had sampled them (rollout expansion cuts each into steps, grades and backs it
+        up, and they count towards K), then the mode picks the first node to fork from. Their
+        tokens are in this tree's `generated_tokens` (its chains hold them) and in
+        `reused_tokens`, but no request was made for them: the driver, which counts what its
+        generator calls return, never counts them, so the epoch's budget sees them once, where
+        they were sampled."""
+        tokens = sum(len(c.token_ids) for c in rollouts)
+        self.generated_tokens += tokens
+        self.reused_tokens += tokens
+        self.next_node = ROOT
+        self.tree.expanded[ROOT] += 1
+        self.new_live, self.produced_terminal = self.mode.absorb(self, rollouts, decode, eos_ids)
+        self.last_expanded = ROOT
+        self._check_stop()
+
     def _check_stop(self) -> None:
         cfg = self.config
         done = self.mode.counted(self)
@@ -156,12 +176,14 @@ class LiveTree:
         assert self.status is not None
         shared: dict = {}  # node id -> StepRecord: trajectories share their common prefix's records
         return finished_result(
-            self, tuple(build_trajectory(tree, t, self.config, shared_steps=shared) for t in self._trained_terminals())
+            self, tuple(build_trajectory(tree, t, self.config, shared_steps=shared) for t in self._trained_terminals()),
+            self.reused_tokens,
         )
 
 
-def finished_result(live, trajectories: tuple) -> TreeResult:
-    """The TreeResult of a finished live tree (a LiveTree or an AgentTree: the same counters)."""
+def finished_result(live, trajectories: tuple, reused_tokens: int = 0) -> TreeResult:
+    """The TreeResult of a finished live tree (a LiveTree or an AgentTree: the same counters);
+    `reused_tokens`: of its generated tokens, those it started from (LiveTree.start_from)."""
     tree = live.tree
     return TreeResult(
         index=live.index,
@@ -178,6 +200,7 @@ def finished_result(live, trajectories: tuple) -> TreeResult:
             rounds=live.rounds,
             wall_seconds=time.perf_counter() - live.started,
             tokens_to_first_correct=live.first_correct_tokens,
+            reused_tokens=reused_tokens,
         ),
         config=live.config,
         tree=tree,

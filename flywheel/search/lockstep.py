@@ -136,7 +136,9 @@ class Lockstep(Generic[M]):
             per_member = [m.requests() for m in live]
             requests = [r for own in per_member for r in own]
             gen_start = time.perf_counter()
-            outputs = self.generator.sample(requests)
+            # No requests at all: every member finished when it joined (a tree whose first
+            # rollouts, sampled before it, left it nothing to do); the generator is not called.
+            outputs = self.generator.sample(requests) if requests else []
             stats.generator_seconds += time.perf_counter() - gen_start
             check_outputs(self.generator, requests, outputs)
             first = 0

@@ -97,6 +97,10 @@ class TreeStats:
     """From joining the batch to finishing (includes waiting on shared generator calls)."""
     tokens_to_first_correct: int | None = None
     """Tokens generated for this tree until its first correct terminal appeared (None: never)."""
+    reused_tokens: int = 0
+    """Of `generated_tokens`, those of the responses sampled before the tree that it started
+    from (`SearchProblem.first_rollouts`, `--data.batching.flat_first`); the DriverStats of the
+    sampling that made them counts them, the tree's driver does not."""
 
 
 @dataclass(frozen=True)

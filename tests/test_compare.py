@@ -1,0 +1,189 @@
+"""tools/compare.py's parts for issue 32 item 3: runs that start from a plateau checkpoint
+(`--init`: the policy exported, the optimizer moments by callbacks/optimizer_from.py), seeds as
+separate processes (`--seed-list`, one process per run folder), and the report's columns
+(optimizer steps, fit seconds, the gain per token, step and second), worked by hand. The
+compare.py run end to end: tests/test_tools.py, and the slow test at the end."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from callbacks.optimizer_from import OptimizerStateFrom, optimizer_mismatch
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("compare", ROOT / "tools" / "compare.py")
+compare = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(compare)
+
+
+def summary(base: float, rows: list[tuple]) -> dict:
+    """rows: (eval_pass1 or None, tokens, optimizer steps or None, wall_s, eval_s)."""
+    return {"base_eval_pass1": base, "base_eval_passk": 0.5, "rounds": [
+        {"round": i + 1, "eval_pass1": p1, "eval_passk": None if p1 is None else 0.6, "generated_tokens": tokens,
+         **({"optimizer_steps": steps} if steps is not None else {}), "wall_seconds": 0.0,
+         "wall_split": {"wall_s": wall, "eval_s": ev}}
+        for i, (p1, tokens, steps, wall, ev) in enumerate(rows)]}
+
+
+def test_fit_seconds_and_the_gain_rates_by_hand(capsys):
+    # Round 1 is not evaluated (100 s, no evaluation); round 2 is: 150 s of which 50 s evaluating.
+    # Fit seconds: 100, then 100 + 150 - 50 = 200. Gain 0.30 - 0.20 = 0.10 at 1M tokens, 40 steps,
+    # 200 s: 0.10 per 1M tokens, 0.10 / 0.4 = 0.25 per 100 steps, 0.10 / 0.2 = 0.5 per 1000 s.
+    one = summary(0.2, [(None, 500_000, 20, 100.0, 0.0), (0.3, 1_000_000, 40, 150.0, 50.0)])
+    assert compare.fit_seconds(one["rounds"]) == [100.0, 200.0]
+    ends = [(one, compare.last_round(one))]
+    assert compare.rates(ends) == pytest.approx({"per_mtok": 0.1, "per_100_steps": 0.25, "per_1000_s": 0.5})
+    # A second seed: 0.2 -> 0.1 at 2M tokens, 100 steps, 400 s: -0.05, -0.1, -0.25; means 0.025, 0.075, 0.125.
+    two = summary(0.2, [(0.1, 2_000_000, 100, 400.0, 0.0)])
+    ends.append((two, compare.last_round(two)))
+    assert compare.rates(ends) == pytest.approx({"per_mtok": 0.025, "per_100_steps": 0.075, "per_1000_s": 0.125})
+    # A run from before rounds recorded their optimizer steps: that rate is not reported, the others are.
+    old = summary(0.2, [(0.3, 1_000_000, None, 150.0, 50.0)])
+    assert compare.rates([(old, compare.last_round(old))]) == pytest.approx(
+        {"per_mtok": 0.1, "per_100_steps": None, "per_1000_s": 1.0})
+
+    compare.report({"dapo": [(0, one)], "old": [(0, old)]}, Namespace(eval_split="test_hard", tokens=1_000_000, seeds=[0]))
+    out = capsys.readouterr().out
+    assert "dapo                  0       2    1000000     40     200  0.3000  0.6000" in out  # round 1: not evaluated
+    assert "old                   0       1    1000000      -     100  0.3000" in out
+    assert "gain per 1M tokens +0.1000   per 100 steps +0.2500   per 1000 s +0.5000" in out
+    assert "per 100 steps -   per 1000 s +1.0000" in out
+    assert "newly solved train problems: not reported" in out
+    assert out.strip().splitlines()[-1].endswith("tokens=1000000 seeds=1")
+
+
+def test_a_run_folder_is_run_by_one_process_at_a_time(tmp_path):
+    folder = tmp_path / "dapo_seed1"
+    with compare.claimed(folder):
+        assert (folder / "running.pid").read_text() == str(os.getpid())
+        with pytest.raises(RuntimeError, match=f"dapo_seed1 is being run by process {os.getpid()}; not started twice"):
+            with compare.claimed(folder):
+                pass
+    assert not (folder / "running.pid").exists()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    (folder / "running.pid").write_text(str(gone.pid))  # left by a process that ended without cleaning up
+    with compare.claimed(folder):
+        assert (folder / "running.pid").read_text() == str(os.getpid())
+
+
+def test_init_names_one_checkpoint_per_seed_and_a_folder_keeps_its_own(tmp_path):
+    for seed in (0, 1):
+        (tmp_path / f"p{seed}.ckpt").write_bytes(b"")
+    args = Namespace(init=str(tmp_path / "p{seed}.ckpt"))
+    assert compare.init_checkpoint(args, 1) == tmp_path / "p1.ckpt"
+    with pytest.raises(RuntimeError, match="p2.ckpt is not a checkpoint file"):
+        compare.init_checkpoint(args, 2)
+    assert compare.init_checkpoint(Namespace(init=None), 0) is None
+
+    folder = tmp_path / "dapo_seed0"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"")
+    with pytest.raises(RuntimeError, match="dapo_seed0 ran without --init"):
+        compare.init_overrides(folder, tmp_path / "p0.ckpt")
+    (folder / "init.json").write_text(json.dumps({"checkpoint": str(tmp_path / "p0.ckpt")}))
+    with pytest.raises(RuntimeError, match="dapo_seed0 started from .*p0.ckpt, not .*p1.ckpt; use another --out"):
+        compare.init_overrides(folder, tmp_path / "p1.ckpt")
+    # The same checkpoint again (a resume): nothing is exported again.
+    assert compare.init_overrides(folder, tmp_path / "p0.ckpt") == [
+        f"--model.policy={folder / 'init_policy'}", "--trainer.callbacks+=callbacks.optimizer_from.OptimizerStateFrom",
+        f"--trainer.callbacks.checkpoint={tmp_path / 'p0.ckpt'}"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--seeds", "2", "--seed-list", "1"], "Can't provide both `--seeds` and `--seed-list`. Choose one."),
+    (["--init", "p.ckpt", "--model.policy=x"], "Can't provide both `--init` and `--model.policy`"),
+])
+def test_conflicting_flags_are_refused(flags, message, tmp_path):
+    proc = subprocess.run([sys.executable, "tools/compare.py", "--out", str(tmp_path), *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def adamw(*shapes, lr: float = 1e-3) -> torch.optim.AdamW:
+    params = [torch.nn.Parameter(torch.ones(shape)) for shape in shapes]
+    return torch.optim.AdamW(params, lr=lr)
+
+
+def stepped(optimizer: torch.optim.Optimizer) -> dict:
+    """One step with gradient 1 everywhere: Adam's moments exp_avg = 0.1, exp_avg_sq = 0.001, step 1."""
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            p.grad = torch.ones_like(p)
+    optimizer.step()
+    return optimizer.state_dict()
+
+
+def test_optimizer_moments_load_only_into_a_matching_optimizer():
+    saved = stepped(adamw((2, 3), (2,)))
+    assert optimizer_mismatch(saved, adamw((2, 3), (2,))) is None
+    assert optimizer_mismatch(None, adamw((2,))) == "the checkpoint holds no optimizer state"
+    assert optimizer_mismatch(saved, adamw((2, 3), (2,), (4,))) == "parameter groups of [2] parameters saved, [3] here"
+    assert optimizer_mismatch(saved, adamw((3, 3), (2,))) == "parameter 0 has shape (3, 3) here, (2, 3) saved"
+    sgd = torch.optim.SGD([torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    assert optimizer_mismatch(saved, sgd) == "this run's optimizer is SGD, not Adam or AdamW"
+    momentum = torch.optim.SGD([torch.nn.Parameter(torch.ones(2, 3)), torch.nn.Parameter(torch.ones(2))], lr=0.1,
+                               momentum=0.9)
+    assert "not an Adam state" in optimizer_mismatch(stepped(momentum), adamw((2, 3), (2,)))
+
+
+def test_a_fresh_run_takes_the_moments_and_keeps_its_learning_rate(tmp_path):
+    path = tmp_path / "p.ckpt"
+    torch.save({"optimizer_states": [stepped(adamw((2, 3), (2,), lr=1e-3))]}, path)
+    here = adamw((2, 3), (2,), lr=5e-4)
+    callback = OptimizerStateFrom(str(path))
+    callback.on_fit_start(SimpleNamespace(ckpt_path=None, optimizers=[here]), None)
+    state = here.state[here.param_groups[0]["params"][0]]
+    assert callback.carried is True and float(state["step"]) == 1.0
+    assert torch.allclose(state["exp_avg"], torch.full((2, 3), 0.1)) and torch.allclose(state["exp_avg_sq"], torch.full((2, 3), 0.001))
+    assert here.param_groups[0]["lr"] == 5e-4  # this run's
+    # A resumed run restores its own state: left alone.
+    resumed = adamw((2, 3), (2,))
+    callback = OptimizerStateFrom(str(path))
+    callback.on_fit_start(SimpleNamespace(ckpt_path="last.ckpt", optimizers=[resumed]), None)
+    assert callback.carried is None and not resumed.state
+    # Other parameters (a value head): weights only, said in the log.
+    other = adamw((2, 3), (2,), (8,))
+    callback = OptimizerStateFrom(str(path))
+    callback.on_fit_start(SimpleNamespace(ckpt_path=None, optimizers=[other]), None)
+    assert callback.carried is False and not other.state
+
+
+@pytest.mark.slow
+def test_compare_continues_from_a_plateau_checkpoint(tmp_path):
+    """A first compare run's last.ckpt is P; --init P starts dapo and flat_first from it: P's policy
+    weights, P's optimizer moments, and new counters (one optimizer step after one epoch)."""
+    from tests.test_tools import run_tool
+
+    common = ["--tokens", "1", "--numbers", "3", "--eval-split", "test", "--epochs-per-round", "1",
+              "--data.batching.problems_per_epoch=4", "--data.problems.max_eval_problems=4", "--data.eval.samples=8",
+              "--data.problems.max_train_problems=8", "--data.hard_set.enabled=false", "--data.batching.flat_samples=2",
+              "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=12"]
+    run_tool("tools/compare.py", "--arms", "dapo", "--out", str(tmp_path / "plateau"), *common)
+    plateau = torch.load(tmp_path / "plateau" / "dapo_seed0" / "checkpoints" / "last.ckpt", weights_only=False)
+    fields, _ = run_tool("tools/compare.py", "--arms", "dapo", "flat_first", "--seed-list", "0", "--out",
+                         str(tmp_path / "continue"), "--init", str(tmp_path / "plateau" / "dapo_seed{seed}" / "checkpoints" /
+                                                                   "last.ckpt"), *common)
+    assert fields["dapo_seeds"] == fields["flat_first_seeds"] == "1" and fields["seeds"] == "1"
+    from safetensors.torch import load_file
+
+    for arm in ("dapo", "flat_first"):
+        folder = tmp_path / "continue" / f"{arm}_seed0"
+        weights = load_file(folder / "init_policy" / "model.safetensors")
+        policy = {k.removeprefix("policy."): v for k, v in plateau["state_dict"].items() if k.startswith("policy.")}
+        assert weights.keys() <= policy.keys() and all(torch.equal(weights[k], policy[k]) for k in weights)
+        assert "optimizer moments of" in (folder / "fit-0.log").read_text()
+        (row,) = json.loads(next(folder.glob("version_*/summary.json")).read_text())["rounds"]
+        assert row["round"] == 1 and row["optimizer_steps"] >= 1
+        assert json.loads((folder / "done.json").read_text())["command"].count(f"--model.policy={folder / 'init_policy'}") == 1
+        assert not (folder / "running.pid").exists()
