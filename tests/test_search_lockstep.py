@@ -7,7 +7,10 @@ Each digest is a blake2b hash of (a) every request of every generator call, in c
 separate loops the search and the flat rollouts had before they shared
 `flywheel.search.lockstep`; a change of batching order, seeds, admission or results
 changes them. The HashGenerator's outputs depend only on the request, so the digests are
-the same on every machine.
+the same on every machine. A new field of SamplingParams or SearchConfig changes them too
+(its default is in the hashed repr and the JSON's config): they were recorded again when
+`distinct_first_token`, `entropy_forks_per_chain`, `fork_width` and `distinct_children` came,
+after checking that the old digests held with exactly those default-valued fields left out.
 """
 
 from __future__ import annotations
@@ -61,11 +64,11 @@ def value_fn(prefixes):
 
 
 SEARCHES = {
-    "frontier": ({}, None, "5188b40508e14bedef7ef37c9d18ec74"),
-    "vanilla_uct": ({"selection": "vanilla_uct", "uct_sampling": "softmax"}, None, "863069901747672c202fefc772c859ed"),
-    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "14ecd9080a21d6b5cbbcae2c22d6ed78"),
-    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "17cd0b2913af9b6a12fa4ec3ab527b04"),
-    "agents": ({"selection": "puct_agents", "agents": 3, "iterations_per_agent": 4}, value_fn, "b2b925f4c648a5f93671b03fdd73e10f"),
+    "frontier": ({}, None, "c9b99ca3c3d1ad9bca1e291c44b1f9f6"),
+    "vanilla_uct": ({"selection": "vanilla_uct", "uct_sampling": "softmax"}, None, "914ca1ffdbf437e21132d96e6237ae6e"),
+    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "2bc144e7d6208e1f166f7ca79b2c7a1e"),
+    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "6aab984c5916763f1766da7869ef12c6"),
+    "agents": ({"selection": "puct_agents", "agents": 3, "iterations_per_agent": 4}, value_fn, "10fccd235aa82db11ed0b82233e135a3"),
 }
 
 
@@ -85,9 +88,9 @@ def test_search_outputs_and_call_order_are_pinned(name):
 
 
 @pytest.mark.parametrize(("n", "depth", "concurrent", "expected"), [
-    (4, 5, 2, "5fd6e52a0e1587ea357d557340c606b0"),
-    (1, 1, 64, "c4e2f0b214a16fbc6e9bdfe0f9aa57b8"),
-    (3, 4, 3, "cb8b0822f4377df42e2f7c4cdc169810"),
+    (4, 5, 2, "52d2213dd95c0770d43cfea39f944530"),
+    (1, 1, 64, "934a4a693110fe6d246536753ea92026"),
+    (3, 4, 3, "5bec3f549bda9b0ed34a730bc7b94404"),
 ])
 def test_flat_outputs_and_call_order_are_pinned(n, depth, concurrent, expected):
     cfg = SearchConfig(max_depth=depth, seed=4)
