@@ -149,18 +149,29 @@ class Curriculum:
     # ------------------------------------------------------------------ problems
     def next_problems(self, pool: Mapping[str, Problem], count: int) -> list[Problem]:
         """The next `count` problems of this round's endless stream over the hard set: each
-        pass is a fresh seeded permutation, so the order depends only on (seed, round, cursor)."""
+        pass is a fresh seeded permutation, so the order depends only on (seed, round, cursor).
+        One draw never holds a problem twice (an epoch's results are keyed by problem id: a
+        second copy would be searched for nothing and its twin trained twice): at most the
+        hard set's size, and a draw that runs into the next pass skips the problems it already
+        holds (the cursor moves past them)."""
         ids = [i for i in self.hard.ids if i in pool] if self.hard is not None else list(pool)
-        if not ids:
-            return []
+        if count > len(ids) > 0:
+            log.info("round %d: %d problems left to draw from, fewer than the %d asked for; the epoch takes each once",
+                     self.round, len(ids), count)
+        count = min(count, len(ids))
         out: list[Problem] = []
+        taken: set[str] = set()
         while len(out) < count:
             epoch_pass, offset = divmod(self.cursor, len(ids))
             order = list(range(len(ids)))
             random.Random(f"{self.seed}:{self.round}:{epoch_pass}").shuffle(order)
-            take = min(count - len(out), len(ids) - offset)
-            out.extend(pool[ids[i]] for i in order[offset : offset + take])
-            self.cursor += take
+            for i in order[offset:]:
+                self.cursor += 1
+                if ids[i] not in taken:
+                    taken.add(ids[i])
+                    out.append(pool[ids[i]])
+                    if len(out) == count:
+                        break
         return out
 
     # ------------------------------------------------------------------ replay buffer

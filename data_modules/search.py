@@ -37,7 +37,7 @@ from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
 from data_modules.token_split import TokenSplit
-from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsConfig
+from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsConfig, check_data_settings
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig
@@ -109,18 +109,8 @@ class SearchDataModule(L.LightningDataModule):
         async_search: AsyncSearchConfig = AsyncSearchConfig(),
     ) -> None:
         super().__init__()
-        if rollout not in ("search", "flat", "best_of_n"):
-            raise ValueError(f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
+        check_data_settings(rollout, problems, hard_set, replay, save_trees)
         check_flat_first(batching.flat_first, rollout, search)
-        if save_trees < 0:
-            raise ValueError(f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
-        if problems.stream and replay.enabled:
-            raise ValueError("--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer "
-                             "re-screens its problems at every round's end, and a stream keeps no pool to find them in")
-        if problems.stream and hard_set.enabled and hard_set.rescreen == "all":
-            raise ValueError("--data.hard_set.rescreen=all re-screens the training pool every round, and "
-                             "--data.problems.stream=true keeps none (each epoch's draw is screened instead): set "
-                             "--data.hard_set.rescreen=hard, or load the files whole (--data.problems.stream=false)")
         for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
             log.warning(warning)
         self.task = task if task is not None else CountdownTask()

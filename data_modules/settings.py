@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.search.config import MAX_CONCURRENT_TREES
 
 
@@ -139,3 +140,17 @@ class AsyncSearchConfig:
     @property
     def enabled(self) -> bool:
         return self.max_staleness > 0
+
+
+def check_data_settings(rollout: str, problems: ProblemsConfig, hard_set: HardSetConfig, replay: ReplayConfig,
+                        save_trees: int) -> None:
+    """Refuse the data module's setting combinations that cannot work, naming the flag and the fix."""
+    _check(rollout in ("search", "flat", "best_of_n"), f"--data.rollout={rollout!r}: choose 'search', 'flat' or 'best_of_n'")
+    _check(save_trees >= 0, f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
+    _check(not (problems.stream and replay.enabled),
+           "--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer re-screens its problems at "
+           "every round's end, and a stream keeps no pool to find them in")
+    _check(not (problems.stream and hard_set.enabled and hard_set.rescreen == "all"),
+           "--data.hard_set.rescreen=all re-screens the training pool every round, and --data.problems.stream=true keeps "
+           "none (each epoch's draw is screened instead): set --data.hard_set.rescreen=hard, or load the files whole "
+           "(--data.problems.stream=false)")

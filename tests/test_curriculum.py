@@ -44,6 +44,20 @@ def test_the_problem_stream_is_a_seeded_permutation_per_pass_and_resumes_from_th
     assert c.cursor == restored.cursor == 8
 
 
+def test_a_draw_never_holds_a_problem_twice():
+    # 5 problems, 8 asked for: each once (an epoch's results are keyed by id), the cursor one pass on.
+    c = curriculum()
+    c.start(list(POOL), {})
+    assert sorted(p.id for p in c.next_problems(POOL, 8)) == sorted(POOL) and c.cursor == 5
+    # Seed 0, round 0: pass 0 is a e b d c, pass 1 is d b c a e. Draws of 3 and 4: a e b, then
+    # d c from pass 0 and, from pass 1, d (held: skipped), b, c (held: skipped), a. The cursor
+    # moves past the skipped ones: 3 + 2 + 4 = 9. (Before, the second draw was d c d b.)
+    c = curriculum()
+    c.start(list(POOL), {})
+    assert [p.id for p in c.next_problems(POOL, 3)] == ["a", "e", "b"]
+    assert [p.id for p in c.next_problems(POOL, 4)] == ["d", "c", "b", "a"] and c.cursor == 9
+
+
 def test_a_round_end_shrinks_the_hard_set_settles_the_buffer_and_restarts_the_stream():
     c = curriculum(rule="paper")
     # Round 0 (Eq. 8), Pass1@4 < 0.25 stays: a (0.0), d (0.0) and unmeasured e; b, c leave.

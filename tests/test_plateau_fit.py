@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "--trainer.max_epochs=2",
     "--data.epochs_per_round=1",
-    "--data.batching.problems_per_epoch=12",  # at least the hard set: every hard problem is drawn
-    "--data.batching.mini_batch_problems=6",
+    "--data.batching.problems_per_epoch=16",  # at least the hard set (12 screened + pending): every hard problem is drawn
+    "--data.batching.mini_batch_problems=8",
     "--data.problems.max_train_problems=48",
     "--data.hard_set.screen_problems=12",
     "--data.problems.max_eval_problems=16",
@@ -61,9 +61,9 @@ def test_the_plateau_recipe_rescreens_every_round_and_reports_its_token_split(tm
         assert 0 <= r["cached"] <= r["hard_set_size"]
         previous = r["generated_tokens"]
     # Round 1 cached a solution (paper rule: its problem is still below 25%, so it is in the
-    # next hard set), and round 2 drew it (12 draws cover the hard set): it got a mixed rollout,
+    # next hard set), and round 2 drew it (16 draws cover the hard set): it got a mixed rollout,
     # whose direct samples are flat tokens, instead of a tree.
-    assert rounds[0]["cached"] > 0 and rounds[0]["hard_set_size"] <= 12 and rounds[1]["flat_tokens"] > 0
+    assert rounds[0]["cached"] > 0 and rounds[0]["hard_set_size"] <= 16 and rounds[1]["flat_tokens"] > 0
     assert curriculum.tokens.total.screening == sum(r["screening_tokens"] for r in rounds) == dm.screening_tokens
 
     # And per epoch in TensorBoard.
