@@ -65,11 +65,14 @@ ROLLOUT = [
     # rows per optimizer step, and the steps per generated token, near DAPO's (16 x 8 samples).
     "--data.batching.mini_batch_problems=4",
 ]
-HARD = ["--data.hard_set.enabled=true", "--data.replay.enabled=true"]
-"""The hard filter + solution cache: train on the problems below the Pass1@K threshold, replay
-the cached correct solutions of the ones searched to a solution (deepsearch.md §7). Flat
-rollouts offer the buffer nothing yet (the data module observes searches only), so dapo_hard
-has the filter without the cache."""
+FILTER = ["--data.hard_set.enabled=true", "--data.hard_set.rescreen=all", "--data.hard_set.screen_problems=512",
+          "--data.hard_set.comparison=le"]
+HARD = FILTER + ["--data.replay.enabled=true", "--data.replay.rule=paper"]
+"""The hard filter + solution cache of conf/deepsearch_plateau.yaml: every round re-screens 512
+training problems (Pass1@4 <= 25%: the hard set), trains on those, and replays the cached
+correct solutions of the ones searched to a solution (deepsearch.md §7). Flat rollouts offer the
+buffer nothing (the data module observes searches only), so dapo_hard has the filter without
+the cache."""
 ARMS: dict[str, tuple[list[str], list[str]]] = {
     # name: (overlay configs, overrides) on top of conf/quickstart.yaml
     "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
@@ -95,8 +98,7 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # BroRL's control: flat, 64 samples per prompt, hard set only (no solution cache). 8 problems
     # per epoch in mini-batches of 2 keep DAPO's samples per epoch (64 x 8) and rows per step (128).
     "breadth": (["conf/dapo.yaml"], ["--data.batching.flat_samples=64", "--data.batching.problems_per_epoch=8",
-                                     "--data.batching.mini_batch_problems=2", "--data.hard_set.enabled=true",
-                                     "--data.replay.enabled=false"]),
+                                     "--data.batching.mini_batch_problems=2", *FILTER, "--data.replay.enabled=false"]),
     # Tree tokens only where flat fails (issue 32 item 4, docs/search.md): 8 flat samples per problem,
     # a rollout tree (from those 8) only for the problems with none correct. Most groups are flat
     # (8 rows), so mini-batches of 8 problems, between DAPO's 16 and the rollout tree's 4.
