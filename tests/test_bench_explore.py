@@ -14,6 +14,9 @@ ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("bench_explore", ROOT / "tools" / "bench_explore.py")
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
+spec = importlib.util.spec_from_file_location("flat_first_cases", ROOT / "tests" / "test_flat_first.py")
+ff = sys.modules["flat_first_cases"] = importlib.util.module_from_spec(spec)  # its dataclasses look it up there
+spec.loader.exec_module(ff)  # the scripted problems a and b (a module object: its tests are not collected here)
 
 
 def test_solved_and_distinct_estimators_by_hand():
@@ -44,6 +47,33 @@ def test_flat_curve_and_the_adaptive_control_by_hand():
     assert bench.interpolate(90.0, [30.0, 50.0], [0.2, 0.6]) == (0.6, False)
 
 
+def test_the_flat_first_arm_counts_flat_groups_and_trees_by_hand():
+    """tests/test_flat_first.py's epoch with --data.batching.flat_first=2, as the tree arm reads it:
+    problem a is solved by its 2 flat samples ("C", "W": 4 tokens) and keeps them as a flat group;
+    b's 2 fail ("x\\n W", "W": 6 tokens) and its tree starts from them, then forks once from node 1
+    ("C": 2 tokens of its own). Tree b: parent [-1, 0, 1, 0, 1], expanded [1, 1, 0, 0, 0].
+      tokens per problem (4 + 6 + 2) / 2 = 6 = the flat samples' (4 + 6) / 2 = 5 + the tree's 2 / 2 = 1;
+      solved 2 / 2 (a by flat, b by the tree); terminals and trained rows (2 + 3) / 2 = 2.5;
+      branching: node 1, the one non-root node forked from, has 2 children; the root 2.
+      The search's shape is the one tree's: expansions by depth {0: 1, 1: 1} per tree (not per
+      problem, which would halve them), 1 expansion (the fork; the flat responses are no request)."""
+    from data_modules.rollout import rollout
+
+    problems = [ff.Problem("a", "10", "C"), ff.Problem("b", "11", "C")]
+    out = rollout(problems, generator=ff.FlatAndTree(ff.FLAT, ff.TREE), task=ff.ToyTask(), tokenizer=ff.ToyTokenizer(),
+                  kind="search", search=ff.CONFIG, flat_samples=8, max_concurrent_trees=4, credit=ff.Credit(), flat_first=2)
+    arm = bench.tree_arm(out.results, [len(rows) for rows in out.rows])
+    assert arm["tokens_per_problem"] == 6.0 and arm["solved"] == 1.0
+    assert (arm["terminals_per_problem"], arm["trained_per_problem"]) == (2.5, 2.5)
+    assert (arm["mean_branching"], arm["root_branching"], arm["expansions_per_tree"]) == (2.0, 2.0, 1.0)
+    assert arm["expansions_by_depth"] == {0: 1.0, 1: 1.0, 2: 0.0} and arm["trees_short"] == 0
+    split = bench.flat_first_split(out.results, 2)
+    assert split == {"flat_first": 2, "solved_by_flat_first": 0.5, "trees": 1, "solved_by_tree": 0.5,
+                     "flat_first_tokens_per_problem": 5.0, "tree_own_tokens_per_problem": 1.0}
+    # The same split as the epoch's own token count (data_modules/token_split.py): flat 10, tree 2.
+    assert (out.tokens.flat / 2, out.tokens.tree / 2) == (5.0, 1.0)
+
+
 @pytest.mark.slow
 def test_bench_explore_runs_end_to_end(tmp_path):
     """Two training problems, rollout expansion: one JSON line per arm and the RESULT line."""
@@ -64,3 +94,25 @@ def test_bench_explore_runs_end_to_end(tmp_path):
     assert (result["expansion"], result["fork_rule"], result["distinct_children"]) == ("rollout", "uct", "false")
     cached = json.loads(cache.read_text())
     assert len(cached["samples"]) == 2 and all(len(s) == 64 for s in cached["samples"])
+
+
+@pytest.mark.slow
+def test_bench_explore_measures_the_flat_first_arm(tmp_path):
+    """--data.batching.flat_first=4 on two training problems (tree arm only): the arm's tokens are
+    its flat samples' plus its trees' own, and the RESULT line names the switch."""
+    cmd = [sys.executable, "tools/bench_explore.py", "--config", "conf/quickstart.yaml", "--split", "train",
+           "--numbers", "4", "--limit", "2", "--skip-flat", "--data.search.expansion=rollout",
+           "--data.search.trajectories_per_tree=8", "--data.batching.flat_first=4"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.strip().splitlines()
+    (tree,) = [json.loads(line) for line in lines if line.startswith("{")]
+    assert tree["flat_first"] == 4 and tree["trees"] == round(2 * (1 - tree["solved_by_flat_first"]))
+    assert tree["tokens_per_problem"] == pytest.approx(tree["flat_first_tokens_per_problem"]
+                                                       + tree["tree_own_tokens_per_problem"])
+    # These two problems (seeded): the 4 samples solve the first, the second gets a tree.
+    assert tree["trees"] == 1 and tree["flat_first_tokens_per_problem"] > 0 and tree["tree_own_tokens_per_problem"] > 0
+    assert tree["solved"] == pytest.approx(tree["solved_by_flat_first"] + tree["solved_by_tree"])
+    assert tree["trained_per_problem"] >= 4  # every problem trains on at least its 4 flat samples
+    result = dict(kv.split("=") for kv in lines[-1].removeprefix("RESULT ").split())
+    assert result["flat_first"] == "4" and float(result["tree_solved"]) == pytest.approx(tree["solved"], abs=1e-4)

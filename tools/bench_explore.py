@@ -21,6 +21,19 @@ Each fork switch (`--data.search.fork_rule=entropy`, `--data.search.distinct_chi
 measured by its own run; the RESULT line names the switches it ran with. The flat arm does not
 depend on them, so `--flat-cache` shares one flat sample set between those runs.
 
+With `--data.batching.flat_first=m` the tree arm is fit's "tree tokens only where flat fails"
+(docs/search.md): m flat samples for every problem, then a rollout tree only for the problems
+with none correct, started from those m responses (they count towards its K). It runs through
+`data_modules.rollout.rollout`, the trainer's own code, so its m samples are drawn fresh, as fit
+draws them: the same sampling settings as the flat arm (`flat_rollouts` with the search config:
+temperature, top_p, step, max_depth) but the flat-first seed salt (`flat_first_config`), so they
+are not the first m samples of `--flat-cache` (whose requests share the trees' root seed, and
+hold no token ids to start a tree from). Its tokens per problem = the m samples' generated tokens
+(every problem) + the trees' own (a tree's reused responses counted once); solved = solved by
+the m samples or by the tree. The JSON line adds the split (`solved_by_flat_first`, `trees`,
+`solved_by_tree`, `flat_first_tokens_per_problem`, `tree_own_tokens_per_problem`); branching and
+expansions are the trees' only. The RESULT line names `flat_first=m` (0 without the switch).
+
     python tools/bench_explore.py --config conf/quickstart.yaml
     python tools/bench_explore.py --config conf/quickstart.yaml --split train --numbers 4 --limit 200
     python tools/bench_explore.py --config conf/quickstart.yaml --data.search.expansion_width=4
@@ -94,33 +107,62 @@ def interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> tuple[flo
 
 
 def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
-    """The tree's line: counts over every node and terminal the search created."""
+    """The tree's line: counts over every node and terminal the search created. With
+    `--data.batching.flat_first` some results are flat groups (mode "flat": the problems their m
+    samples solved): tokens, solved, distinct answers and terminals count them too (they are
+    this arm's cost and finds), the shape of the search (branching, expansions) only the trees.
+    A tree that started from the m responses has its root marked expanded once for them
+    (`expansions_by_depth` depth 0), though no request was made (`expansions_per_tree`)."""
     problems = len(results)
+    searched = [r for r in results if r.mode == "search"]
     tokens = solved = distinct = terminals = 0
     branching: list[int] = []
     depths: dict[int, int] = {}
     for result in results:
         tree = result.tree
-        tokens += result.stats.generated_tokens
+        tokens += result.stats.generated_tokens  # a tree's include the flat responses it started from, once
         terminals += result.stats.terminals
         answers = {tree.verdicts[t].answer for t in range(len(tree)) if tree.kind[t] == "correct"}
         solved += bool(answers)
         distinct += len(answers)
+    for result in searched:
+        tree = result.tree
         branching.extend(len(tree.children[v]) for v in range(1, len(tree)) if tree.expanded[v])
         for v in range(len(tree)):
             depths[tree.depth[v]] = depths.get(tree.depth[v], 0) + tree.expanded[v]
+    trees = max(len(searched), 1)
     return {
         "arm": "tree",
         "tokens_per_problem": tokens / problems,
         "mean_branching": sum(branching) / len(branching) if branching else 0.0,
-        "root_branching": sum(len(r.tree.children[0]) for r in results) / problems,
+        "root_branching": sum(len(r.tree.children[0]) for r in searched) / trees,
         "solved": solved / problems,
         "distinct_correct_per_problem": distinct / problems,
         "terminals_per_problem": terminals / problems,
         "trained_per_problem": sum(rows_per_tree) / problems,
-        "expansions_per_tree": sum(r.stats.expansions for r in results) / problems,
-        "expansions_by_depth": {d: round(n / problems, 2) for d, n in sorted(depths.items())},
-        "trees_short": sum(not r.complete for r in results),
+        "expansions_per_tree": sum(r.stats.expansions for r in searched) / trees,
+        "expansions_by_depth": {d: round(n / trees, 2) for d, n in sorted(depths.items())},
+        "trees_short": sum(not r.complete for r in searched),
+    }
+
+
+def flat_first_split(results, m: int) -> dict:
+    """`--data.batching.flat_first=m`: how the arm's problems split between the m flat samples and
+    the trees, and its tokens per problem as the m samples' (every problem's) + the trees' own.
+
+    A flat group (mode "flat") is a problem its m samples solved; a tree's first m chains are
+    its problem's m samples (`reused_tokens`), the rest its own rollouts."""
+    problems = len(results)
+    trees = [r for r in results if r.mode == "search"]
+    flat_tokens = sum(r.stats.generated_tokens for r in results if r.mode == "flat") + \
+        sum(r.stats.reused_tokens for r in trees)
+    return {
+        "flat_first": m,
+        "solved_by_flat_first": (problems - len(trees)) / problems,
+        "trees": len(trees),
+        "solved_by_tree": sum(any(t.verdict.correct for t in r.trajectories) for r in trees) / problems,
+        "flat_first_tokens_per_problem": flat_tokens / problems,
+        "tree_own_tokens_per_problem": sum(r.stats.generated_tokens - r.stats.reused_tokens for r in trees) / problems,
     }
 
 
@@ -270,6 +312,7 @@ def main() -> None:
         check_fork_flags(args)
 
     from flywheel.objectives.credit import Group, credit_groups
+    from data_modules.rollout import rollout
     from data_modules.rollout import search_problems as make_search_problems
     from flywheel.__main__ import main as cli_main
     from flywheel.search import SearchDriver
@@ -305,17 +348,28 @@ def main() -> None:
         return
 
     start = time.perf_counter()
-    driver = SearchDriver(generator, config, step=task.step, decode=decode,
-                          max_concurrent_trees=dm.batching.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
-    with __import__("torch").no_grad():
-        trees = driver.run(search_problems)
-    rows = [len(group) for group in credit_groups([Group.of(r) for r in trees], dm.credit).rows]  # what fit trains on
+    flat_first = dm.batching.flat_first
+    if flat_first:  # fit's own split (data_modules/rollout.py): m flat samples each, trees where all m fail
+        with __import__("torch").no_grad():
+            out = rollout(problems, generator=generator, task=task, tokenizer=tokenizer, kind="search", search=config,
+                          flat_samples=dm.batching.flat_samples, max_concurrent_trees=dm.batching.max_concurrent_trees,
+                          credit=dm.credit, flat_first=flat_first, value_fn=value_fn if config.prm_weight > 0 else None,
+                          node_values=value_fn)
+        trees, rows = out.results, [len(group) for group in out.rows]
+    else:
+        driver = SearchDriver(generator, config, step=task.step, decode=decode,
+                              max_concurrent_trees=dm.batching.max_concurrent_trees, eos_token_ids=eos, value_fn=value_fn)
+        with __import__("torch").no_grad():
+            trees = driver.run(search_problems)
+        rows = [len(group) for group in credit_groups([Group.of(r) for r in trees], dm.credit).rows]  # what fit trains on
     tree = tree_arm(trees, rows)
+    if flat_first:
+        tree.update(flat_first_split(trees, flat_first))
     tree["seconds"] = time.perf_counter() - start
     print(json.dumps(tree), flush=True)
     # the fork switches the tree ran with, so each RESULT line names what its solve_ratio measures
     switches = (f"expansion={config.expansion} fork_rule={config.fork_rule} "
-                f"distinct_children={str(config.distinct_children).lower()}")
+                f"distinct_children={str(config.distinct_children).lower()} flat_first={flat_first}")
     if args.skip_flat:
         print(f"RESULT tree_tokens_per_problem={tree['tokens_per_problem']:.1f} tree_solved={tree['solved']:.4f} "
               f"mean_branching={tree['mean_branching']:.3f} {switches}")
