@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from safetensors import safe_open
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from flywheel.__main__ import main
@@ -68,6 +70,14 @@ def test_eval_of_a_checkpoint_reproduces_the_in_run_evaluation(tmp_path):
                      "--out", str(tmp_path / "eval_hf")])
     assert exported["results"]["test"]["per_problem"] == result["per_problem"]
     assert (folder / "model.safetensors").is_file() and (folder / "tokenizer.json").is_file()
+    # --dtype bfloat16: the weights rounded to bf16 (half the file), still a policy eval loads
+    half = export_main([str(tmp_path / "checkpoints" / "last.ckpt"), str(tmp_path / "hf_bf16"), "--dtype", "bfloat16"])
+    with safe_open(str(half / "model.safetensors"), "pt") as weights:
+        assert {weights.get_tensor(k).dtype for k in weights.keys()} == {torch.bfloat16}
+    assert (half / "model.safetensors").stat().st_size < 0.6 * (folder / "model.safetensors").stat().st_size
+    rounded = main(["eval", "--policy", str(half), "--split", "test", "--samples", "2", "--max_problems", "16",
+                    "--out", str(tmp_path / "eval_bf16")])
+    assert rounded["results"]["test"]["problems"] == 16
 
 
 @pytest.mark.slow

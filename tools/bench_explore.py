@@ -62,7 +62,6 @@ import argparse
 import json
 import math
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Sequence
@@ -314,21 +313,15 @@ def main() -> None:
     from flywheel.objectives.credit import Group, credit_groups
     from data_modules.rollout import rollout
     from data_modules.rollout import search_problems as make_search_problems
-    from flywheel.__main__ import main as cli_main
     from flywheel.search import SearchDriver
     from flywheel.search.flat import flat_rollouts
+    from tools.policy_setup import load
 
-    cli_args = [a for c in args.config for a in ("--config", c)] + overrides
-    if args.policy:
-        cli_args.append(f"--model.policy={args.policy}")
-    with tempfile.TemporaryDirectory() as tmp:
-        cli = cli_main(cli_args + ["--trainer.logger=false", f"--trainer.default_root_dir={tmp}"], run=False)
-    module, dm = cli.model, cli.datamodule
-    module.policy.eval()
-    tokenizer, task = module.tokenizer, dm.task
+    setup = load(args.config, overrides, args.policy)
+    module, dm, tokenizer, task, generator = setup.module, setup.dm, setup.tokenizer, setup.task, setup.generator
+    decode, eos, config = setup.decode, setup.eos, setup.config
     problems = load_problems(task, args)
     search_problems = make_search_problems(tokenizer, task, problems)
-    config = dm.effective_search_config(epoch=0, rank=0)  # what fit's first epoch on rank 0 uses
     value_fn = None
     if args.oracle:
         from dataclasses import replace
@@ -339,9 +332,6 @@ def main() -> None:
         value_fn = lambda prefixes: [prompt_value(tokenizer.decode(p, skip_special_tokens=True)) for p in prefixes]  # noqa: E731
     elif config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
         value_fn = module.search_values  # the policy's own value head, as fit's search uses it
-    generator = dm.backend.build(module.policy, tokenizer)
-    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
     print(f"{len(problems)} problems; search: {json.dumps(config.to_dict())}", file=sys.stderr, flush=True)
     if args.fork_gain:
         fork_gain_mode(args, search_problems, generator, config, task, decode, eos)
