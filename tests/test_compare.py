@@ -187,3 +187,18 @@ def test_compare_continues_from_a_plateau_checkpoint(tmp_path):
         assert row["round"] == 1 and row["optimizer_steps"] >= 1
         assert json.loads((folder / "done.json").read_text())["command"].count(f"--model.policy={folder / 'init_policy'}") == 1
         assert not (folder / "running.pid").exists()
+
+    # tools/ship_policies.py: each run's policy, summary and commands; fp32 reproduces the runs' numbers exactly
+    proc = subprocess.run([sys.executable, "tools/ship_policies.py", str(tmp_path / "continue"), str(tmp_path / "ship"),
+                           "--dtype", "float32", "--checkpoints", "--verify"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip().splitlines()[-1] == "RESULT runs=2 max_abs_diff_pass1=0.0000 max_abs_diff_passk=0.0000"
+    for arm in ("dapo", "flat_first"):
+        shipped = tmp_path / "ship" / f"{arm}_seed0"
+        record = json.loads((shipped / "run.json").read_text())
+        assert (shipped / "policy" / "model.safetensors").is_file() and (shipped / "last.ckpt").is_file()
+        assert record["eval"]["max_problems"] == 4 and record["eval"]["samples"] == 8 and record["eval"]["split"] == "test"
+        assert record["shipped_eval"] == {"pass1": record["last_eval"]["pass1"], "passk": record["last_eval"]["passk"]}
+        assert f"--arms {arm} --seed-list 0 --tokens 1" in record["compare_command"] and "--init" in record["compare_command"]
+        assert "--max_problems 4" in record["eval_command"] and json.loads((shipped / "summary.json").read_text())["rounds"]
