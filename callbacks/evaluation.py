@@ -1,6 +1,7 @@
 """HeldOutEval: pass@1 / pass@k on the held-out problems before training and after every
 flywheel round, logged to TensorBoard and kept in the run's summary.json (where other
-callbacks add their own per-round numbers through `record`, e.g. the value model's AUC)."""
+callbacks add their own per-round numbers through `record`, e.g. the value model's AUC).
+Beside it at every round's end, solved_problems.json: the training problems the run solved."""
 
 from __future__ import annotations
 
@@ -63,7 +64,9 @@ class HeldOutEval(PortClient, Callback):
         """Evaluate at the end of round `round_index` (called by the round protocol,
         callbacks.rounds); `curriculum`: hard_set_size, cached and generated_tokens for the
         round's summary row, and any further facts of the round (the token split: tree_tokens,
-        flat_tokens, tree_token_fraction, screening_tokens), copied into the row as given. `partial`: the run ended before the round's last epoch (its
+        flat_tokens, tree_token_fraction, screening_tokens; solved_problems, first_solved),
+        copied into the row as given; solved_problems.json is rewritten with the row.
+        `partial`: the run ended before the round's last epoch (its
         token budget, or `--trainer.max_epochs` not a multiple of `--data.epochs_per_round`;
         the row says so; a resumed run's whole-round row replaces it). `last`: the run
         ends with this round. With `--data.eval.every_tokens` a round that is neither gets
@@ -98,6 +101,7 @@ class HeldOutEval(PortClient, Callback):
             }
         )
         self.write_summary(trainer)
+        self.write_solved_problems(trainer)
         return result
 
     def last_evaluated_tokens(self) -> int:
@@ -167,6 +171,13 @@ class HeldOutEval(PortClient, Callback):
         log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
         if trainer.is_global_zero and log_dir:
             atomic_write_json(Path(log_dir) / "summary.json", _finite(self.summary(trainer)))
+
+    def write_solved_problems(self, trainer: L.Trainer) -> None:
+        """solved_problems.json beside summary.json: every training problem the run solved so far,
+        from the data module's state (restored on resume), so the file is whole after each round."""
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if trainer.is_global_zero and log_dir:
+            atomic_write_json(Path(log_dir) / "solved_problems.json", self.port.solved_problems())
 
     def table(self) -> str:
         lines = [f"{'round':>5} {'epoch':>5} {'pass@1':>8} {'pass@k':>8} {'tokens':>12}"]

@@ -1,10 +1,11 @@
 """Curriculum: which problems the flywheel trains on, round after round (deepsearch.md §7).
 
 A plain object (no Lightning, no I/O): the Pass1@K hard set, the replay buffer of cached
-correct solutions, the round counter, the cursor into this round's problem stream and the
-token split per round (data_modules.token_split). It
-is the one place that decides when a round ends (`round_ends`); the data module saves it in
-every checkpoint (`state_dict`) and the round protocol (callbacks.rounds) ends its rounds.
+correct solutions, the round counter, the cursor into this round's problem stream, the
+token split per round (data_modules.token_split) and the problems the run solved
+(data_modules.solved). It is the one place that decides when a round ends (`round_ends`);
+the data module saves it in every checkpoint (`state_dict`) and the round protocol
+(callbacks.rounds) ends its rounds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
+from data_modules.solved import SolvedLedger
 from data_modules.token_split import TokenLedger, TokenSplit
 from flywheel.adaptive import CachedSolution, HardSet, HardSetConfig, ReplayBuffer, ReplayConfig, screening_ids
 from flywheel.search.driver import derive_seed
@@ -61,6 +63,8 @@ class Curriculum:
         """Problems of this round's shuffled hard-set stream consumed so far."""
         self.tokens = TokenLedger()
         """Tokens generated in trees, flat samples and screening, per run and per round."""
+        self.solved = SolvedLedger()
+        """The training problems the run's rollouts solved: each one's first solve, and this round's."""
 
     # ------------------------------------------------------------------ rounds
     def round_starts(self, epoch: int) -> bool:
@@ -142,6 +146,11 @@ class Curriculum:
         """Add generated tokens (summed over the ranks) to this round's and the run's split."""
         self.tokens.add(split, self.round)
 
+    def count_solved(self, per_rank: Iterable[Iterable[str]], tokens: int) -> None:
+        """Add an epoch's solved problems (every rank's ids: `Rollouts.solved`, all-gathered) to
+        this round's, with `tokens` the run's training tokens at the epoch's end."""
+        self.solved.add((i for ids in per_rank for i in ids), self.round, tokens)
+
     def screening_seed(self) -> int:
         """Seed of this round's Pass1@K screening samples."""
         return derive_seed(self.seed, self.round, 7)
@@ -195,6 +204,7 @@ class Curriculum:
             "hard_set": self.hard.to_dict() if self.hard is not None else None,
             "replay_buffer": self.buffer.to_dict(),
             "tokens": self.tokens.state_dict(),
+            "solved": self.solved.state_dict(),
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -205,4 +215,8 @@ class Curriculum:
         tokens = TokenLedger()
         if state.get("tokens") is not None:  # absent in checkpoints from before the split was counted
             tokens.load_state_dict(state["tokens"])
-        self.round, self.cursor, self.hard, self.buffer, self.tokens = round_, cursor, hard, buffer, tokens
+        solved = SolvedLedger()
+        if state.get("solved") is not None:  # absent in checkpoints from before solved problems were kept
+            solved.load_state_dict(state["solved"])
+        self.round, self.cursor, self.hard, self.buffer = round_, cursor, hard, buffer
+        self.tokens, self.solved = tokens, solved

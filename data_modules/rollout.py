@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Literal, Sequence
 
+from data_modules.solved import solved_ids
 from data_modules.token_split import TokenSplit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
@@ -48,6 +49,9 @@ class Rollouts:
     """Ids of the problems searched afresh under kind "search" (a tree, or with
     `flat_first` the flat group that solved it), not given a mixed rollout: what the
     replay buffer is offered (`search_outcomes`)."""
+    solved: frozenset[str] = frozenset()
+    """Ids of the problems a response generated for them here solved (data_modules.solved): a
+    mixed rollout's replayed cached solutions are not among `results`, so they do not count."""
 
 
 def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
@@ -68,6 +72,13 @@ def eos_ids(tokenizer: Any) -> list[int]:
 def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem]) -> list[SearchProblem]:
     return [SearchProblem(prompt_ids=encode_prompt(tokenizer, task, p), score=functools.partial(task.score, p), id=p.id)
             for p in problems]
+
+
+def value_head_fn(module: Any, config: SearchConfig) -> ValueFn | None:
+    """The policy's own value head as the search's value function (search.selection=puct_agents)."""
+    if config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
+        return module.search_values
+    return None
 
 
 def rollout(
@@ -156,7 +167,8 @@ def rollout(
     ordered = [results[p.id] for p in problems if p.id in results]
     return Rollouts(credited.rows, ordered, stats, credited.uniform_groups,
                     tokens=TokenSplit(tree=tree_tokens, flat=stats.generated_tokens - tree_tokens),
-                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset())
+                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset(),
+                    solved=solved_ids([*found, *results.values()]))  # found: both searches of a problem drawn twice
 
 
 FLAT_FIRST_SEED = 1

@@ -32,7 +32,8 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes
+from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes,
+                                  value_head_fn)
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -182,7 +183,7 @@ class SearchDataModule(L.LightningDataModule):
         """Why `async_search` cannot run in this run (data_modules.search_ahead.refusal), or None."""
         return refusal(self.async_search, own_weights=self.backend.own_weights, world_size=world_size,
                        old_logprobs=model.old_logprobs, loss_type=model.objective.loss_type, stream=self.pool.config.stream,
-                       value_head_search=_value_head_fn(model, self.search) is not None)
+                       value_head_search=value_head_fn(model, self.search) is not None)
 
     # ------------------------------------------------------------------ the epoch
     @timed_rebuild  # the epoch boundary of the run's wall split (callbacks.wall_time)
@@ -212,6 +213,7 @@ class SearchDataModule(L.LightningDataModule):
         curriculum = self.curriculum
         split = TokenSplit(*map(sum, zip(*all_gather((out.tokens.tree, out.tokens.flat)))))  # every rank's
         curriculum.count_tokens(split)
+        curriculum.count_solved(all_gather(out.solved), self.generated_tokens)  # every rank's
         self.epoch_metrics = {**epoch_metrics(out.results, out.stats, searched.seconds, self.generated_tokens,
                                               self.live.generator, hard_set_size=len(curriculum.hard),
                                               cached=curriculum.cached_count, answer_rules=self.task.answer_rules,
@@ -264,7 +266,7 @@ class SearchDataModule(L.LightningDataModule):
             flat_first=self.batching.flat_first,
             max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
             cached=cached or self.curriculum.cached, value_fn=self.value_fn,
-            node_values=_value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
+            node_values=value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
         )
 
     # ------------------------------------------------------------------ searching ahead
@@ -343,12 +345,17 @@ class SearchDataModule(L.LightningDataModule):
 
     def round_facts(self) -> dict[str, float | None]:
         """The curriculum's numbers that go into a round's summary row (after its refresh):
-        the hard set, its cached problems, the run's training tokens, and the round's own
-        token split (tree, flat, tree fraction, screening: data_modules.token_split)."""
+        the hard set, its cached problems, the run's training tokens, the round's own token
+        split (tree, flat, tree fraction, screening: data_modules.token_split) and the problems
+        its rollouts solved, first solves among them (data_modules.solved)."""
         curriculum = self.curriculum
         return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
                 "cached": curriculum.cached_count, "generated_tokens": self.generated_tokens,
-                **curriculum.tokens.this_round.round_facts()}
+                **curriculum.tokens.this_round.round_facts(), **curriculum.solved.round_facts()}
+
+    def solved_problems(self) -> dict[str, Any]:
+        """Every training problem the run solved so far, with its first solve (data_modules.solved)."""
+        return self.curriculum.solved.to_json()
 
     # ------------------------------------------------------------------ hard set
     @property
@@ -388,11 +395,3 @@ class SearchDataModule(L.LightningDataModule):
         source = getattr(self.trainer, "ckpt_path", None)
         self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source, self.ahead)
         self.pool.load_stream_position(stream)
-
-
-def _value_head_fn(module, config: SearchConfig):
-    """The policy's own value head as the search's value function (search.selection=puct_agents)."""
-    if config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
-        return module.search_values
-    return None
-

@@ -72,8 +72,13 @@ class DataPort(Protocol):
         (collective); the round's scalars."""
 
     def round_facts(self) -> dict[str, float | None]:
-        """hard_set_size, cached and generated_tokens for a round's summary row, and the round's
-        token split (tree_tokens, flat_tokens, tree_token_fraction, screening_tokens)."""
+        """hard_set_size, cached and generated_tokens for a round's summary row, the round's
+        token split (tree_tokens, flat_tokens, tree_token_fraction, screening_tokens) and the
+        training problems it solved (solved_problems, first_solved: solved for the first time)."""
+
+    def solved_problems(self) -> dict[str, Any]:
+        """Every training problem the run solved so far, with the round and the training tokens
+        of its first solve: the content of solved_problems.json (data_modules.solved)."""
 
 
 class PortClient:

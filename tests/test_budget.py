@@ -82,12 +82,19 @@ def test_a_budget_that_ends_the_run_inside_a_round_still_evaluates_it_and_a_resu
     (row,) = summary["rounds"]
     assert row["round"] == 1 and row["epoch"] == 0 and row["partial"] is True
     assert row["generated_tokens"] == cli.datamodule.generated_tokens > 0
+    # The partial row's solved problems are in solved_problems.json, written with it (all first solves: round 0).
+    solved = json.loads((Path(cli.trainer.log_dir) / "solved_problems.json").read_text())["problems"]
+    assert row["first_solved"] == row["solved_problems"] == len(solved)
     # Resumed without the budget, the run finishes round 1, whose evaluation replaces the partial one.
     resumed = main([*args, "--ckpt_path", "last"])
     assert resumed.trainer.current_epoch == 3
     summary = json.loads((Path(resumed.trainer.log_dir) / "summary.json").read_text())
     (row,) = summary["rounds"]
     assert row["round"] == 1 and row["epoch"] == 2 and "partial" not in row
+    # The round's count went on from the checkpoint: the partial round's first solves are kept as they were.
+    whole = json.loads((Path(resumed.trainer.log_dir) / "solved_problems.json").read_text())["problems"]
+    assert row["first_solved"] == row["solved_problems"] == len(whole) >= len(solved)
+    assert {i: whole[i] for i in solved} == solved
     assert summary["base_eval_pass1"] is not None
 
 

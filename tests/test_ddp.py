@@ -46,3 +46,12 @@ def test_ddp_two_process_fit(tmp_path):
     # Same optimizer steps on both ranks (else DDP's all-reduce would hang): per epoch
     # ceil(ceil(6 / 2) / 2) = 2 mini-batch slots, over 2 epochs 4 steps.
     assert ranks[0]["global_step"] == ranks[1]["global_step"] == 4
+    # The problems each rank's rollouts solved are merged over the ranks: one ledger on both,
+    # each round's row counting the union (one epoch per round), the file every first solve.
+    assert ranks[0]["solved"] == ranks[1]["solved"]
+    solved = json.loads((summaries[0].parent / "solved_problems.json").read_text())["problems"]
+    assert solved == ranks[0]["solved"]["problems"]
+    for epoch, row in zip((0, 1), summary["rounds"]):
+        mine = [set(next(e for e in r["epochs"] if e["epoch"] == epoch)["solved"]) for r in ranks]
+        assert row["solved_problems"] == len(mine[0] | mine[1])
+    assert sum(row["first_solved"] for row in summary["rounds"]) == len(solved)

@@ -1,6 +1,7 @@
 """End to end: conf/deepsearch_plateau.yaml (DeepSearch's allocation, issue 32) fits through the
-CLI with tiny settings: every round re-screens a fresh sample of the training pool, and the
-token split (tree / flat / screening) reaches TensorBoard and every round of summary.json."""
+CLI with tiny settings: every round re-screens a fresh sample of the training pool, the
+token split (tree / flat / screening) reaches TensorBoard and every round of summary.json, and
+the training problems the run solved reach summary.json and solved_problems.json."""
 
 import json
 from pathlib import Path
@@ -78,10 +79,26 @@ def test_the_plateau_recipe_rescreens_every_round_and_reports_its_token_split(tm
     report = (log_dir / "report.md").read_text()
     assert "| tree tokens |" in report and f"| {rounds[1]['tree_token_fraction']:.0%} |" in report
 
-    # The checkpoint carries the split, so a resumed run continues its round's count.
+    # The training problems solved, per round and in solved_problems.json (data_modules.solved):
+    # each problem's first solve is in the file once, with the round (0-based: row round - 1)
+    # and the run's training tokens at the end of the epoch that solved it.
+    solved = json.loads((log_dir / "solved_problems.json").read_text())
+    assert solved["format"] == "flywheel.solved/v1" and solved == curriculum.solved.to_json()
+    firsts = solved["problems"]
+    assert firsts and set(firsts) <= set(dm.train_pool())
+    assert sum(r["first_solved"] for r in rounds) == len(firsts)
+    for r in rounds:  # one epoch per round, of 16 problems
+        new = [s for s in firsts.values() if s["round"] == r["round"] - 1]
+        assert r["first_solved"] == len(new) <= r["solved_problems"] <= 16
+        assert all(s["tokens"] == r["generated_tokens"] for s in new)
+    assert rounds[0]["first_solved"] == rounds[0]["solved_problems"] > 0  # round 1: every solve is a first
+
+    # The checkpoint carries the split and the solved problems, so a resumed run continues its round's count.
     state = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["SearchDataModule"]
     assert state["tokens"] == curriculum.tokens.state_dict()
+    assert state["solved"] == curriculum.solved.state_dict()
     print("summary rounds:", json.dumps([{k: r[k] for k in ("round", "hard_set_size", "cached", "generated_tokens",
                                                            "tree_tokens", "flat_tokens", "tree_token_fraction",
-                                                           "screening_tokens")} for r in rounds]))
+                                                           "screening_tokens", "solved_problems", "first_solved")}
+                                             for r in rounds]))
     print("hard set history:", history)

@@ -29,8 +29,8 @@ def sources(*folders):
 def test_the_port_members():
     assert MEMBERS == sorted([
         "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "finish_search_ahead",
-        "generated_tokens", "generator", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed", "task",
-        "use_value_model"])
+        "generated_tokens", "generator", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed",
+        "solved_problems", "task", "use_value_model"])
 
 
 def test_the_data_module_has_every_member_of_the_port():

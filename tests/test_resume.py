@@ -1,5 +1,5 @@
-"""`--ckpt_path last` continues a run: round counter, hard set, replay buffer, token count and
-the per-round summary come back, and the result equals an uninterrupted run, also after the
+"""`--ckpt_path last` continues a run: round counter, hard set, replay buffer, token count,
+solved problems and the per-round summary come back, and the result equals an uninterrupted run, also after the
 run was SIGKILLed during a search, an optimizer step or a checkpoint write. A damaged
 checkpoint fails with its path and the way out."""
 
@@ -41,6 +41,10 @@ def summary(cli) -> dict:
     return json.loads((Path(cli.trainer.log_dir) / "summary.json").read_text())
 
 
+def solved_file(cli) -> dict:
+    return json.loads((Path(cli.trainer.log_dir) / "solved_problems.json").read_text())
+
+
 def assert_same_run(resumed, whole) -> None:
     a, b = whole.datamodule.curriculum, resumed.datamodule.curriculum
     # The comparison means something only if there was state to restore: the hard set shrank
@@ -51,6 +55,8 @@ def assert_same_run(resumed, whole) -> None:
     assert b.hard.ids == a.hard.ids and b.hard.history == a.hard.history
     assert b.buffer.to_dict() == a.buffer.to_dict()
     assert resumed.datamodule.generated_tokens == whole.datamodule.generated_tokens
+    assert b.solved.state_dict() == a.solved.state_dict() and a.solved.first  # each problem's first solve
+    assert solved_file(resumed) == solved_file(whole) == a.solved.to_json()
     assert [r["round"] for r in summary(resumed)["rounds"]] == list(range(1, EPOCHS + 1))
     def rounds(cli):  # wall times and the part's config file differ between runs; everything else must not
         return [{k: v for k, v in r.items() if k not in ("wall_seconds", "wall_split", "config")} for r in summary(cli)["rounds"]]

@@ -3,8 +3,9 @@ steps the rank took, as JSON in $FLYWHEEL_TEST_RECORD/rank_<R>.json (for the DDP
 
     FLYWHEEL_TEST_RECORD=DIR python tests/scripts/record_fit.py fit-arguments...
 
-Recorded per epoch: the epoch's whole problem list (drawn identically on every rank) and
-the problems this rank searched; at teardown: the rank's global step and world size.
+Recorded per epoch: the epoch's whole problem list (drawn identically on every rank), the
+problems this rank searched and those its rollouts solved; at teardown: the rank's global step,
+world size and solved-problems ledger (data_modules.solved).
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ def _next_problems(self, count):
 
 
 def _rollouts(self, problems, tokenizer, epoch, rank):
+    out = rollouts(self, problems, tokenizer, epoch, rank)
     if epochs and epochs[-1]["epoch"] == epoch and not epochs[-1]["mine"]:
-        epochs[-1]["mine"] = [p.id for p in problems]
-    return rollouts(self, problems, tokenizer, epoch, rank)
+        epochs[-1].update(mine=[p.id for p in problems], solved=sorted(out.solved))
+    return out
 
 
 def _teardown(self, stage):
@@ -41,7 +43,7 @@ def _teardown(self, stage):
     if stage == "fit" and trainer is not None:
         RECORD.mkdir(parents=True, exist_ok=True)
         record = {"rank": trainer.global_rank, "world": trainer.world_size, "global_step": trainer.global_step,
-                  "epochs": epochs}
+                  "epochs": epochs, "solved": self.curriculum.solved.state_dict()}
         (RECORD / f"rank_{trainer.global_rank}.json").write_text(json.dumps(record))
     return teardown(self, stage)
 
