@@ -7,7 +7,7 @@ correct terminal of its tree (backed up or not, trained or not), of its flat gro
 mixed rollout replays were generated in an earlier epoch and do not count (they are not in
 the epoch's results: data_modules.rollout), nor do Pass1@K screening samples (not training
 rollouts). The `SolvedLedger` keeps each problem's first solve (the curriculum's round then,
-0-based, and the run's training tokens at the end of that epoch, summary.json's
+0-based, in the file the summary row's 1-based round, and the run's training tokens at the end of that epoch, summary.json's
 `generated_tokens`) and the problems solved in the current round, for the round's summary row
 (`solved_problems`, `first_solved`) and `<log_dir>/solved_problems.json`. Plain data, no
 Lightning; the ids handed in are already merged over the ranks.
@@ -73,12 +73,17 @@ class SolvedLedger:
         return {"solved_problems": len(self.this_round),
                 "first_solved": sum(self.first[i].round == self.round for i in self.this_round)}
 
+    def _problems(self, offset: int) -> dict[str, dict[str, int]]:
+        return {i: {"round": s.round + offset, "tokens": s.tokens} for i, s in self.first.items()}
+
     def to_json(self) -> dict[str, Any]:
-        """solved_problems.json: every problem solved so far, with its first solve."""
-        return {"format": FORMAT, "problems": {i: {"round": s.round, "tokens": s.tokens} for i, s in self.first.items()}}
+        """solved_problems.json: every problem solved so far, with its first solve; "round" is the
+        summary.json row's round (1-based) of the epoch that first solved it."""
+        return {"format": FORMAT, "problems": self._problems(offset=1)}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self.to_json(), "round": self.round, "this_round": sorted(self.this_round)}
+        return {"format": FORMAT, "problems": self._problems(offset=0), "round": self.round,
+                "this_round": sorted(self.this_round)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore from `state_dict()`; raises ValueError on a malformed one (nothing restored)."""

@@ -82,7 +82,7 @@ def test_a_budget_that_ends_the_run_inside_a_round_still_evaluates_it_and_a_resu
     (row,) = summary["rounds"]
     assert row["round"] == 1 and row["epoch"] == 0 and row["partial"] is True
     assert row["generated_tokens"] == cli.datamodule.generated_tokens > 0
-    # The partial row's solved problems are in solved_problems.json, written with it (all first solves: round 0).
+    # The partial row's solved problems are in solved_problems.json, written with it (all first solves: round 1).
     solved = json.loads((Path(cli.trainer.log_dir) / "solved_problems.json").read_text())["problems"]
     assert row["first_solved"] == row["solved_problems"] == len(solved)
     # Resumed without the budget, the run finishes round 1, whose evaluation replaces the partial one.

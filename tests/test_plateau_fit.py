@@ -80,7 +80,7 @@ def test_the_plateau_recipe_rescreens_every_round_and_reports_its_token_split(tm
     assert "| tree tokens |" in report and f"| {rounds[1]['tree_token_fraction']:.0%} |" in report
 
     # The training problems solved, per round and in solved_problems.json (data_modules.solved):
-    # each problem's first solve is in the file once, with the round (0-based: row round - 1)
+    # each problem's first solve is in the file once, with its summary row's round
     # and the run's training tokens at the end of the epoch that solved it.
     solved = json.loads((log_dir / "solved_problems.json").read_text())
     assert solved["format"] == "flywheel.solved/v1" and solved == curriculum.solved.to_json()
@@ -88,7 +88,7 @@ def test_the_plateau_recipe_rescreens_every_round_and_reports_its_token_split(tm
     assert firsts and set(firsts) <= set(dm.train_pool())
     assert sum(r["first_solved"] for r in rounds) == len(firsts)
     for r in rounds:  # one epoch per round, of 16 problems
-        new = [s for s in firsts.values() if s["round"] == r["round"] - 1]
+        new = [s for s in firsts.values() if s["round"] == r["round"]]
         assert r["first_solved"] == len(new) <= r["solved_problems"] <= 16
         assert all(s["tokens"] == r["generated_tokens"] for s in new)
     assert rounds[0]["first_solved"] == rounds[0]["solved_problems"] > 0  # round 1: every solve is a first

@@ -39,8 +39,8 @@ def test_the_first_solve_is_kept_and_each_round_counts_its_own():
     assert ledger.round_facts() == {"solved_problems": 0, "first_solved": 0} and len(ledger.first) == 4
     # The file: every problem ever solved, in the order first solved (ties by id).
     assert ledger.to_json() == {"format": "flywheel.solved/v1", "problems": {
-        "a": {"round": 0, "tokens": 100}, "b": {"round": 0, "tokens": 100}, "c": {"round": 0, "tokens": 250},
-        "d": {"round": 1, "tokens": 400}}}
+        "a": {"round": 1, "tokens": 100}, "b": {"round": 1, "tokens": 100}, "c": {"round": 1, "tokens": 250},
+        "d": {"round": 2, "tokens": 400}}}  # the summary rows' rounds (1-based)
 
 
 def test_the_ledger_state_round_trips():
