@@ -62,6 +62,35 @@ def test_fit_seconds_and_the_gain_rates_by_hand(capsys):
     assert out.strip().splitlines()[-1].endswith("tokens=1000000 seeds=1")
 
 
+def test_newly_solved_counts_the_problems_p_failed_by_round(tmp_path, capsys):
+    from tools.compare_report import failed_under_init, newly_by_round
+
+    screen = tmp_path / "init_screen_seed0.json"
+    screen.write_text(json.dumps({"records": [{"id": i, "screen_correct": c} for i, c in
+                                              [("a", 0), ("b", 3), ("c", 0), ("d", 0)]]}))
+    assert failed_under_init(screen) == {"a", "c", "d"} and failed_under_init(tmp_path / "none.json") is None
+    run = tmp_path / "dapo_seed0"
+    (run / "version_0").mkdir(parents=True)
+    (run / "version_1").mkdir()
+    # the newest part's file is whole: b (P solved it) does not count; a in round 1, c and d in round 3
+    (run / "version_0" / "solved_problems.json").write_text(json.dumps({"problems": {"a": {"round": 1, "tokens": 5}}}))
+    (run / "version_1" / "solved_problems.json").write_text(json.dumps({"problems": {
+        "a": {"round": 1, "tokens": 5}, "b": {"round": 1, "tokens": 5}, "c": {"round": 3, "tokens": 9},
+        "d": {"round": 3, "tokens": 9}}}))
+    one = summary(0.2, [(None, 500_000, 20, 100.0, 0.0), (0.25, 1_000_000, 40, 150.0, 50.0), (0.3, 2_000_000, 80, 200.0, 0.0)])
+    counts = newly_by_round(run, one["rounds"], failed_under_init(screen))
+    assert counts == {1: 1, 2: 1, 3: 3} and newly_by_round(tmp_path / "none", one["rounds"], frozenset()) is None
+    # 3 newly solved at the last evaluation: 2M tokens, 80 steps, 100 + 100 + 200 = 400 fit seconds
+    assert compare.rates([(one, compare.last_round(one))], [counts[3]]) == pytest.approx(
+        {"per_mtok": 1.5, "per_100_steps": 3.75, "per_1000_s": 7.5})
+    compare.report({"dapo": [(0, one)]}, Namespace(eval_split="test_hard", tokens=2_000_000, seeds=[0]),
+                   {("dapo", 0): counts})
+    out = capsys.readouterr().out
+    assert "dapo                  0       3    2000000     80     400  0.3000  0.6000       0     3" in out
+    assert "newly solved per 1M tokens 1.5   per 100 steps 3.75   per 1000 s 7.50" in out
+    assert "dapo_newly_per_mtok=1.50 " in out.strip().splitlines()[-1]
+
+
 def test_a_run_folder_is_run_by_one_process_at_a_time(tmp_path):
     folder = tmp_path / "dapo_seed1"
     with compare.claimed(folder):
@@ -175,6 +204,10 @@ def test_compare_continues_from_a_plateau_checkpoint(tmp_path):
                          str(tmp_path / "continue"), "--init", str(tmp_path / "plateau" / "dapo_seed{seed}" / "checkpoints" /
                                                                    "last.ckpt"), *common)
     assert fields["dapo_seeds"] == fields["flat_first_seeds"] == "1" and fields["seeds"] == "1"
+    # P screened once over the runs' training pool (8 problems), and the newly solved rates reported
+    screen = json.loads((tmp_path / "continue" / "init_screen_seed0.json").read_text())
+    assert screen["problems"] == 8 and screen["policy"] == str(tmp_path / "plateau" / "dapo_seed0" / "checkpoints" / "last.ckpt")
+    assert float(fields["dapo_newly_per_mtok"]) >= 0 and float(fields["flat_first_newly_per_mtok"]) >= 0
     from safetensors.torch import load_file
 
     for arm in ("dapo", "flat_first"):
@@ -201,4 +234,8 @@ def test_compare_continues_from_a_plateau_checkpoint(tmp_path):
         assert record["eval"]["max_problems"] == 4 and record["eval"]["samples"] == 8 and record["eval"]["split"] == "test"
         assert record["shipped_eval"] == {"pass1": record["last_eval"]["pass1"], "passk": record["last_eval"]["passk"]}
         assert f"--arms {arm} --seed-list 0 --tokens 1" in record["compare_command"] and "--init" in record["compare_command"]
-        assert "--max_problems 4" in record["eval_command"] and json.loads((shipped / "summary.json").read_text())["rounds"]
+        assert "--max_problems 4" in record["eval_command"]
+    # the shipped folder reads back as the comparison: the same tables and RESULT line
+    shipped_fields, _ = run_tool("tools/compare.py", "--report", "--arms", "dapo", "flat_first", "--seed-list", "0", "--out",
+                                 str(tmp_path / "ship"), *common)
+    assert shipped_fields == fields

@@ -35,6 +35,12 @@ separate processes into one --out (`--seed-list 1`, ...), read together by `--re
     python tools/compare.py --init 'runs/plateau/dapo_seed{seed}/checkpoints/last.ckpt' --seed-list 0 \\
         --tokens 2000000 --arms dapo rollout dapo_hard rollout_hard breadth flat_first --out runs/continue
 
+Before a seed's first arm runs, every problem of the training pool is screened once under that
+seed's P with 8 flat samples (tools/headroom.py, OUT/init_screen_seed<s>.json); the report then
+counts each run's newly solved training problems, those P failed that the run's own rollouts
+solved (its solved_problems.json), per round and per 1M tokens / 100 steps / 1000 s
+(tools/compare_report.py).
+
 A comparison is resumable and can grow: every run keeps its last.ckpt under OUT/<arm>_seed<s>/,
 so running the same command again skips the finished runs and resumes an interrupted one from
 its last epoch, and a larger `--tokens` (or `--seeds`) continues the finished runs from where
@@ -48,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -57,6 +62,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from flywheel.io import atomic_write_json  # noqa: E402
+from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, rates: this module's API too)
+    EVAL_K, EVAL_SAMPLES, Newly, failed_under_init, fit_seconds, last_round, newly_by_round, rates, report,
+)
 
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
@@ -104,7 +112,6 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # (8 rows), so mini-batches of 8 problems, between DAPO's 16 and the rollout tree's 4.
     "flat_first": ([], ROLLOUT + ["--data.batching.flat_first=8", "--data.batching.mini_batch_problems=8"]),
 }
-EVAL_SAMPLES, EVAL_K = 16, 8
 
 
 def run_folder(args: argparse.Namespace, arm: str, seed: int) -> Path:
@@ -243,108 +250,40 @@ def fit(arm: str, seed: int, folder: Path, args: argparse.Namespace) -> dict:
     return latest_summary(folder)
 
 
-def spread(values: list[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
+def init_screen(args: argparse.Namespace, seed: int) -> Path:
+    """OUT/init_screen_seed<s>.json: every problem of the runs' training pool screened under
+    the seed's P with 8 flat samples (tools/headroom.py --samples 0): the problems P fails, against
+    which the report counts the runs' newly solved ones. Made once; a file of another P is refused."""
+    screen = args.out / f"init_screen_seed{seed}.json"
+    if args.report:
+        return screen
+    checkpoint = init_checkpoint(args, seed)
+    if screen.is_file():
+        if json.loads(screen.read_text())["policy"] != str(checkpoint):
+            raise RuntimeError(f"{screen} screened another P; use another --out")
+        return screen
+    cmd = [sys.executable, "tools/headroom.py", "--config", "conf/quickstart.yaml", "--config", "conf/dapo.yaml",
+           f"--data.task.init_args.numbers_count={args.numbers}", "--pool", "--limit", "0", "--screen", "8", "--samples", "0", "--seed", str(seed), "--policy", str(checkpoint),
+           "--out", str(screen), *args.extra]
+    print(f"screening the training problems under {checkpoint} (seed {seed}) ...", flush=True)
+    with (args.out / f"init_screen_seed{seed}.log").open("w") as fh:
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise RuntimeError(f"screening P failed (exit {proc.returncode}); see {args.out}/init_screen_seed{seed}.log")
+    return screen
 
 
-def evaluated(summary: dict) -> list[dict]:
-    """The run's rounds that were evaluated (`--data.eval.every_tokens` skips some)."""
-    return [r for r in summary.get("rounds", []) if r.get("eval_pass1") is not None]
-
-
-def last_round(summary: dict) -> dict | None:
-    rounds = evaluated(summary)
-    return rounds[-1] if rounds else None
-
-
-def fit_seconds(rounds: list[dict]) -> list[float | None]:
-    """Per round, the run's wall seconds to its end without the held-out evaluations (search,
-    training, hard-set screening, weight syncs, checkpoints: what the arm costs), summed from
-    each round's wall split; None from a round without one on."""
-    out, total = [], 0.0
-    for r in rounds:
-        split = r.get("wall_split")
-        total = total + split["wall_s"] - split["eval_s"] if split is not None and total is not None else None
-        out.append(total)
-    return out
-
-
-def report(results: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens, "
-          "optimizer steps and fit seconds (wall time without the held-out evaluations)")
-    print(f"{'arm':<18} {'seed':>4} {'round':>7} {'tokens':>10} {'steps':>6} {'fit s':>7} {'pass@1':>7} "
-          f"{f'pass@{EVAL_K}':>7} {'wall s':>7}")
+def newly_solved(results: dict[str, list[tuple[int, dict]]], args: argparse.Namespace) -> Newly:
+    """(arm, seed) -> newly solved problems per round, for the runs whose seed has P's screen."""
+    out: Newly = {}
     for arm, runs in results.items():
         for seed, summary in runs:
-            print(f"{arm:<18} {seed:>4} {'base':>7} {0:>10} {0:>6} {0:>7} {summary['base_eval_pass1']:7.4f} "
-                  f"{summary['base_eval_passk']:7.4f}")
-            rounds = summary.get("rounds", [])
-            for r, seconds in zip(rounds, fit_seconds(rounds)):
-                if r.get("eval_pass1") is None:
-                    continue
-                label = f"{r['round']}{'*' if r.get('partial') else ''}"
-                auc = f" prm_auc {r['prm_auc']:.4f}" if r.get("prm_auc") is not None else ""
-                print(f"{arm:<18} {seed:>4} {label:>7} {r['generated_tokens']:>10} {cell(r.get('optimizer_steps'), 'd', 6)} "
-                      f"{cell(seconds, '.0f', 7)} {r['eval_pass1']:7.4f} {r['eval_passk']:7.4f} "
-                      f"{r.get('wall_seconds', 0):7.0f}{auc}")
-    print("(* a partial round: the budget ended the run inside it; - : not recorded by that run)")
-    print("newly solved train problems: not reported; no run records which training problems it solved per round "
-          "(summary.json holds counts of the hard set and the replay buffer, not solved ids)")
-    fields = []
-    print(f"\nlast evaluation, mean +- sd over the seeds that have one; the pass@1 gain over each run's base per 1M "
-          "tokens, per 100 optimizer steps and per 1000 fit seconds")
-    for arm, runs in results.items():
-        ends = [(s, last_round(s)) for _, s in runs if last_round(s) is not None]
-        if not ends:
-            continue
-        p1, pk = [r["eval_pass1"] for _, r in ends], [r["eval_passk"] for _, r in ends]
-        tokens = statistics.mean(r["generated_tokens"] for _, r in ends)
-        print(f"{arm:<18} pass@1 {statistics.mean(p1):.4f} +- {spread(p1):.4f}   pass@{EVAL_K} "
-              f"{statistics.mean(pk):.4f} +- {spread(pk):.4f}   {len(ends)} seed(s), {tokens:,.0f} tokens")
-        gains = rates(ends)
-        if gains:
-            print(f"{'':<18} gain per 1M tokens {gains['per_mtok']:+.4f}   per 100 steps {cell(gains['per_100_steps'], '+.4f')}"
-                  f"   per 1000 s {cell(gains['per_1000_s'], '+.4f')}")
-        fields += [f"{arm}_pass1={statistics.mean(p1):.4f}", f"{arm}_pass1_sd={spread(p1):.4f}",
-                   f"{arm}_pass{EVAL_K}={statistics.mean(pk):.4f}", f"{arm}_seeds={len(ends)}"]
-    bases = [s for runs in results.values() for _, s in runs if s.get("base_eval_pass1") is not None]
-    if not bases:
-        print("RESULT none: no run has finished")
-        return
-    base1 = statistics.mean(s["base_eval_pass1"] for s in bases)
-    basek = statistics.mean(s["base_eval_passk"] for s in bases)
-    print(f"RESULT {' '.join(fields)} base_pass1={base1:.4f} base_pass{EVAL_K}={basek:.4f} tokens={args.tokens} "
-          f"seeds={len(args.seeds)}")
-
-
-def rates(ends: list[tuple[dict, dict]]) -> dict[str, float | None]:
-    """The mean over seeds of each run's pass@1 gain (last evaluation - its base) per 1M training
-    tokens, per 100 optimizer steps and per 1000 fit seconds (None where a run did not record
-    steps or its wall split); {} when no run has a base evaluation."""
-    runs = [(s, r) for s, r in ends if s.get("base_eval_pass1") is not None and r["generated_tokens"]]
-    if not runs:
-        return {}
-
-    def mean_per(amount) -> float | None:
-        values = []
-        for summary, row in runs:
-            spent = amount(summary, row)
-            if not spent:
-                return None
-            values.append((row["eval_pass1"] - summary["base_eval_pass1"]) / spent)
-        return statistics.mean(values)
-
-    def seconds(summary: dict, row: dict) -> float | None:
-        rounds = summary["rounds"]
-        return fit_seconds(rounds)[rounds.index(row)]
-
-    return {"per_mtok": mean_per(lambda s, r: r["generated_tokens"] / 1e6),
-            "per_100_steps": mean_per(lambda s, r: (r.get("optimizer_steps") or 0) / 100),
-            "per_1000_s": mean_per(lambda s, r: (seconds(s, r) or 0) / 1000)}
-
-
-def cell(value, spec: str, width: int = 0) -> str:
-    return f"{'-' if value is None else format(value, spec):>{width}}"
+            failed = failed_under_init(args.out / f"init_screen_seed{seed}.json")
+            counts = None if failed is None else newly_by_round(run_folder(args, arm, seed), summary.get("rounds", []),
+                                                                failed)
+            if counts is not None:
+                out[(arm, seed)] = counts
+    return out
 
 
 def main() -> None:
@@ -384,6 +323,11 @@ def main() -> None:
     results: dict[str, list[tuple[int, dict]]] = {}
     failed = []
     for seed in args.seeds:  # seed-major: a stopped comparison still has every arm
+        if args.init is not None:
+            try:
+                init_screen(args, seed)
+            except RuntimeError as err:  # the arms still run; their newly solved counts are left out
+                print(f"  {err}", flush=True)
         for arm in args.arms:
             folder = run_folder(args, arm, seed)
             if args.report:
@@ -398,7 +342,7 @@ def main() -> None:
             except RuntimeError as err:  # the other arms still run; the failure is listed at the end
                 print(f"  {err}", flush=True)
                 failed.append(folder.name)
-    report(results, args)
+    report(results, args, newly_solved(results, args))
     if failed:
         raise SystemExit(f"failed runs: {', '.join(failed)} (their logs are in their folders)")
 

@@ -66,6 +66,8 @@ def main() -> None:
     parser.add_argument("--config", action="append", required=True, help="the recipe, then overlays (as for fit)")
     parser.add_argument("--policy", help="a policy name, HF folder or fit .ckpt (default: the config's)")
     parser.add_argument("--split", default="train", help="the problems' split (never the comparison's held-out one)")
+    parser.add_argument("--pool", action="store_true", help="the problems fit trains on (`--data.problems.*`, "
+                        "`--data.task.*` of the config) instead of --split / --numbers")
     parser.add_argument("--numbers", type=int, help="Countdown: only problems with this many numbers")
     parser.add_argument("--limit", type=int, default=512, help="problems, a seeded sample of the split (0: all)")
     parser.add_argument("--seed", type=int, default=0, help="the problem sample's and the samples' seed")
@@ -87,8 +89,12 @@ def main() -> None:
     from tools.policy_setup import load
 
     setup = load(args.config, overrides, args.policy)
-    selection = argparse.Namespace(problems=None, split=args.split, numbers=args.numbers, limit=None, offset=0)
-    problems = draw(load_problems(setup.task, selection), args.limit or None, args.seed)
+    if args.pool:
+        problems = list(setup.dm.train_pool().values())
+    else:
+        selection = argparse.Namespace(problems=None, split=args.split, numbers=args.numbers, limit=None, offset=0)
+        problems = load_problems(setup.task, selection)
+    problems = draw(problems, args.limit or None, args.seed)
     prompts = make_search_problems(setup.tokenizer, setup.task, problems)
     tokens = 0
 
@@ -119,7 +125,8 @@ def main() -> None:
     solved_after = {i: first_solve(outcomes[i], args.samples) for i in failed}
     headroom = sum(v is not None for v in solved_after.values())
     summary = {
-        "policy": args.policy or setup.module.hparams.get("policy"), "split": args.split, "numbers": args.numbers,
+        "policy": args.policy or setup.module.hparams.get("policy"), "split": "pool" if args.pool else args.split,
+        "numbers": args.numbers,
         "problems": len(problems), "screen": args.screen, "screen_solved": len(problems) - len(failed),
         "failed": len(failed), "samples": args.samples, "headroom": headroom,
         "headroom_of_failed": headroom / len(failed) if failed else 0.0,

@@ -9,7 +9,10 @@ done.json), the destination gets `<arm>_seed<s>/`:
 - `policy/`: the run's last policy (tools/export_hf.py, bf16 safetensors by default, about 1 MB
   for the tiny policy), usable as `--model.policy`, `flywheel eval --policy` or `--init`-style
   starts;
-- `summary.json`: the run's summary (every round's held-out pass@1 / pass@k, tokens, steps);
+- `done.json`, `init.json` and the newest `version_<n>/` with its `summary.json` (every round's
+  held-out pass@1 / pass@k, tokens, steps) and `solved_problems.json`: enough for
+  `python tools/compare.py --report --out <dest> ...` (and tools/plateau.py) to print the
+  comparison's tables from the shipped folder, with P's screens (`init_screen_seed<s>.json`);
 - `run.json`: the compare.py command that makes the run, the exact `flywheel fit` command it ran,
   the run's last held-out evaluation and the `flywheel eval` command that reproduces it;
 - with `--checkpoints`, `last.ckpt`: the full checkpoint (weights, AdamW moments, data state), for
@@ -87,7 +90,14 @@ def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) 
     dest.mkdir(parents=True, exist_ok=True)
     export(checkpoint, dest / "policy", dtype=dtype)
     summary = latest_summary(run)
-    (dest / "summary.json").write_text(json.dumps(summary, indent=1))
+    for name in ("done.json", "init.json"):  # what tools/compare.py --report reads back
+        if (run / name).is_file():
+            shutil.copyfile(run / name, dest / name)
+    newest = max(run.glob("version_*/summary.json"), key=lambda p: int(p.parent.name.split("_")[1])).parent
+    (dest / newest.name).mkdir(exist_ok=True)
+    for name in ("summary.json", "solved_problems.json"):
+        if (newest / name).is_file():
+            shutil.copyfile(newest / name, dest / newest.name / name)
     if checkpoints:
         shutil.copyfile(checkpoint, dest / "last.ckpt")
     init = json.loads((run / "init.json").read_text())["checkpoint"] if (run / "init.json").is_file() else None
@@ -138,6 +148,9 @@ def main() -> None:
     runs = sorted(p.parent for p in args.runs.glob("*/done.json") if args.only is None or p.parent.name in args.only)
     if not runs:
         raise SystemExit(f"no finished runs (a done.json) under {args.runs}")
+    args.dest.mkdir(parents=True, exist_ok=True)
+    for screen in args.runs.glob("init_screen_seed*.json"):  # P's screens: the newly solved counts
+        shutil.copyfile(screen, args.dest / screen.name)
     diffs = []
     for run in runs:
         record = ship(run, args.dest / run.name, args.runs_as or args.runs, args.dtype, args.checkpoints)
