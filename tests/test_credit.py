@@ -140,6 +140,32 @@ def test_uniform_groups_are_left_out_when_asked():
     assert credit_groups([same], Credit()).uniform_groups == 0
 
 
+def test_positive_weight_damps_the_positive_advantages_only():
+    # node credit, mu = -0.5 (the module doc): T1 = [1.1, 1.1, 1.5 x 3], T2 = [1.1, 1.1, -0.5], T3 = [-0.4, -1.0 x 2]
+    # (T3's steps carry its overlong penalty: -0.4 - 0.5 + 0.5 and -1.0 - 0.5 + 0.5)
+    rows = tree_rows(T1, T2, T3, advantage="node", positive_weight=0.1)
+    assert close(rows[0].advantages, [0.11, 0.11, 0.15, 0.15, 0.15])
+    assert close(rows[1].advantages, [0.11, 0.11, -0.5])
+    assert close(rows[2].advantages, [-0.4, -1.0, -1.0])  # all negative: kept
+    # outcome credit: T1 1.0 + 0.5 = 1.5 -> 0.15; T2 -0.5 and T3 -1.0 kept; 0 = the negative samples only
+    assert [r.advantages[0] for r in tree_rows(T1, T2, T3, advantage="outcome", positive_weight=0.1)] == \
+        pytest.approx([0.15, -0.5, -1.0])
+    assert [r.advantages[0] for r in tree_rows(T1, T2, T3, advantage="outcome", positive_weight=0.0)] == \
+        pytest.approx([0.0, -0.5, -1.0])
+    assert tree_rows(T1, T2, T3, advantage="outcome", positive_weight=1.0) == tree_rows(T1, T2, T3, advantage="outcome")
+
+
+@pytest.mark.parametrize("weight", [-0.1, float("inf"), float("nan"), "x"])
+def test_positive_weight_must_be_a_finite_number_at_least_zero(weight):
+    with pytest.raises(ValueError, match="positive_weight must be a number >= 0"):
+        Credit(positive_weight=weight)
+
+
+def test_positive_weight_is_refused_with_path_weights():
+    with pytest.raises(ValueError, match="positive_weight=0.5 scales advantages"):
+        Credit(advantage="self_training", positive_weight=0.5)
+
+
 # ------------------------------------------------------------------ mixed rollouts follow the rule
 # A buffered problem: 2 cached correct solutions, n = 4, so 2 direct samples are kept.
 C1 = CachedSolution("p7", (30, 31), "c1", round=0)

@@ -18,7 +18,7 @@ Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by the "node" rule 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
@@ -128,6 +128,11 @@ class Credit:
             left out of training (deepsearch.md §7); best-of-N trains no incorrect ones anyway.
         path_weights: how "self_training" weights the paths (value model or outcome, per-
             problem softmax temperature, correct-only and threshold filters).
+        positive_weight: every positive per-token advantage is multiplied by this, the
+            negative ones kept (W-REINFORCE's lambda, Zhu et al. 2025: pushing down wrong
+            answers keeps the policy's other answers, pushing up right ones sharpens it onto
+            them, so damping the second keeps pass@k); 1 = off, 0 = negative samples only.
+            Every advantage rule; not the path weights of "self_training".
     """
 
     advantage: Advantage = "node"
@@ -135,11 +140,17 @@ class Credit:
     drop_uniform_groups: bool = False
     degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
     path_weights: PathWeighting = field(default_factory=PathWeighting)
+    positive_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.advantage not in RULES:
             *rest, last = (repr(name) for name in RULES)
             raise ValueError(f"--data.credit.advantage={self.advantage!r}: choose {', '.join(rest)} or {last}")
+        if not (isinstance(self.positive_weight, (int, float)) and 0 <= self.positive_weight < float("inf")):
+            raise ValueError(f"--data.credit.positive_weight must be a number >= 0, got {self.positive_weight!r}")
+        if self.positive_weight != 1 and RULES[self.advantage].weights_paths:
+            raise ValueError(f"--data.credit.positive_weight={self.positive_weight} scales advantages, but "
+                             f"--data.credit.advantage={self.advantage} trains on path weights: remove one")
 
     def drops(self, trajectory: Trajectory) -> bool:
         """Whether a trajectory stays out of training: an incorrect, degenerate one."""
@@ -253,6 +264,8 @@ def credit_groups(groups: Sequence[Group], settings: Credit, rollout: str = "sea
     rows = [_mixed_rows(g, rule, settings) if g.cached else _tree_rows(g, rule, settings) for g in groups]
     if RULES[settings.advantage].weights_paths:
         rows = weight_paths(rows, settings.path_weights, value_fn)
+    elif settings.positive_weight != 1:
+        rows = [[damp_positive(row, settings.positive_weight) for row in group_rows] for group_rows in rows]
     uniform = 0
     if settings.drop_uniform_groups:
         for i, (group, group_rows) in enumerate(zip(groups, rows)):
@@ -264,6 +277,15 @@ def credit_groups(groups: Sequence[Group], settings: Credit, rollout: str = "sea
                 uniform += 1
                 rows[i] = []
     return Credited(rows, uniform)
+
+
+def damp_positive(row: TrainingRow, weight: float) -> TrainingRow:
+    """`row` with its positive per-token advantages multiplied by `weight` (`positive_weight`).
+
+    >>> damp_positive(TrainingRow("p", 0, (1,), (2, 3, 4), (0.5, -0.5, 0.0), (0.0,) * 3, (0, 0, 1), 1.0), 0.1).advantages
+    (0.05, -0.5, 0.0)
+    """
+    return replace(row, advantages=tuple(a * weight if a > 0 else a for a in row.advantages))
 
 
 def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[TrainingRow]:
