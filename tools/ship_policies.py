@@ -78,6 +78,19 @@ def compare_command(name: str, done: dict, out: Path, init: str | None) -> str:
     return shlex.join(cmd)
 
 
+def in_repo(path: Path) -> Path:
+    """`path` relative to the repository when it lies inside it (commands that work from any
+    clone), else as it is.
+
+    >>> in_repo(ROOT / "results" / "x"), in_repo(Path("/elsewhere/x"))
+    (PosixPath('results/x'), PosixPath('/elsewhere/x'))
+    """
+    try:
+        return path.resolve().relative_to(ROOT)
+    except ValueError:
+        return path
+
+
 def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) -> dict:
     from tools.compare import latest_summary, last_round
     from tools.export_hf import export
@@ -112,7 +125,7 @@ def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) 
         "last_eval": None if end is None else {"round": end["round"], "generated_tokens": end["generated_tokens"],
                                                "pass1": end["eval_pass1"], "passk": end["eval_passk"]},
         "eval": spec,
-        "eval_command": shlex.join(["python", "-m", "flywheel", "eval", "--policy", str(dest / "policy"),
+        "eval_command": shlex.join(["python", "-m", "flywheel", "eval", "--policy", str(in_repo(dest / "policy")),
                                     *[a for key, value in spec.items() if key != "k" and value is not None
                                       for a in (f"--{key}", str(value))], "--k", f"[1,{spec['k']}]"]),
     }
