@@ -43,7 +43,7 @@ def _teardown(self, stage):
     if stage == "fit" and trainer is not None:
         RECORD.mkdir(parents=True, exist_ok=True)
         record = {"rank": trainer.global_rank, "world": trainer.world_size, "global_step": trainer.global_step,
-                  "epochs": epochs, "solved": self.curriculum.solved.state_dict()}
+                  "epochs": epochs, "solved": self.curriculum.solved.to_json()}
         (RECORD / f"rank_{trainer.global_rank}.json").write_text(json.dumps(record))
     return teardown(self, stage)
 
