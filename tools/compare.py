@@ -63,7 +63,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from flywheel.io import atomic_write_json  # noqa: E402
 from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, rates: this module's API too)
-    EVAL_K, EVAL_SAMPLES, Newly, failed_under_init, fit_seconds, last_round, newly_by_round, rates, report,
+    EVAL_K, EVAL_SAMPLES, Newly, failed_under_init, fit_seconds, last_round, newest_part, newly_by_round, rates,
+    report,
 )
 
 ROLLOUT = [
@@ -132,8 +133,7 @@ def finished_at(folder: Path, tokens: int) -> dict | None:
 
 def latest_summary(folder: Path) -> dict:
     """summary.json of the run's newest part (a resumed part carries every earlier round)."""
-    parts = sorted(folder.glob("version_*/summary.json"), key=lambda p: int(p.parent.name.split("_")[1]))
-    return json.loads(parts[-1].read_text())
+    return json.loads(newest_part(folder, "summary.json").read_text())
 
 
 def init_checkpoint(args: argparse.Namespace, seed: int) -> Path | None:
@@ -263,8 +263,8 @@ def init_screen(args: argparse.Namespace, seed: int) -> Path:
             raise RuntimeError(f"{screen} screened another P; use another --out")
         return screen
     cmd = [sys.executable, "tools/headroom.py", "--config", "conf/quickstart.yaml", "--config", "conf/dapo.yaml",
-           f"--data.task.init_args.numbers_count={args.numbers}", "--pool", "--limit", "0", "--screen", "8", "--samples", "0", "--seed", str(seed), "--policy", str(checkpoint),
-           "--out", str(screen), *args.extra]
+           f"--data.task.init_args.numbers_count={args.numbers}", "--pool", "--limit", "0", "--screen", "8",
+           "--samples", "0", "--seed", str(seed), "--policy", str(checkpoint), "--out", str(screen), *args.extra]
     print(f"screening the training problems under {checkpoint} (seed {seed}) ...", flush=True)
     with (args.out / f"init_screen_seed{seed}.log").open("w") as fh:
         proc = subprocess.run(cmd, cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT)

@@ -48,6 +48,13 @@ def fit_seconds(rounds: list[dict]) -> list[float | None]:
     return out
 
 
+def newest_part(folder: Path, name: str) -> Path | None:
+    """`name` in the run's newest part (version_<n>/, the highest n that holds it), or None: a
+    resumed run's part carries every earlier round, so the newest is the whole run."""
+    parts = sorted(folder.glob(f"version_*/{name}"), key=lambda p: int(p.parent.name.split("_")[1]))
+    return parts[-1] if parts else None
+
+
 def failed_under_init(screen: Path) -> frozenset[str] | None:
     """The training problems P failed (0 correct) in its screen file (tools/headroom.py --out), or
     None when there is none yet."""
@@ -62,10 +69,10 @@ def newly_by_round(folder: Path, rounds: list[dict], failed: frozenset[str]) -> 
     (a run from before the file existed).
 
     A file's rounds are the summary rows' (1-based)."""
-    parts = sorted(folder.glob("version_*/solved_problems.json"), key=lambda p: int(p.parent.name.split("_")[1]))
-    if not parts:
+    newest = newest_part(folder, "solved_problems.json")
+    if newest is None:
         return None
-    first = json.loads(parts[-1].read_text())["problems"]
+    first = json.loads(newest.read_text())["problems"]
     new = [s["round"] for i, s in first.items() if i in failed]
     return {r["round"]: sum(x <= r["round"] for x in new) for r in rounds}
 

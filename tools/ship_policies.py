@@ -93,6 +93,7 @@ def in_repo(path: Path) -> Path:
 
 def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) -> dict:
     from tools.compare import latest_summary, last_round
+    from tools.compare_report import newest_part
     from tools.export_hf import export
 
     done = json.loads((run / "done.json").read_text())
@@ -106,7 +107,7 @@ def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) 
     for name in ("done.json", "init.json"):  # what tools/compare.py --report reads back
         if (run / name).is_file():
             shutil.copyfile(run / name, dest / name)
-    newest = max(run.glob("version_*/summary.json"), key=lambda p: int(p.parent.name.split("_")[1])).parent
+    newest = newest_part(run, "summary.json").parent
     (dest / newest.name).mkdir(exist_ok=True)
     for name in ("summary.json", "solved_problems.json"):
         if (newest / name).is_file():
