@@ -87,7 +87,8 @@ class SearchDataModule(L.LightningDataModule):
         save_trees: trees (or flat groups) of each epoch written to
             `<log_dir>/trees/epoch_NNNN.jsonl` for the viewer (`python -m flywheel tree`); the
             first ones searched on rank 0; 0 = none.
-        seed: seed of the problem order and of the search.
+        seed: seed of the problem order and of the search; default (None): the run's
+            `seed_everything` (the command line fills it in), 0 where it is off or outside the CLI.
         async_search: search the next epoch while this one trains, with the weights of the last
             sync (`--data.async_search.max_staleness=1`; off by default; the vLLM sidecar only).
     """
@@ -106,11 +107,12 @@ class SearchDataModule(L.LightningDataModule):
         eval: EvalConfig = EvalConfig(),
         epochs_per_round: int = 1,
         save_trees: int = 2,
-        seed: int = 0,
+        seed: int | None = None,
         async_search: AsyncSearchConfig = AsyncSearchConfig(),
     ) -> None:
         super().__init__()
         check_data_settings(rollout, problems, hard_set, replay, save_trees)
+        seed = 0 if seed is None else seed
         check_flat_first(batching.flat_first, rollout, search)
         for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
             log.warning(warning)

@@ -17,6 +17,17 @@ from pathlib import Path
 from lightning.pytorch.cli import LightningCLI
 
 
+def seed_the_data(config) -> None:
+    """`--data.seed` unset takes the run's `seed_everything` (Lightning has already drawn it when
+    it was `true`): otherwise `--seed_everything=1` would reseed torch alone and leave the problem
+    order and every search sample as with seed 0, a "second seed" identical to the first."""
+    data = config.get("data")
+    if data is None or "seed" not in data or data.seed is not None:
+        return
+    seed = config.get("seed_everything")
+    data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
 class FlywheelCLI(LightningCLI):
     """LightningCLI with flywheel's always-on callbacks that have settings as top-level
     sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
@@ -48,6 +59,7 @@ class FlywheelCLI(LightningCLI):
         config = self.config[self.subcommand] if self.subcommand else self.config
         for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
             raise PreflightError(non_finite_message(key, value))
+        seed_the_data(config)
 
     def instantiate_classes(self) -> None:
         from lightning.fabric.utilities.exceptions import MisconfigurationException

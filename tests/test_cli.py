@@ -61,6 +61,23 @@ def test_command_line_overrides_reach_the_components():
     assert cli.datamodule.eval.samples == 2
 
 
+def test_seed_everything_seeds_the_search_and_the_problem_order_unless_data_seed_is_given():
+    base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
+
+    def data_seed(*overrides):
+        data = main(base + list(overrides), run=False).datamodule
+        assert data.pool.seed == data.seed and data.curriculum.seed == data.seed
+        return data.seed
+
+    assert data_seed() == 0  # the recipe's seed_everything: 0
+    assert data_seed("--seed_everything=3") == 3  # a second seed is a different run, not torch's alone
+    assert data_seed("--seed_everything=3", "--data.seed=5") == 5  # an explicit data seed wins
+    assert data_seed("--seed_everything=false") == 0
+    drawn = main(base + ["--seed_everything=true"], run=False)
+    assert drawn.datamodule.seed == drawn.config["seed_everything"]  # Lightning's drawn seed, as saved
+    assert SearchDataModule().seed == 0  # built outside the command line
+
+
 def test_bad_values_fail_with_the_flag_named():
     with pytest.raises(ValueError, match="--data.rollout"):
         SearchDataModule(rollout="tree")
