@@ -140,6 +140,32 @@ def test_uniform_groups_are_left_out_when_asked():
     assert credit_groups([same], Credit()).uniform_groups == 0
 
 
+def test_pass_at_k_by_hand_on_the_tree():
+    """T1 right, T2 and T3 wrong: n = 3, c = 1.
+    k = 2: mean pass@2 = 1 - C(2,2)/C(3,2) = 2/3; right 2 (1 - 2/3) = 2/3; a wrong one's failing
+    share C(1,1)/C(2,1) = 1/2: 2 (1 - 2/3 - 1/2) = -1/3 (the three sum to 0).
+    k = 1 is outcome credit without the overlong penalty: 2 (1 - 1/3) = 4/3 and 2 (0 - 1/3) = -2/3.
+    k = 3: every 3-subset holds T1, so no signal."""
+    rows = tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=2)
+    assert close(rows[0].advantages, [2 / 3] * 5) and close(rows[1].advantages, [-1 / 3] * 3)
+    assert close(rows[2].advantages, [-1 / 3] * 3)
+    assert [r.advantages[0] for r in tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=1)] == \
+        pytest.approx([4 / 3, -2 / 3, -2 / 3])
+    assert all(set(r.advantages) == {0.0} for r in tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=3))
+    # std-normalised: the std of the 2-subsets' rewards on the +-1 scale, 2 sqrt(2/3 x 1/3)
+    std = 2 * math.sqrt(2 / 9) + 1e-6
+    normed = tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=2, normalize_std=True)
+    assert [r.advantages[0] for r in normed] == pytest.approx([2 / 3 / std, -1 / 3 / std, -1 / 3 / std])
+
+
+def test_pass_k_is_refused_where_the_rule_does_not_read_it_and_checked():
+    with pytest.raises(ValueError, match="pass_k is set but --data.credit.advantage=outcome"):
+        check(Credit(advantage="outcome", pass_k=8))
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="pass_k must be an integer >= 1"):
+            Credit(advantage="pass_at_k", pass_k=bad)
+
+
 def test_positive_weight_damps_the_positive_advantages_only():
     # node credit, mu = -0.5 (the module doc): T1 = [1.1, 1.1, 1.5 x 3], T2 = [1.1, 1.1, -0.5], T3 = [-0.4, -1.0 x 2]
     # (T3's steps carry its overlong penalty: -0.4 - 0.5 + 0.5 and -1.0 - 0.5 + 0.5)
@@ -229,7 +255,7 @@ def test_a_mixed_rollout_drops_a_direct_sample_but_keeps_it_in_the_baseline(monk
 # ------------------------------------------------------------------ settings
 def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
     with pytest.raises(ValueError, match=r"--data\.credit\.advantage='tree': choose 'node', 'outcome', 'subtree', "
-                                         r"'best_of_n' or 'self_training'$"):
+                                         r"'best_of_n', 'pass_at_k' or 'self_training'$"):
         Credit(advantage="tree")
 
 
@@ -239,7 +265,7 @@ def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
 ])
 def test_normalize_std_is_refused_where_the_credit_ignores_it(advantage, rollout, rule):
     with pytest.raises(ValueError, match=rf"^--data\.credit\.normalize_std=true but .* credits by the '{rule}' rule, "
-                                         r"which ignores it: remove it \(the rules that read it: 'node', 'outcome'\)$"):
+                                         r"which ignores it: remove it \(the rules that read it: 'node', 'outcome', 'pass_at_k'\)$"):
         check(Credit(advantage=advantage, normalize_std=True), rollout)
     # Where a rule reads it, it is fine: node and outcome trees, and flat DAPO groups.
     for fine in [("node", "search"), ("outcome", "search"), ("node", "flat"), ("subtree", "flat")]:
@@ -294,7 +320,7 @@ def test_a_rule_registered_in_the_table_alone_is_checked_and_computed(monkeypatc
     rows = credit_groups([Group.of(result(T1, T2, T3))], Credit(advantage="halved_node")).rows[0]
     assert close(rows[0].advantages, [0.55, 0.55, 0.75, 0.75, 0.75])  # node's 1.1 and 1.5, halved
     assert close(mixed([D1, D2], advantage="halved_node")[0].advantages, [0.5625] * 2)  # 1.125 / 2
-    with pytest.raises(ValueError, match=r"the rules that read it: 'node', 'outcome', 'halved_node'"):
+    with pytest.raises(ValueError, match=r"the rules that read it: 'node', 'outcome', 'pass_at_k', 'halved_node'"):
         check(Credit(advantage="subtree", normalize_std=True))
     with pytest.raises(ValueError, match=r"or 'halved_node'$"):
         Credit(advantage="tree")

@@ -179,6 +179,37 @@ def tree_grpo_token_advantages(
     return torch.where(valid, adv, torch.zeros_like(adv))
 
 
+def pass_at_k_advantages(correct: Sequence[bool], k: int, normalize_std: bool) -> list[float]:
+    """Pass@k training's analytic group advantages (Chen et al. 2025, arXiv 2508.10751), on
+    the +-1 reward scale of the other rules, one value per response.
+
+    The group's reward is pass@k: over the C(n, k) subsets of k of its n responses, 1 when a
+    subset holds a correct one. With c correct, its mean is R = 1 - C(n-c, k) / C(n, k); a
+    correct response's advantage is 1 - R (every subset holding it passes), an incorrect one's
+    1 - R - C(n-c-1, k-1) / C(n-1, k-1) (the share of its subsets that fail), both doubled for
+    the +-1 scale, so k = 1 is exactly outcome credit (r - mean). A group whose every
+    k-subset passes (n - c < k) or fails (c = 0) gets 0. With `normalize_std` both are
+    divided by the std of the subsets' rewards, 2 sqrt(R (1 - R)) (the paper's form).
+    k > n is taken as k = n.
+
+    >>> [round(a, 4) for a in pass_at_k_advantages([True, False, False, False], 2, False)]
+    [1.0, -0.3333, -0.3333, -0.3333]
+    >>> pass_at_k_advantages([True, False], 1, False) == [1.0, -1.0]
+    True
+    """
+    n, c = len(correct), sum(bool(x) for x in correct)
+    k = min(k, n)
+    if k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got {k}")
+    if c == 0 or n - c < k:
+        return [0.0] * n
+    mean = 1.0 - math.comb(n - c, k) / math.comb(n, k)
+    right = 2.0 * (1.0 - mean)
+    wrong = 2.0 * (1.0 - mean - math.comb(n - c - 1, k - 1) / math.comb(n - 1, k - 1))
+    scale = 2.0 * math.sqrt(mean * (1.0 - mean)) + ADV_EPS if normalize_std else 1.0
+    return [(right if ok else wrong) / scale for ok in correct]
+
+
 def per_token(step_values: Sequence[float], step_lengths: Sequence[int]) -> list[float]:
     """Spread one value per step over that step's tokens.
 

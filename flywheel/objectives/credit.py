@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
-from flywheel.objectives.advantages import per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives.advantages import pass_at_k_advantages, per_token, subtree_advantages, tree_grpo_advantages
 from flywheel.objectives.self_training import PathWeighting, ValueFn, weight_paths
 
 if TYPE_CHECKING:
@@ -58,6 +58,11 @@ class CreditRule:
     """The optional settings it reads (OPTIONAL); setting another one is refused."""
     weights_paths: bool = False
     """Its rows' advantages become ReST-MCTS* path weights (the self-training loss reads them)."""
+    keywords: tuple[str, ...] = ()
+    """`Credit` settings handed to `credit` by name, after the group and `normalize_std`."""
+
+    def __call__(self, group: Sequence[Scored], settings: Credit) -> list:
+        return self.credit(group, settings.normalize_std, **{name: getattr(settings, name) for name in self.keywords})
 
 
 def node_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
@@ -80,6 +85,12 @@ def best_of_n_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[
     return [[1.0] * len(r.step_scores) if r.correct else None for r in group]
 
 
+def pass_at_k_credit(group: Sequence[Scored], normalize_std: bool, pass_k: int) -> list[list[float]]:
+    """Pass@k training: every step gets its response's `pass_at_k_advantages` value."""
+    values = pass_at_k_advantages([r.correct for r in group], pass_k, normalize_std)
+    return [[value] * len(r.step_scores) for r, value in zip(group, values)]
+
+
 def self_training_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
     """Every response, 0 until `weight_paths` gives it its path weight."""
     return [[0.0] * len(r.step_scores) for r in group]
@@ -93,13 +104,15 @@ RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
     CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
                subtree_credit, frozenset({"degenerate_filter"})),
     CreditRule("best_of_n", "the correct responses only, every token +1", best_of_n_credit),
+    CreditRule("pass_at_k", "Pass@k training: each response's share in the group's pass@k, on every token",
+               pass_at_k_credit, frozenset({"normalize_std", "degenerate_filter", "pass_k"}), keywords=("pass_k",)),
     CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward", self_training_credit,
                frozenset({"degenerate_filter", "path_weights"}), weights_paths=True),
 )}
 """Every credit rule by name; the first is the default."""
 
 Advantage = Literal[tuple(RULES)]  # the names above, for the command line's choices
-OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights")
+OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights", "pass_k")
 """The settings a rule may ignore; the others (drop_uniform_groups) apply to every rule."""
 
 
@@ -114,11 +127,15 @@ class Credit:
             mean ("coarse scores"); "subtree" = TreeRL: a step's value is the mean final score
             of the trajectories through it, credited against its parent and the root, scaled
             by 1 / sqrt(trajectories sharing it); "best_of_n" = the correct trajectories only,
-            every token +1; "self_training" = ReST-MCTS*'s path weights (`path_weights`; goes
+            every token +1; "pass_at_k" = Pass@k training (Chen et al. 2025): a correct response
+            gets 1 - (the group's mean pass@k over its k-subsets), an incorrect one that minus the
+            share of its k-subsets that fail (x2, the +-1 scale; k = 1 is "outcome"), so a
+            problem the group already solves often pushes its right answers up less and its wrong
+            ones down less; "self_training" = ReST-MCTS*'s path weights (`path_weights`; goes
             with `--model.objective.loss_type=self_training`). Replay-buffer problems follow it
             too. Flat rollouts are DAPO (or best-of-N) either way, except under "self_training".
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4);
-            read by "node" and "outcome" only (refused otherwise).
+            read by "node", "outcome" and "pass_at_k" only (refused otherwise).
         drop_uniform_groups: leave out of training every tree (or flat group) whose
             trajectories all ended with the same final score (all wrong, or all right), as
             DAPO's dynamic sampling does (without refilling). Off in the paper and its code;
@@ -133,6 +150,7 @@ class Credit:
             answers keeps the policy's other answers, pushing up right ones sharpens it onto
             them, so damping the second keeps pass@k); 1 = off, 0 = negative samples only.
             Every advantage rule; not the path weights of "self_training".
+        pass_k: the k of "pass_at_k" (read by it only; larger k rewards covering more answers).
     """
 
     advantage: Advantage = "node"
@@ -141,6 +159,7 @@ class Credit:
     degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
     path_weights: PathWeighting = field(default_factory=PathWeighting)
     positive_weight: float = 1.0
+    pass_k: int = 4
 
     def __post_init__(self) -> None:
         if self.advantage not in RULES:
@@ -148,6 +167,8 @@ class Credit:
             raise ValueError(f"--data.credit.advantage={self.advantage!r}: choose {', '.join(rest)} or {last}")
         if not (isinstance(self.positive_weight, (int, float)) and 0 <= self.positive_weight < float("inf")):
             raise ValueError(f"--data.credit.positive_weight must be a number >= 0, got {self.positive_weight!r}")
+        if isinstance(self.pass_k, bool) or not (isinstance(self.pass_k, int) and self.pass_k >= 1):
+            raise ValueError(f"--data.credit.pass_k must be an integer >= 1, got {self.pass_k!r}")
         if self.positive_weight != 1 and RULES[self.advantage].weights_paths:
             raise ValueError(f"--data.credit.positive_weight={self.positive_weight} scales advantages, but "
                              f"--data.credit.advantage={self.advantage} trains on path weights: remove one")
@@ -295,7 +316,7 @@ def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Trainin
     scored = [Scored(tuple(s.q_soft + t.overlong_penalty for s in t.steps), tuple(s.node_id for s in t.steps),
                      t.final_score, t.verdict.correct) for t in trajectories]
     rows = []
-    for trajectory, advantages in zip(trajectories, rule.credit(scored, settings.normalize_std)):
+    for trajectory, advantages in zip(trajectories, rule(scored, settings)):
         if advantages is None or settings.drops(trajectory):
             continue
         lengths = trajectory.step_lengths
@@ -316,7 +337,7 @@ def _mixed_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Traini
     correct = [isinstance(item, CachedSolution) or item.verdict.correct for item in items]
     scored = [Scored((score,), (i,), score, ok) for i, (score, ok) in enumerate(zip(scores, correct))]
     rows = []
-    for item, score, ok, advantages in zip(items, scores, correct, rule.credit(scored, settings.normalize_std)):
+    for item, score, ok, advantages in zip(items, scores, correct, rule(scored, settings)):
         cached = isinstance(item, CachedSolution)
         if advantages is None or (not cached and settings.drops(item)):
             continue
