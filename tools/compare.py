@@ -1,8 +1,8 @@
 """Tree search vs flat baselines on Countdown, from the same tiny policy, at EQUAL generated-
 token budgets, over several seeds (the paper's efficiency claim, measured here).
 
-Each arm is a real `python -m flywheel fit` run: the quickstart recipe with the arm's
-overlays and overrides, all trained and evaluated on the same split, each stopped by
+Each arm is a real `python -m flywheel fit` run: conf/step_tree.yaml (the step tree, the
+quickstart when these arms were measured) with the arm's overlays and overrides, all trained and evaluated on the same split, each stopped by
 `--budget.max_tokens` (tokens generated for training; held-out evaluation and hard-set
 screening are not counted). At the end of a round once every `--eval-every-tokens`
 training tokens (and always at the budget) each run evaluates the held-out split with
@@ -12,12 +12,12 @@ pass@8, read from each run's summary.json.
     python tools/compare.py --seeds 3                      # every arm, 3 seeds (CPU, hours)
     python tools/compare.py --tokens 300000 --numbers 3 --eval-split test --arms rollout dapo
 
-Arms: the quickstart's tree (deepsearch), the paper's defaults (deepsearch_paper), the
+Arms: that step tree (deepsearch), the paper's defaults (deepsearch_paper), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
 trajectory trained, solved trees stop early; rollout_mb16: the same in mini-batches of 16 problems; rollout_bon: the same trees credited as
 best-of-N, the correct trajectories only), its control that never forks below the root
 (rollout_root: flat sampling under the same stopping rule and credit), the flat baselines DAPO (8 samples),
-CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the quickstart's
+CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the step
 tree guided by the previous round's value model, the policy self-trained on the weighted
 correct paths with a KL to the round's start; its summary also holds the value model's
 held-out AUC per round, printed beside pass@k), and the seed's Countdown MCTS recipe (countdown_mcts:
@@ -67,6 +67,9 @@ from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, 
     report,
 )
 
+BASE = "conf/step_tree.yaml"
+"""The recipe every arm modifies: the step tree that was the quickstart when these arms were
+measured (the quickstart since credits it by Pass@k with a KL, which would change every arm)."""
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
     "--data.credit.advantage=subtree",
@@ -83,8 +86,8 @@ correct solutions of the ones searched to a solution (deepsearch.md §7). Flat r
 buffer nothing (the data module observes searches only), so dapo_hard has the filter without
 the cache."""
 ARMS: dict[str, tuple[list[str], list[str]]] = {
-    # name: (overlay configs, overrides) on top of conf/quickstart.yaml
-    "deepsearch": ([], []),  # the quickstart's search: random terminal choice, outcome credit
+    # name: (overlay configs, overrides) on top of BASE
+    "deepsearch": ([], []),  # the step tree: random terminal choice, outcome credit
     "deepsearch_paper": ([], ["--data.credit.advantage=node", "--data.search.terminal_choice=mean_nll"]),  # paper defaults
     "rollout": ([], ROLLOUT),
     # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
@@ -216,7 +219,7 @@ def fit(arm: str, seed: int, folder: Path, args: argparse.Namespace) -> dict:
     """Run (or resume) the arm's `flywheel fit` to `args.tokens`; its summary."""
     overlays, overrides = ARMS[arm]
     checkpoint = init_checkpoint(args, seed)
-    cmd = [sys.executable, "-m", "flywheel", "fit", "--config", "conf/quickstart.yaml"]
+    cmd = [sys.executable, "-m", "flywheel", "fit", "--config", BASE]
     for overlay in overlays:
         cmd += ["--config", overlay]
     cmd += overrides
@@ -262,7 +265,7 @@ def init_screen(args: argparse.Namespace, seed: int) -> Path:
         if json.loads(screen.read_text())["policy"] != str(checkpoint):
             raise RuntimeError(f"{screen} screened another P; use another --out")
         return screen
-    cmd = [sys.executable, "tools/headroom.py", "--config", "conf/quickstart.yaml", "--config", "conf/dapo.yaml",
+    cmd = [sys.executable, "tools/headroom.py", "--config", BASE, "--config", "conf/dapo.yaml",
            f"--data.task.init_args.numbers_count={args.numbers}", "--pool", "--limit", "0", "--screen", "8",
            "--samples", "0", "--seed", str(seed), "--policy", str(checkpoint), "--out", str(screen), *args.extra]
     print(f"screening the training problems under {checkpoint} (seed {seed}) ...", flush=True)
