@@ -27,7 +27,8 @@ agents sharing one pUCT tree, a value head, one greedy trajectory per tree, CISP
 From a plateau (issue 32 item 3): `--init P` starts every arm from the checkpoint P of an earlier
 run (its policy weights, and its AdamW moments where the optimizers match; not its counters or
 data state), and the arms of the 2 x 2 {flat DAPO, rollout tree} x {all problems, hard set +
-solution cache} are dapo, rollout, dapo_hard and rollout_hard; breadth is the BroRL control (flat,
+solution cache} are dapo, rollout, dapo_hard and rollout_hard (rollout_mb16 and rollout_hard_mb16: the
+trees in DAPO's mini-batches of 16 problems); breadth is the BroRL control (flat,
 64 samples per prompt, hard set only) and flat_first trains flat groups where 8 flat samples
 solve a problem and grows trees from those 8 where none does (docs/search.md). Seeds may run as
 separate processes into one --out (`--seed-list 1`, ...), read together by `--report --seeds 3`:
@@ -107,6 +108,9 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # (dapo, rollout), the Pass1@K hard set + the replay buffer's solution cache (below)}.
     "dapo_hard": (["conf/dapo.yaml"], HARD),
     "rollout_hard": ([], ROLLOUT + HARD),
+    # the same in DAPO's mini-batches of 16 problems (added once rollout_mb16 matched DAPO from P
+    # where rollout, in mini-batches of 4, collapsed)
+    "rollout_hard_mb16": ([], ROLLOUT + HARD + ["--data.batching.mini_batch_problems=16"]),
     # BroRL's control: flat, 64 samples per prompt, hard set only (no solution cache). 8 problems
     # per epoch in mini-batches of 2 keep DAPO's samples per epoch (64 x 8) and rows per step (128).
     "breadth": (["conf/dapo.yaml"], ["--data.batching.flat_samples=64", "--data.batching.problems_per_epoch=8",
