@@ -116,6 +116,10 @@ class SearchDataModule(L.LightningDataModule):
         check_flat_first(batching.flat_first, rollout, search)
         for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
             log.warning(warning)
+        if rollout == "search" and credit.advantage == "pass_at_k" and credit.pass_k >= search.trajectories_per_tree:
+            log.warning(f"--data.credit.pass_k={credit.pass_k} is not below --data.search.trajectories_per_tree="
+                        f"{search.trajectories_per_tree}: each tree's pass@k uses k = {search.trajectories_per_tree - 1}, "
+                        "the largest at which a solved tree still has failing subsets")
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         if search.distinct_children and not self.backend.distinct_first_token:

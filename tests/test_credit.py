@@ -145,13 +145,15 @@ def test_pass_at_k_by_hand_on_the_tree():
     k = 2: mean pass@2 = 1 - C(2,2)/C(3,2) = 2/3; right 2 (1 - 2/3) = 2/3; a wrong one's failing
     share C(1,1)/C(2,1) = 1/2: 2 (1 - 2/3 - 1/2) = -1/3 (the three sum to 0).
     k = 1 is outcome credit without the overlong penalty: 2 (1 - 1/3) = 4/3 and 2 (0 - 1/3) = -2/3.
-    k = 3: every 3-subset holds T1, so no signal."""
+    k = 3 (or more) is capped at n - 1 = 2: at 3 every subset would hold T1 and nothing would train."""
     rows = tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=2)
     assert close(rows[0].advantages, [2 / 3] * 5) and close(rows[1].advantages, [-1 / 3] * 3)
     assert close(rows[2].advantages, [-1 / 3] * 3)
     assert [r.advantages[0] for r in tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=1)] == \
         pytest.approx([4 / 3, -2 / 3, -2 / 3])
-    assert all(set(r.advantages) == {0.0} for r in tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=3))
+    assert tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=3) == rows
+    # all wrong: no signal
+    assert all(set(r.advantages) == {0.0} for r in tree_rows(T2, T3, advantage="pass_at_k", pass_k=1))
     # std-normalised: the std of the 2-subsets' rewards on the +-1 scale, 2 sqrt(2/3 x 1/3)
     std = 2 * math.sqrt(2 / 9) + 1e-6
     normed = tree_rows(T1, T2, T3, advantage="pass_at_k", pass_k=2, normalize_std=True)

@@ -190,18 +190,22 @@ def pass_at_k_advantages(correct: Sequence[bool], k: int, normalize_std: bool) -
     the +-1 scale, so k = 1 is exactly outcome credit (r - mean). A group whose every
     k-subset passes (n - c < k) or fails (c = 0) gets 0. With `normalize_std` both are
     divided by the std of the subsets' rewards, 2 sqrt(R (1 - R)) (the paper's form).
-    k > n is taken as k = n.
+    k is capped at n - 1, the largest k at which a group holding a correct response can still
+    have a failing subset (at k >= n no response of any group would get a signal); a single
+    response gets 0.
 
     >>> [round(a, 4) for a in pass_at_k_advantages([True, False, False, False], 2, False)]
     [1.0, -0.3333, -0.3333, -0.3333]
     >>> pass_at_k_advantages([True, False], 1, False) == [1.0, -1.0]
     True
+    >>> pass_at_k_advantages([True, False], 4, False) == [1.0, -1.0]  # k capped at n - 1 = 1
+    True
     """
-    n, c = len(correct), sum(bool(x) for x in correct)
-    k = min(k, n)
     if k < 1:
         raise ValueError(f"pass@k needs k >= 1, got {k}")
-    if c == 0 or n - c < k:
+    n, c = len(correct), sum(bool(x) for x in correct)
+    k = min(k, n - 1)
+    if k < 1 or c == 0 or n - c < k:
         return [0.0] * n
     mean = 1.0 - math.comb(n - c, k) / math.comb(n, k)
     right = 2.0 * (1.0 - mean)
