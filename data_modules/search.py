@@ -32,8 +32,8 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes,
-                                  value_head_fn)
+from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, pass_k_warning, rollout,
+                                  search_outcomes, value_head_fn)
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -112,20 +112,18 @@ class SearchDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_data_settings(rollout, problems, hard_set, replay, save_trees)
-        seed = 0 if seed is None else seed
         check_flat_first(batching.flat_first, rollout, search)
         for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
             log.warning(warning)
-        if rollout == "search" and credit.advantage == "pass_at_k" and credit.pass_k >= search.trajectories_per_tree:
-            log.warning(f"--data.credit.pass_k={credit.pass_k} is not below --data.search.trajectories_per_tree="
-                        f"{search.trajectories_per_tree}: each tree's pass@k uses k = {search.trajectories_per_tree - 1}, "
-                        "the largest at which a solved tree still has failing subsets")
+        if (warning := pass_k_warning(credit, rollout, search)) is not None:
+            log.warning(warning)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()
         if search.distinct_children and not self.backend.distinct_first_token:
             raise ValueError(f"--data.search.distinct_children=true: {type(self.backend).__name__} cannot draw first tokens "
                              "without replacement; use --data.generator=HFBackend or set --data.search.distinct_children=false")
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval
+        seed = 0 if seed is None else seed
         self.save_trees, self.seed, self.async_search = save_trees, seed, async_search
         self.pool = ProblemPool(self.task, problems, seed)
         """The training and held-out problems (`--data.problems.*`)."""

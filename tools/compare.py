@@ -2,11 +2,11 @@
 token budgets, over several seeds (the paper's efficiency claim, measured here).
 
 Each arm is a real `python -m flywheel fit` run: conf/step_tree.yaml (the step tree, the
-quickstart when these arms were measured) with the arm's overlays and overrides, all trained and evaluated on the same split, each stopped by
-`--budget.max_tokens` (tokens generated for training; held-out evaluation and hard-set
-screening are not counted). At the end of a round once every `--eval-every-tokens`
-training tokens (and always at the budget) each run evaluates the held-out split with
-16 samples per problem: pass@1 (= mean@16, the seed's Countdown write-up's number) and
+quickstart when these arms were measured) with the arm's overlays and overrides, all trained
+and evaluated on the same split, each stopped by `--budget.max_tokens` (tokens generated for
+training; held-out evaluation and hard-set screening are not counted). At the end of a round
+once every `--eval-every-tokens` training tokens (and always at the budget) each run evaluates
+the held-out split with 16 samples per problem: pass@1 (= mean@16, the seed's Countdown write-up's number) and
 pass@8, read from each run's summary.json.
 
     python tools/compare.py --seeds 3                      # every arm, 3 seeds (CPU, hours)
@@ -70,7 +70,7 @@ from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, 
 
 BASE = "conf/step_tree.yaml"
 """The recipe every arm modifies: the step tree that was the quickstart when these arms were
-measured (the quickstart since credits it by Pass@k with a KL, which would change every arm)."""
+measured (the quickstart now credits the same trees by Pass@k with a KL, which would change every arm)."""
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
     "--data.credit.advantage=subtree",
