@@ -1,5 +1,6 @@
 """The CLI: every shipped YAML parses and instantiates; --help documents the subcommands."""
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -27,14 +28,17 @@ GPU_RECIPES = {
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_every_config_parses_and_instantiates(config, tmp_path):
+def test_every_config_parses_and_instantiates(config, tmp_path, caplog):
     args = ["--config", str(config)]
     if config.name in OVERLAYS:  # overlays modify a recipe: check them on top of the quickstart
         args = ["--config", str(ROOT / "conf" / "quickstart.yaml")] + args
     args += GPU_RECIPES.get(config.name, [])
-    cli = main(args + [f"--trainer.default_root_dir={tmp_path}"], run=False)
+    with caplog.at_level(logging.WARNING, logger="data_modules.search"):
+        cli = main(args + [f"--trainer.default_root_dir={tmp_path}"], run=False)
     assert isinstance(cli.model, TreeGRPOModule)
     assert isinstance(cli.datamodule, SearchDataModule)
+    # a shipped recipe or overlay sets no credit its rollout ignores (an overlay pins its own rule)
+    assert not [r.getMessage() for r in caplog.records if "is not used with --data.rollout" in r.getMessage()]
 
 
 def test_overlays_change_the_rollout():
