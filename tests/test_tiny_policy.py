@@ -144,3 +144,24 @@ def test_the_card_is_measured_by_the_run_s_evaluator_with_the_card_s_seeds(polic
     assert card.pass_at_1 == sum(sum(v.correct for v in vs) / 4 for vs in verdicts) / len(problems)
     assert card.reasons == dict(Counter(v.reason for vs in verdicts for v in vs))
     assert card.mean_completion_tokens == sum(len(c.token_ids) for s in completions for c in s) / (4 * len(problems))
+
+
+def test_hold_out_leaves_a_validation_split_s_multisets_out_of_sft(tmp_path):
+    """`--hold_out FILE` drops every train problem sharing a number multiset with FILE's
+    problems (in any order), and nothing else."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from make_tiny_policy import held_out, parse_args
+
+    train = CountdownTask().problems("train")
+    held = tmp_path / "val.jsonl"
+    held.write_text(json.dumps({"id": "v", "numbers": [13, 1, 6], "target": 8}) + "\n")  # train-00003's [6, 1, 13]
+    kept = held_out(train, held)
+    dropped = [p for p in train if sorted(p.numbers) == [1, 6, 13]]
+    assert dropped and len(kept) == len(train) - len(dropped)
+    assert all(sorted(p.numbers) != [1, 6, 13] for p in kept)
+    assert held_out(train, None) is train
+    out, hold_out, recipe = parse_args(["--out", str(tmp_path / "p"), "--hold_out", str(held), "--steps", "300"])
+    assert (hold_out, recipe.steps) == (held, 300)

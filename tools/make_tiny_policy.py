@@ -3,6 +3,7 @@
     python tools/make_tiny_policy.py                        # rewrites the shipped policy
     python tools/make_tiny_policy.py --out /tmp/p --steps 200 --seed 1   # a variant elsewhere
     python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
+    python tools/make_tiny_policy.py --out /tmp/p --hold_out val.jsonl   # SFT never sees val.jsonl's number multisets
 
 A character tokenizer and a small Llama built from config (flywheel.policies.tiny), trained by SFT on
 solver traces of the TRAIN split only ("5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>"
@@ -59,21 +60,35 @@ def save_policy(
     tokenizer.save_pretrained(out)
 
 
-def parse_args(argv: list[str]) -> tuple[Path, Recipe]:
+def parse_args(argv: list[str]) -> tuple[Path, Path | None, Recipe]:
     defaults = Recipe()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default_out = asset_path("policies", "tiny-countdown")
     parser.add_argument("--out", type=Path, default=default_out, help="output folder")
+    parser.add_argument("--hold_out", type=Path, default=None,
+                        help="a jsonl of Countdown problems: train problems with any of their number multisets are "
+                             "left out of SFT (a validation split as new to the policy as the test split's multisets)")
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name}", type=type(value), default=value, help=f"default {value}")
     args = vars(parser.parse_args(argv))
-    out = args.pop("out")
-    return out, Recipe(**args)
+    out, hold_out = args.pop("out"), args.pop("hold_out")
+    return out, hold_out, Recipe(**args)
+
+
+def held_out(train: list, hold_out: Path | None) -> list:
+    """`train` without the problems whose number multiset occurs in the `hold_out` file."""
+    if hold_out is None:
+        return train
+    held = {tuple(sorted(p.numbers)) for p in CountdownTask(split_files={"held": str(hold_out)}).problems("held")}
+    kept = [p for p in train if tuple(sorted(p.numbers)) not in held]
+    log.info("held out of SFT: %d train problems sharing one of the %d number multisets of %s", len(train) - len(kept),
+             len(held), hold_out)
+    return kept
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    out, recipe = parse_args(argv)
+    out, hold_out, recipe = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
     torch.set_num_threads(recipe.threads)
@@ -81,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 
     task = CountdownTask(max_response_tokens=recipe.eval_max_new_tokens)
     tokenizer = build_char_tokenizer()
-    train = task.problems("train")
+    train = held_out(task.problems("train"), hold_out)
     traces = problem_traces(task, tokenizer, train, recipe.max_solutions)
     model = build_tiny_llama(tokenizer, hidden_size=recipe.hidden_size, num_layers=recipe.num_layers,
                              num_heads=recipe.num_heads, intermediate_size=recipe.intermediate_size,
