@@ -217,3 +217,15 @@ def test_training_on_the_held_out_split_is_said(tmp_path, caplog):
         preflight(cli.trainer, cli.model, cli.datamodule, "fit", None)
     assert "2 of the 2 held-out problems (--data.problems.eval_split=test) are also training problems " \
            "(--data.problems.train_split=test)" in caplog.text
+
+
+def test_an_eval_k_above_the_samples_reports_pass_at_samples_and_says_so(caplog):
+    # The quickstart reports pass@4 of 16 samples; a run that lowers the samples to 2 reports
+    # pass@2 (labelled so) with a warning, where it used to be refused before it started.
+    assert EvalConfig(samples=16, k=4).pass_k == 4
+    assert EvalConfig(samples=3).pass_k == 3
+    with caplog.at_level("WARNING", logger="flywheel.reporting.evaluation"):
+        assert EvalConfig(samples=2, k=4).pass_k == 2
+    assert "--data.eval.k=4 is above --data.eval.samples=2: pass@2 is reported" in caplog.text
+    with pytest.raises(ValueError, match="--data.eval.k=0 must be >= 1"):
+        EvalConfig(k=0)

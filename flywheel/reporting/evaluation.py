@@ -9,6 +9,7 @@ counts in problem order. `fit`'s held-out evaluation (callbacks.evaluation), `va
 
 from __future__ import annotations
 
+import logging
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from flywheel.reporting.metrics import pass_at_k
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class EvalConfig:
@@ -28,7 +31,8 @@ class EvalConfig:
 
     Args:
         samples: responses sampled per problem (n of the unbiased estimator).
-        k: the k of the reported pass@k (default: `samples`); pass@1 is always reported.
+        k: the k of the reported pass@k (default: `samples`); above `samples` it is lowered to
+            `samples`, with a warning (pass@k needs k samples per problem); pass@1 is always reported.
         temperature: sampling temperature.
         top_p: nucleus sampling.
         seed: seed of the evaluation samples; the same for every round (common random
@@ -56,8 +60,11 @@ class EvalConfig:
         check_finite_fields(self, "data.eval")
         if self.samples < 1:
             raise ValueError(f"--data.eval.samples must be >= 1, got {self.samples}")
-        if not 1 <= self.pass_k <= self.samples:
-            raise ValueError(f"--data.eval.k={self.k} must be between 1 and --data.eval.samples={self.samples}")
+        if self.k is not None and self.k < 1:
+            raise ValueError(f"--data.eval.k={self.k} must be >= 1")
+        if self.k is not None and self.k > self.samples:  # e.g. a recipe's k = 4 under --data.eval.samples=2
+            log.warning("--data.eval.k=%d is above --data.eval.samples=%d: pass@%d is reported instead (pass@k needs k "
+                        "samples per problem); raise --data.eval.samples for pass@%d", self.k, self.samples, self.samples, self.k)
         if not self.temperature >= 0:
             raise ValueError(f"--data.eval.temperature={self.temperature} must be >= 0 (0 = greedy, 1.0 = the policy's own distribution)")
         if not 0 < self.top_p <= 1:
@@ -69,7 +76,8 @@ class EvalConfig:
 
     @property
     def pass_k(self) -> int:
-        return self.samples if self.k is None else self.k
+        """The k of the reported pass@k: `k`, at most `samples`."""
+        return self.samples if self.k is None else min(self.k, self.samples)
 
 
 @dataclass(frozen=True)
