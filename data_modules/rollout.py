@@ -193,15 +193,6 @@ def check_flat_first(m: int, kind: str, search: SearchConfig) -> None:
                          "the tree would end before its first fork; raise trajectories_per_tree or lower flat_first")
 
 
-def pass_k_warning(credit: Credit, kind: str, search: SearchConfig) -> str | None:
-    """The warning for a `--data.credit.pass_k` the trees cannot use as given (the rule caps k at n - 1)."""
-    if kind != "search" or credit.advantage != "pass_at_k" or credit.pass_k < search.trajectories_per_tree:
-        return None
-    return (f"--data.credit.pass_k={credit.pass_k} is not below --data.search.trajectories_per_tree="
-            f"{search.trajectories_per_tree}: each tree's pass@k uses k = {search.trajectories_per_tree - 1}, "
-            "the largest at which a solved tree still has failing subsets")
-
-
 def flat_first_config(search: SearchConfig) -> SearchConfig:
     """The config of the flat samples taken before the trees (`--data.batching.flat_first`)."""
     return replace(search, seed=derive_seed(search.seed, FLAT_FIRST_SEED))

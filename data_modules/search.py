@@ -32,8 +32,8 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, pass_k_warning, rollout,
-                                  search_outcomes, value_head_fn)
+from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes,
+                                  value_head_fn)
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -113,9 +113,7 @@ class SearchDataModule(L.LightningDataModule):
         super().__init__()
         check_data_settings(rollout, problems, hard_set, replay, save_trees)
         check_flat_first(batching.flat_first, rollout, search)
-        for warning in check_credit(credit, rollout):  # a setting the rollout's credit ignores is refused
-            log.warning(warning)
-        if (warning := pass_k_warning(credit, rollout, search)) is not None:
+        for warning in check_credit(credit, rollout, search.trajectories_per_tree):  # an ignored setting is refused
             log.warning(warning)
         self.task = task if task is not None else CountdownTask()
         self.backend = generator if generator is not None else HFBackend()

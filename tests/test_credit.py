@@ -166,6 +166,12 @@ def test_pass_k_is_refused_where_the_rule_does_not_read_it_and_checked():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="pass_k must be an integer >= 1"):
             Credit(advantage="pass_at_k", pass_k=bad)
+    # A k the trees cannot use as given is said (the rule caps it at n - 1); below n, or flat, nothing.
+    (warning,) = check(Credit(advantage="pass_at_k", pass_k=8), "search", trajectories_per_tree=8)
+    assert "--data.credit.pass_k=8 is not below --data.search.trajectories_per_tree=8: each tree's pass@k uses k = 7" \
+        in warning
+    assert check(Credit(advantage="pass_at_k", pass_k=7), "search", trajectories_per_tree=8) == []
+    assert check(Credit(advantage="pass_at_k"), "search") == []
 
 
 def test_positive_weight_damps_the_positive_advantages_only():

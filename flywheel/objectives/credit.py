@@ -194,9 +194,10 @@ def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:
     return RULES["best_of_n" if rollout == "best_of_n" else "node"]
 
 
-def check(settings: Credit, rollout: str = "search") -> list[str]:
+def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int | None = None) -> list[str]:
     """Refuse (ValueError naming the flag) a setting the credit of `rollout` ignores; return
-    the warnings (a chosen rule that the rollout's groups do not use)."""
+    the warnings (a chosen rule that the rollout's groups do not use; a `pass_k` the trees of
+    `trajectories_per_tree` cannot use as given, the rule capping k at n - 1)."""
     chosen, rule = RULES[settings.advantage], group_rule(settings, rollout)
     where = f"--data.credit.advantage={chosen.name}" if rollout == "search" else f"--data.rollout={rollout}"
     reads = rule.reads | ({"path_weights"} if chosen.weights_paths else set())
@@ -211,6 +212,10 @@ def check(settings: Credit, rollout: str = "search") -> list[str]:
     if rule is not chosen and not chosen.weights_paths and chosen.name != default:
         return [f"--data.credit.advantage={chosen.name} is not used with --data.rollout={rollout}: its groups are credited "
                 f"by the {rule.name!r} rule ({rule.summary}); remove --data.credit.advantage or use --data.rollout=search"]
+    n = trajectories_per_tree
+    if rule.name == "pass_at_k" and rollout == "search" and n is not None and settings.pass_k >= n:
+        return [f"--data.credit.pass_k={settings.pass_k} is not below --data.search.trajectories_per_tree={n}: each "
+                f"tree's pass@k uses k = {n - 1}, the largest at which a solved tree still has failing subsets"]
     return []
 
 
