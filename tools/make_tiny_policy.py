@@ -4,6 +4,7 @@
     python tools/make_tiny_policy.py --out /tmp/p --steps 200 --seed 1   # a variant elsewhere
     python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
     python tools/make_tiny_policy.py --out /tmp/p --hold_out val.jsonl   # SFT never sees val.jsonl's number multisets
+    python tools/make_tiny_policy.py --task chain --steps 300 --eval_max_new_tokens 192   # tiny-chain (its card has the exact command)
 
 A character tokenizer and a small Llama built from config (flywheel.policies.tiny), trained by SFT on
 solver traces of the TRAIN split only ("5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>"
@@ -41,6 +42,7 @@ from tiny_policy_card import EVAL_SPLITS, evaluate, model_card, sha256  # noqa: 
 from tiny_policy_sft import Recipe, problem_traces, train_sft  # noqa: E402
 
 from flywheel.assets import asset_path  # noqa: E402
+from flywheel.tasks.chain import ChainTask  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 
@@ -60,19 +62,32 @@ def save_policy(
     tokenizer.save_pretrained(out)
 
 
-def parse_args(argv: list[str]) -> tuple[Path, Path | None, Recipe]:
+TASKS = {"countdown": (CountdownTask, "tiny-countdown"), "chain": (ChainTask, "tiny-chain")}
+"""--task: the task whose train split the policy learns, and the shipped folder it writes by default."""
+
+
+def parse_args(argv: list[str]) -> tuple[Path, Path | None, Recipe, str, tuple[str, ...]]:
+    """(out, hold_out, recipe, task name, the card's splits) from the command line."""
     defaults = Recipe()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default_out = asset_path("policies", "tiny-countdown")
-    parser.add_argument("--out", type=Path, default=default_out, help="output folder")
+    parser.add_argument("--task", choices=sorted(TASKS), default="countdown",
+                        help="the task: countdown (the default policy) or chain (tiny-chain, chain arithmetic)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: the task's shipped policy, flywheel/assets/policies/tiny-<task>)")
     parser.add_argument("--hold_out", type=Path, default=None,
-                        help="a jsonl of Countdown problems: train problems with any of their number multisets are "
-                             "left out of SFT (a validation split as new to the policy as the test split's multisets)")
+                        help="countdown: a jsonl of Countdown problems: train problems with any of their number multisets "
+                             "are left out of SFT (a validation split as new to the policy as the test split's multisets)")
+    parser.add_argument("--eval_splits", default=",".join(EVAL_SPLITS),
+                        help="the held-out splits the card measures, comma-separated (default: the shipped card's; "
+                             "e.g. val while choosing a recipe, so the test splits are read once)")
     for name, value in asdict(defaults).items():
         parser.add_argument(f"--{name}", type=type(value), default=value, help=f"default {value}")
     args = vars(parser.parse_args(argv))
-    out, hold_out = args.pop("out"), args.pop("hold_out")
-    return out, hold_out, Recipe(**args)
+    task, out, hold_out = args.pop("task"), args.pop("out"), args.pop("hold_out")
+    splits = tuple(s for s in args.pop("eval_splits").split(",") if s)
+    if hold_out is not None and task != "countdown":
+        parser.error("--hold_out holds out Countdown number multisets; it applies to --task countdown only")
+    return out or asset_path("policies", TASKS[task][1]), hold_out, Recipe(**args), task, splits
 
 
 def held_out(train: list, hold_out: Path | None) -> list:
@@ -88,13 +103,13 @@ def held_out(train: list, hold_out: Path | None) -> list:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    out, hold_out, recipe = parse_args(argv)
+    out, hold_out, recipe, task_name, eval_splits = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     start = time.perf_counter()
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
 
-    task = CountdownTask(max_response_tokens=recipe.eval_max_new_tokens)
+    task = TASKS[task_name][0](max_response_tokens=recipe.eval_max_new_tokens)
     tokenizer = build_char_tokenizer()
     train = held_out(task.problems("train"), hold_out)
     traces = problem_traces(task, tokenizer, train, recipe.max_solutions)
@@ -112,13 +127,15 @@ def main(argv: list[str] | None = None) -> None:
     sft_seconds = time.perf_counter() - sft_start
 
     scores = {}
-    for index, split in enumerate(EVAL_SPLITS):
+    for index, split in enumerate(eval_splits):
         problems = task.problems(split)
         scores[split] = evaluate(model, tokenizer, task, problems, recipe, split_seed=recipe.seed * 10 + index)
         s = scores[split]
         log.info("%s: pass@1 %.3f pass@%d %.3f (%d problems x %d, %.0f s) %s", split, s.pass_at_1,
                  s.samples_per_problem, s.pass_at_k[s.samples_per_problem], s.problems, s.samples_per_problem,
                  s.seconds, s.reasons)
+        if s.failures:
+            log.info("%s failures: %s", split, s.failures)
 
     save_policy(model, tokenizer, out, recipe)
     summary = {
@@ -136,8 +153,8 @@ def main(argv: list[str] | None = None) -> None:
         "safetensors_sha256": sha256(out / "model.safetensors"),
     }
     command = " ".join(["python tools/make_tiny_policy.py", *map(shlex.quote, argv)])
-    (out / "README.md").write_text(model_card(out.name, command, recipe, summary, scores), encoding="utf-8")
-    results = {"command": command, "recipe": asdict(recipe), "summary": summary,
+    (out / "README.md").write_text(model_card(out.name, command, recipe, summary, scores, task_name), encoding="utf-8")
+    results = {"command": command, "task": task_name, "recipe": asdict(recipe), "summary": summary,
                "eval": {split: asdict(s) for split, s in scores.items()}}
     (out / "eval_results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())

@@ -1,7 +1,8 @@
-"""The tiny policy's SFT recipe (tools/make_tiny_policy.py): the settings that determine its
-weights, the solver traces of the TRAIN split it learns from, and the training loop.
+"""The tiny policies' SFT recipe (tools/make_tiny_policy.py): the settings that determine their
+weights, the solver traces of the TRAIN split they learn from, and the training loop.
 
-Traces look like "5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>" then EOS; the loss
+Countdown traces look like "5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>" then EOS,
+chain traces like "37 +48 -19\\n" -> "37+48=85\\n85-19=66\\n<answer>66</answer>" then EOS; the loss
 is on the completion and EOS, never on the prompt. Weights depend only on the Recipe (seeded
 init, seeded data order, fixed thread count).
 """
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
-from flywheel.rewards.countdown import verify
-from flywheel.tasks.countdown import CountdownProblem, CountdownTask
+from flywheel.tasks import Problem, Task
+from flywheel.tasks.chain import ChainProblem
+from flywheel.tasks.chain_data import format_completion as chain_completion
+from flywheel.tasks.countdown import CountdownProblem
 from flywheel.tasks.countdown_data import format_completion, iter_solutions
 
 log = logging.getLogger("make_tiny_policy")
@@ -91,22 +94,33 @@ class Trace:
     prompt_len: int
 
 
+def solutions(problem: Problem, max_solutions: int) -> list[str]:
+    """Up to `max_solutions` distinct solver traces of `problem` (a chain has exactly one)."""
+    if isinstance(problem, ChainProblem):
+        return [chain_completion(problem.start, problem.ops)]
+    if isinstance(problem, CountdownProblem):
+        out = []
+        for steps in iter_solutions(problem.numbers, problem.target):
+            if len(out) == max_solutions:
+                break
+            out.append(format_completion(problem.numbers, steps))
+        return out
+    raise TypeError(f"no solver traces for a {type(problem).__name__}; the tiny policies learn Countdown or chains")
+
+
 def problem_traces(
-    task: CountdownTask,
+    task: Task,
     tokenizer: PreTrainedTokenizerFast,
-    problems: list[CountdownProblem],
+    problems: list[Problem],
     max_solutions: int,
 ) -> list[list[Trace]]:
-    """Per problem, up to `max_solutions` tokenized solver traces, each checked by the verifier."""
+    """Per problem, up to `max_solutions` tokenized solver traces, each checked by the task's verifier."""
     out = []
     for problem in problems:
         prompt_ids = tokenizer(task.prompt(problem))["input_ids"]  # BOS + prompt
         traces = []
-        for k, steps in enumerate(iter_solutions(problem.numbers, problem.target)):
-            if k == max_solutions:
-                break
-            completion = format_completion(problem.numbers, steps)
-            if not verify(problem.numbers, problem.target, completion).correct:
+        for completion in solutions(problem, max_solutions):
+            if not task.score(problem, completion).correct:
                 raise AssertionError(f"{problem.id}: solver trace {completion!r} fails the verifier")
             ids = prompt_ids + tokenizer(completion, add_special_tokens=False)["input_ids"]
             traces.append(Trace(tuple(ids + [tokenizer.eos_token_id]), len(prompt_ids)))

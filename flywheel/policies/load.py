@@ -13,6 +13,7 @@ log = logging.getLogger(__name__)
 BUILTIN_POLICIES = {
     "tiny-countdown": ("policies", "tiny-countdown"),
     "tiny-countdown-h3": ("policies", "tiny-countdown-h3"),  # head size 32, for vLLM on CPU
+    "tiny-chain": ("policies", "tiny-chain"),  # chain arithmetic (flywheel.tasks.chain)
 }
 """Policies shipped inside the package (flywheel/assets/...), usable by name."""
 

@@ -21,8 +21,11 @@ than sampling again from the root. From one policy and one problem set:
 Honesty: the unit is a failed sample (a problem that fails often weighs more, as it does in
 a tree); standard errors and 95% intervals come from a bootstrap over problems (the
 resamples of one problem are not independent). `best`, the largest of several noisy gains,
-is biased up: read its interval, or fix the kind with `--fork-point`.
-Run through `tools/bench_explore.py --fork-gain` (its setup: config, policy, problems).
+is biased up: read its interval, or fix the kind with `--fork-point`. `recommend` reads the
+kinds' intervals widened for their number (Bonferroni), so that choosing among them does not
+pass for evidence.
+Run through `python -m flywheel diagnose` (flywheel.reporting.diagnose: any policy folder and
+problem file, a token budget) or `tools/bench_explore.py --fork-gain` (a recipe's whole setup).
 """
 
 from __future__ import annotations
@@ -122,11 +125,11 @@ def gain(fork: Sequence[Tally], root: Sequence[Tally]) -> float:
 
 
 def bootstrap(
-    fork: Sequence[Tally], root: Sequence[Tally], replicates: int, seed: int
+    fork: Sequence[Tally], root: Sequence[Tally], replicates: int, seed: int, alpha: float = 0.05
 ) -> dict[str, float]:
-    """Standard errors of the fork and root rates and of the gain, and the gain's 95% interval
-    (percentiles), from `replicates` resamples of the problems with replacement. Replicates
-    with no solve in either arm (gain 0 / 0) are left out of the gain's spread."""
+    """Standard errors of the fork and root rates and of the gain, and the gain's 1 - `alpha`
+    interval (percentiles; 95% by default), from `replicates` resamples of the problems with
+    replacement. Replicates with no solve in either arm (gain 0 / 0) are left out of the gain's spread."""
     problems = sorted({t.problem for t in fork})
     sums = {p: [0, 0, 0, 0] for p in problems}  # fork solves, fork tokens, root solves, root tokens
     for t in fork:
@@ -148,7 +151,8 @@ def bootstrap(
         if g == g:
             gains.append(g)
     gains.sort()
-    lo, hi = (percentile(gains, 2.5), percentile(gains, 97.5)) if gains else (math.nan, math.nan)
+    tail = 100 * alpha / 2
+    lo, hi = (percentile(gains, tail), percentile(gains, 100 - tail)) if gains else (math.nan, math.nan)
     return {"fork_se": stdev(fork_rates), "root_se": stdev(root_rates), "gain_se": stdev(gains),
             "gain_lo": lo, "gain_hi": hi}
 
@@ -241,6 +245,8 @@ class ForkSetup:
     ends_step: Callable[[Sequence[int]], bool]
     decode: Callable[[Sequence[int]], str]
     eos_ids: frozenset
+    chatty: bool = True
+    """Print each generator call's progress to stderr (bench_explore); the diagnose command has a bar."""
 
 
 def sample_chunked(setup: ForkSetup, requests: list, chunk: int, label: str) -> list:
@@ -253,7 +259,8 @@ def sample_chunked(setup: ForkSetup, requests: list, chunk: int, label: str) -> 
             j += 1
         out.extend(setup.generator.sample(requests[i:j]))
         i = j
-        print(f"{label}: {i}/{len(requests)} requests, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
+        if setup.chatty:
+            print(f"{label}: {i}/{len(requests)} requests, {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     return out
 
 
@@ -271,18 +278,20 @@ def grade(setup: ForkSetup, index: int, prefix: tuple, completion, depth: int) -
 
 
 def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: int, seed: int,
-            chunk: int) -> tuple[dict, dict[str, list[Tally]], dict[int, Tally]]:
+            chunk: int, offset: int = 0, sample_offset: int = 0) -> tuple[dict, dict[str, list[Tally]], dict[int, Tally]]:
     """Draw the pool, find the failed samples and their fork points, resample from each fork
-    point and from the root; returns (the pool's line, fork tallies by kind, root tallies by sample)."""
-    pool_line, owners, points = draw_pool(setup, samples, max_step_forks, seed, chunk)
-    forks, root = resample(setup, owners, points, resamples, seed, chunk)
+    point and from the root; returns (the pool's line, fork tallies by kind, root tallies by sample).
+    `offset` / `sample_offset`: the index of setup.problems[0] and of the first failed sample in a
+    larger measurement (`measure_within`): seeds and tallies use the global indices."""
+    pool_line, owners, points = draw_pool(setup, samples, max_step_forks, seed, chunk, offset)
+    forks, root = resample(setup, owners, points, resamples, seed, chunk, offset, sample_offset)
     resampled = sum(t.tokens for t in root.values()) + sum(t.tokens for kind in forks.values() for t in kind)
     pool_line["diagnostic_tokens"] = pool_line["tokens"] + resampled  # what the whole measurement generated
     return pool_line, forks, root
 
 
 def draw_pool(setup: ForkSetup, samples: int, max_step_forks: int, seed: int,
-              chunk: int) -> tuple[dict, list[int], list[tuple[int, tuple, ForkPoint]]]:
+              chunk: int, offset: int = 0) -> tuple[dict, list[int], list[tuple[int, tuple, ForkPoint]]]:
     """`samples` responses per problem from the root, with per-token entropies; returns the
     pool's line, the problem of each failed sample, and (failed sample, its response ids, a
     fork point) for every fork point of every failed sample."""
@@ -291,7 +300,7 @@ def draw_pool(setup: ForkSetup, samples: int, max_step_forks: int, seed: int,
 
     cfg = setup.config
     params = replace(rollout_sampling_params(setup.step, cfg, 0), top_logprobs=max(cfg.entropy_top_k, 1))
-    pool = sample_chunked(setup, [GenerationRequest(p.prompt_ids, samples, params, derive_seed(seed, i, -1))
+    pool = sample_chunked(setup, [GenerationRequest(p.prompt_ids, samples, params, derive_seed(seed, offset + i, -1))
                                   for i, p in enumerate(setup.problems)], chunk, "pool")
     owners: list[int] = []
     points: list[tuple[int, tuple, ForkPoint]] = []
@@ -309,38 +318,42 @@ def draw_pool(setup: ForkSetup, samples: int, max_step_forks: int, seed: int,
                           for point in fork_points([len(p.token_ids) for p in pieces], unsure[: len(ids)], max_step_forks))
             owners.append(i)
     total = len(setup.problems) * samples
-    line = {"arm": "pool", "problems": len(setup.problems), "samples": total, "solve_rate": ratio(solved, total),
+    line = {"arm": "pool", "problems": len(setup.problems), "samples": total, "solved": solved,
+            "solve_rate": ratio(solved, total),
             "tokens_per_sample": ratio(tokens, total), "tokens": tokens, "failed": len(owners),
             "uncertainty": "entropy" if pool and pool[0][0].entropies is not None else "surprisal"}
     return line, owners, points
 
 
 def resample(setup: ForkSetup, owners: list[int], points: list[tuple[int, tuple, ForkPoint]], resamples: int,
-             seed: int, chunk: int) -> tuple[dict[str, list[Tally]], dict[int, Tally]]:
+             seed: int, chunk: int, offset: int = 0,
+             sample_offset: int = 0) -> tuple[dict[str, list[Tally]], dict[int, Tally]]:
     """`resamples` continuations from every fork point and `resamples` fresh responses from the
     root per failed sample, all in one batch; returns (fork tallies by kind, root tallies by sample)."""
+    first = sample_offset
     from flywheel.generation.base import GenerationRequest
     from flywheel.search.expansion import derive_seed, rollout_sampling_params
 
     cfg, problems = setup.config, setup.problems
     requests, meta = [], []  # meta: (failed sample, kind, kept prefix, its complete steps) per request
     for s, problem in enumerate(owners):
-        requests.append(GenerationRequest(problems[problem].prompt_ids, resamples,
-                                          rollout_sampling_params(setup.step, cfg, 0), derive_seed(seed, problem, s, 0)))
+        requests.append(GenerationRequest(problems[problem].prompt_ids, resamples, rollout_sampling_params(setup.step, cfg, 0),
+                                          derive_seed(seed, offset + problem, first + s, 0)))
         meta.append((s, ROOT_KIND, (), 0))
     for k, (s, ids, point) in enumerate(points):
         prefix = ids[: point.keep]
         requests.append(GenerationRequest(problems[owners[s]].prompt_ids + prefix, resamples,
                                           rollout_sampling_params(setup.step, cfg, point.depth),
-                                          derive_seed(seed, owners[s], s, k + 1)))
+                                          derive_seed(seed, offset + owners[s], first + s, k + 1)))
         meta.append((s, point.kind, prefix, point.depth))
     forks: dict[str, list[Tally]] = {}
     root: dict[int, Tally] = {}
     for (s, kind, prefix, depth), completions in zip(meta, sample_chunked(setup, requests, chunk, "resamples"), strict=True):
         wins = sum(grade(setup, owners[s], prefix, c, depth)[0] for c in completions)
-        tally = Tally(owners[s], s, len(completions), wins, sum(len(c.token_ids) for c in completions), len(prefix), depth)
+        tally = Tally(offset + owners[s], first + s, len(completions), wins, sum(len(c.token_ids) for c in completions),
+                      len(prefix), depth)
         if kind == ROOT_KIND:
-            root[s] = tally
+            root[first + s] = tally
         else:
             forks.setdefault(kind, []).append(tally)
     return forks, root
@@ -371,3 +384,100 @@ def report(pool_line: dict, forks: dict[str, list[Tally]], root: dict[int, Tally
         print(f"note: no fork point kind {fork_point!r} with a gain (no solve in either arm, or no failed samples)",
               file=sys.stderr)
     print(result_line(lines, root_line, pick, pool_line), flush=True)
+
+
+def measure_within(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: int, seed: int, chunk: int,
+                   max_tokens: int | None, problems_per_part: int,
+                   progress: Callable[[int, int], None] | None = None) -> tuple[dict, dict[str, list[Tally]], dict[int, Tally]]:
+    """`measure` over setup.problems in parts of `problems_per_part`, stopping after the part that
+    brings the generated tokens to `max_tokens` (None: every problem): a bounded cost whatever the
+    policy's response lengths. Seeds and tallies use the problems' global indices, so a part's
+    draws do not depend on the part size. `progress(problems done, tokens so far)` after each part.
+    Returns the merged (pool line, fork tallies by kind, root tallies by failed sample)."""
+    if problems_per_part < 1:
+        raise ValueError(f"problems_per_part must be >= 1, got {problems_per_part}")
+    merged = {"arm": "pool", "problems": 0, "samples": 0, "solved": 0, "tokens": 0, "failed": 0, "diagnostic_tokens": 0}
+    forks: dict[str, list[Tally]] = {}
+    root: dict[int, Tally] = {}
+    uncertainty = None
+    for first in range(0, len(setup.problems), problems_per_part):
+        if max_tokens is not None and merged["diagnostic_tokens"] >= max_tokens:
+            break
+        part = replace(setup, problems=setup.problems[first : first + problems_per_part])
+        line, part_forks, part_root = measure(part, samples=samples, resamples=resamples, max_step_forks=max_step_forks,
+                                              seed=seed, chunk=chunk, offset=first, sample_offset=merged["failed"])
+        for key in ("problems", "samples", "solved", "tokens", "failed", "diagnostic_tokens"):
+            merged[key] += line[key]
+        uncertainty = line["uncertainty"]
+        for kind, tallies in part_forks.items():
+            forks.setdefault(kind, []).extend(tallies)
+        root.update(part_root)
+        if progress is not None:
+            progress(merged["problems"], merged["diagnostic_tokens"])
+    merged["solve_rate"] = ratio(merged["solved"], merged["samples"])
+    merged["tokens_per_sample"] = ratio(merged["tokens"], merged["samples"])
+    merged["uncertainty"] = uncertainty
+    return merged, forks, root
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """What the diagnostic advises: `verdict` is "tree", "flat" or "cannot_tell"; `text` one line."""
+
+    verdict: str
+    text: str
+    kind: str | None = None
+    """The fork point kind the verdict rests on (the best one for "tree")."""
+    interval: tuple[float, float] | None = None
+    """That kind's gain interval, widened for the number of kinds compared (Bonferroni)."""
+
+
+MIN_PROBLEMS = 10
+"""A fork point kind is read by `recommend` only when the failed samples it holds come from at
+least this many problems (a late step fork that few responses reach says nothing either way)."""
+
+
+def recommend(pool: dict, forks: dict[str, list[Tally]], root: dict[int, Tally], *, replicates: int, seed: int,
+              alpha: float = 0.05) -> tuple[Recommendation, dict[str, tuple[float, float]]]:
+    """Tree, flat, or cannot tell, from every kind's gain interval at level 1 - alpha / m over the
+    m kinds read (those with failed samples from at least MIN_PROBLEMS problems; so that the best
+    of several noisy gains is not read as evidence):
+    - tree: some kind's whole interval is above 1 (forking there solves more per token);
+    - flat: every kind's whole interval is below 1;
+    - cannot tell otherwise, or when nothing failed or nothing solved (then no gain is defined).
+    Returns the recommendation and the widened interval of every kind."""
+    kinds = [k for k in sorted(forks, key=kind_order) if len({t.problem for t in forks[k]}) >= MIN_PROBLEMS]
+    if not pool["failed"]:
+        return Recommendation("cannot_tell", f"cannot tell: none of the {pool['samples']} pool samples failed, so there "
+                              "is nothing to fork from (and little for RL to learn on these problems)"), {}
+    solves = sum(t.solves for t in root.values()) + sum(t.solves for k in kinds for t in forks[k])
+    if not kinds:
+        return Recommendation("cannot_tell", f"cannot tell at this sample size: no fork point has failed samples from "
+                              f"{MIN_PROBLEMS} problems; run with more problems (or a larger --max_tokens)"), {}
+    if not solves:
+        return Recommendation("cannot_tell", f"cannot tell: no solve in {pool['diagnostic_tokens']} generated tokens, from "
+                              "the root or any fork point; the policy solves too little of these problems for either "
+                              "flat sampling or trees to learn from"), {}
+    level = alpha / max(len(kinds), 1)
+    intervals = {}
+    for kind in kinds:
+        spread = bootstrap(forks[kind], paired_root(forks[kind], root), replicates, seed, alpha=level)
+        intervals[kind] = (spread["gain_lo"], spread["gain_hi"])
+    known = {k: iv for k, iv in intervals.items() if iv[0] == iv[0]}
+    confidence = f"{100 * (1 - level):.1f}%"
+    above = [k for k, (lo, _) in known.items() if lo > 1]
+    if above:
+        best = max(above, key=lambda k: gain(forks[k], paired_root(forks[k], root)))
+        lo, hi = known[best]
+        return Recommendation("tree", f"tree: resampling from a failed response's {best} solves more per generated token "
+                              f"than a fresh sample (gain {gain(forks[best], paired_root(forks[best], root)):.2f}, "
+                              f"{confidence} interval [{lo:.2f}, {hi:.2f}], all above 1)", best, (lo, hi)), intervals
+    if known and len(known) == len(kinds) and all(hi < 1 for _, hi in known.values()):
+        best = max(known, key=lambda k: known[k][1])
+        lo, hi = known[best]
+        return Recommendation("flat", f"flat: no fork point pays for its tokens (the best, {best}: {confidence} interval "
+                              f"[{lo:.2f}, {hi:.2f}], all below 1); a fresh sample solves more per token",
+                              best, (lo, hi)), intervals
+    return Recommendation("cannot_tell", f"cannot tell at this sample size ({pool['problems']} problems, "
+                          f"{pool['failed']} failed samples): some fork point's {confidence} interval spans 1; run with "
+                          "more problems (or a larger --max_tokens)"), intervals

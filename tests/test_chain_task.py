@@ -1,0 +1,239 @@
+"""Chain arithmetic: the verifier (hand-worked and fuzzed), the task's rows and splits, and
+the line-by-line reading of a response (flywheel.tasks.chain, flywheel.rewards.chain,
+flywheel.tasks.chain_data, tools/make_chain_splits.py)."""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from flywheel.rewards.chain import MAX_COMPLETION_CHARS, verify
+from flywheel.tasks.chain import ChainProblem, ChainTask, as_chain
+from flywheel.tasks.chain_data import chain_values, format_completion, line_errors, make_chain
+from flywheel.tasks.sources import load_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TRACE = "37+48=85\n85-19=66\n66*3=198\n<answer>198</answer>"
+
+
+# -- the verifier ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("completion, correct, reason, answer", [
+    (TRACE, True, "correct", "198"),
+    ("<answer>198</answer>", True, "correct", "198"),  # only the answer is graded
+    ("37+48=85\n85-19=67\n67*3=201\n<answer>201</answer>", False, "wrong_value", "201"),
+    ("<answer>201</answer> no: <answer> 198 </answer>", True, "correct", "198"),  # the last block
+    ("<answer>198</answer> then <answer>7</answer>", False, "wrong_value", "7"),
+    ("<answer>198</answer>\n<answer>19", True, "correct", "198"),  # an unclosed tail hides nothing
+    ("37+48=85\n85-19=66", False, "no_answer", None),
+    ("<answer></answer>", False, "parse_error", ""),
+    ("<answer>198.0</answer>", False, "parse_error", "198.0"),
+    ("<answer>+198</answer>", False, "parse_error", "+198"),
+    ("<answer>1 98</answer>", False, "parse_error", "1 98"),
+    ("<answer>\u0661\u0669\u0668</answer>", False, "parse_error", "\u0661\u0669\u0668"),  # Arabic-Indic digits
+    ("<answer>198-0</answer>", False, "parse_error", "198-0"),
+    ("<answer>0198</answer>", True, "correct", "0198"),  # an integer's value, leading zeros and all
+])
+def test_verify_hand_worked(completion, correct, reason, answer):
+    verdict = verify(198, completion)
+    assert (verdict.correct, verdict.reason, verdict.answer) == (correct, reason, answer)
+    assert verdict.reward == (1.0 if correct else -1.0)
+
+
+def test_verify_negative_values_and_bad_gold():
+    assert verify(-4, "<answer>-4</answer>").correct
+    assert verify(4, "<answer>-4</answer>").reason == "wrong_value"
+    with pytest.raises(TypeError):
+        verify(True, "<answer>1</answer>")
+    with pytest.raises(TypeError):
+        verify("198", TRACE)
+
+
+def test_verify_bounds_length_and_digits():
+    assert verify(1, "x" * (MAX_COMPLETION_CHARS + 1)).reason == "too_long"
+    huge = "9" * 10_000
+    verdict = verify(1, f"<answer>{huge}</answer>")
+    assert verdict.reason == "parse_error" and len(verdict.answer) <= 25  # never int() of 10,000 digits
+
+
+@pytest.mark.parametrize("shape", [
+    "<answer>" * 100_000, "</answer>" * 100_000, " " * 200_000, "\n" * 200_000, "1" * 200_000,
+    "<answer>" + "1" * 200_000 + "</answer>", "<answer>3" + " " * 200_000 + "</answer>",
+    "37+48=85\n" * 20_000, ("<answer>1</answer>" * 10_000),
+])
+def test_verify_is_fast_on_long_adversarial_shapes(shape):
+    start = time.perf_counter()
+    verify(198, shape)
+    assert time.perf_counter() - start < 0.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet=st.sampled_from(list("<>/answer0123456789-+* =\n\t.e")), max_size=2000))
+def test_verify_never_raises_and_is_fast_on_any_text(text):
+    start = time.perf_counter()
+    verdict = verify(198, text)
+    assert time.perf_counter() - start < 0.2
+    assert verdict.correct == (verdict.reason == "correct")
+
+
+# -- the task ---------------------------------------------------------------------------------
+
+
+def test_problem_prompt_and_score():
+    task = ChainTask()
+    problem = ChainProblem.create("c1", 37, [("+", 48), ("-", 19), ("*", 3)])
+    assert (problem.question, problem.answer, problem.value) == ("37 +48 -19 *3", "198", 198)
+    assert task.prompt(problem) == "37 +48 -19 *3\n"
+    assert task.score(problem, TRACE).correct
+    assert not task.score(problem, TRACE.replace("198", "199")).correct
+    # a plain Problem with the same text is the same chain
+    from flywheel.tasks import Problem
+
+    plain = Problem(id="c1", question="37 +48 -19 *3", answer="198")
+    assert as_chain(plain) == problem and task.score(plain, TRACE).correct
+    with pytest.raises(ValueError, match="does not match"):
+        as_chain(Problem(id="c2", question="37 +48", answer="86"))
+
+
+def test_prompt_template_fields_are_checked():
+    assert ChainTask(prompt_template="Start {start}, then {ops}.\n").prompt(
+        ChainProblem.create("c", 2, [("*", 3)])) == "Start 2, then *3.\n"
+    for bad in ("{start}\n", "{start} {ops} {target}", "{start"):
+        with pytest.raises(ValueError, match="prompt_template"):
+            ChainTask(prompt_template=bad)
+    with pytest.raises(ValueError, match="lengths"):
+        ChainTask(lengths=[0])
+
+
+def write_rows(tmp_path: Path, rows: list) -> str:
+    path = tmp_path / "chains.jsonl"
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+GOOD = {"id": "c1", "start": 37, "ops": [["+", 48], ["-", 19], ["*", 3]], "answer": 198}
+
+
+def test_rows_load_in_both_encodings(tmp_path):
+    files = [write_rows(tmp_path, [GOOD, {"id": "c2", "problem": "5 *3 -20", "answer": "-5"}])]
+    problems = load_problems(ChainTask(), files, "train").problems
+    assert [(p.id, p.start, p.ops, p.answer) for p in problems] == [
+        ("c1", 37, (("+", 48), ("-", 19), ("*", 3)), "198"), ("c2", 5, (("*", 3), ("-", 20)), "-5")]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({**GOOD, "ops": [["/", 2]], "answer": 18}, "unknown operation '/'"),
+    ({**GOOD, "ops": [["^", 2]], "answer": 1369}, "unknown operation"),
+    ({**GOOD, "start": 37.0}, "`start` must be an integer"),
+    ({**GOOD, "start": "37"}, "`start` must be an integer"),
+    ({**GOOD, "start": True}, "`start` must be an integer"),
+    ({**GOOD, "ops": [["+", 48.5], ["-", 19], ["*", 3]]}, "`ops` must be an integer"),
+    ({**GOOD, "answer": 199}, "does not match the ops, which give 198"),
+    ({**GOOD, "answer": "198"}, "`answer` must be an integer"),
+    ({k: v for k, v in GOOD.items() if k != "answer"}, "missing answer"),
+    ({k: v for k, v in GOOD.items() if k != "ops"}, "missing ops"),
+    ({"id": "x", "numbers": [1, 2]}, "a chain row needs `start`"),
+    ({**GOOD, "ops": []}, "`ops` must be a list of 1 to 64"),
+    ({**GOOD, "ops": "+48"}, "`ops` must be a list"),
+    ({**GOOD, "ops": [["+", 48, 1]]}, "an \\[op, operand\\] pair"),
+    ({**GOOD, "ops": [["*", 10**5]] * 3, "answer": 37 * 10**15}, "beyond the limit"),
+    ({"id": "x", "problem": "37 + 48", "answer": "85"}, "`problem` must be a chain as text"),
+    ({"id": "x", "problem": "37 +48", "answer": "eighty-five"}, "`answer` must be the chain's value as text"),
+    ({**GOOD, "id": ["c1"]}, "`id` must be a string"),
+])
+def test_bad_rows_are_refused_with_file_and_line(tmp_path, row, message):
+    files = [write_rows(tmp_path, [GOOD | {"id": "ok"}, row])]
+    with pytest.raises(ValueError, match=message) as err:
+        load_problems(ChainTask(), files, "train")
+    assert "chains.jsonl:2:" in str(err.value)
+
+
+def test_a_bad_row_in_a_split_file_names_its_line(tmp_path):
+    path = write_rows(tmp_path, [GOOD, "not json"])
+    with pytest.raises(ValueError, match="chains.jsonl:2: not valid JSON"):
+        ChainTask(split_files={"mine": path}).problems("mine")
+
+
+# -- the shipped splits -----------------------------------------------------------------------
+
+
+def test_shipped_splits_are_disjoint_sized_and_consistent():
+    task = ChainTask()
+    sizes = {"train": 8000, "val": 500, "test": 500, "test_hard": 500}
+    lengths = {"train": set(range(2, 9)), "val": set(range(2, 9)), "test": set(range(2, 9)),
+               "test_hard": set(range(9, 13))}
+    seen: dict[tuple, str] = {}
+    for split, size in sizes.items():
+        problems = task.problems(split)
+        assert len(problems) == size
+        assert {len(p.ops) for p in problems} == lengths[split]
+        for p in problems:
+            key = (p.start, p.ops)
+            assert key not in seen, f"{p.id} of {split} is also in {seen[key]}"
+            seen[key] = split
+            values = chain_values(p.start, p.ops)
+            assert all(0 <= v <= 999 for v in values)
+            assert all(o <= 9 for op, o in p.ops if op == "*")
+            assert task.score(p, format_completion(p.start, p.ops)).correct
+    assert len(ChainTask(lengths=[3]).problems("train")) == 8000 // 7 + (1 if 8000 % 7 > 1 else 0)
+
+
+def test_the_splits_tool_reproduces_the_shipped_files():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from make_chain_splits import SEED, build_splits
+
+    from flywheel.assets import asset_path
+
+    for split, rows in build_splits(SEED).items():
+        shipped = asset_path("chain", f"{split}.jsonl").read_text(encoding="utf-8")
+        assert shipped == "".join(json.dumps(row) + "\n" for row in rows), split
+
+
+def test_make_chain_stays_in_range():
+    rng = random.Random(0)
+    for _ in range(500):
+        start, ops = make_chain(rng, rng.randint(1, 12))
+        assert all(0 <= v <= 999 for v in chain_values(start, ops))
+    with pytest.raises(ValueError):
+        make_chain(rng, 0)
+
+
+# -- reading a response line by line ----------------------------------------------------------
+
+OPS = [("+", 48), ("-", 19), ("*", 3)]
+
+
+@pytest.mark.parametrize("completion, wrong, complete", [
+    (TRACE, (), True),
+    ("37+48=85\n85-19=67\n67*3=201\n<answer>201</answer>", (2,), True),  # one slip, carried on consistently
+    ("37+48=85\n85-19=67\n66*3=198\n<answer>198</answer>", (2, 3), True),  # line 3 ignores line 2's result
+    ("37+48=84\n84-19=64\n64*3=192\n<answer>192</answer>", (1, 2), True),
+    ("37+48=85\n85+19=104\n104*3=312\n<answer>312</answer>", (2,), True),  # the wrong operation
+    ("37+48=85\n85-91=-6\n-6*3=-18\n<answer>-18</answer>", (2,), True),  # the wrong operand
+    ("37 + 48 = 85\n85 - 19 = 66\n66 * 3 = 198\n<answer> 198 </answer>", (), True),  # spaces are fine
+    ("37+48=85\n85-19=66\n<answer>66</answer>", (), False),  # a line missing
+    ("37+48=85\n85-19=66\n66*3=198\n198+1=199\n<answer>199</answer>", (4,), False),  # a line added
+    ("37+48=85\nhello\n66*3=198\n<answer>198</answer>", (2, 3), True),  # line 3 has no stated result to start from
+    ("37+48=85\n85-19=66\n66*3=198\n<answer>197</answer>", (), False),  # the answer is not the last result
+    ("37+48=85\n85-19=66\n66*3=198", (), False),  # no answer line
+])
+def test_line_errors_hand_worked(completion, wrong, complete):
+    reading = line_errors(37, OPS, completion)
+    assert (reading.wrong_lines, reading.complete) == (wrong, complete)
+    assert reading.first_wrong == (wrong[0] if wrong else None)
+    assert reading.one_local_mistake == (complete and len(wrong) == 1)
+
+
+def test_line_errors_is_bounded_on_long_lines():
+    start = time.perf_counter()
+    reading = line_errors(37, OPS, "3" * 200_000 + "\n" + "=" * 200_000)
+    assert time.perf_counter() - start < 0.5 and reading.wrong_lines == (1, 2)
