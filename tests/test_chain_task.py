@@ -104,6 +104,19 @@ def test_problem_prompt_and_score():
         as_chain(Problem(id="c2", question="37 +48", answer="86"))
 
 
+def test_math_answer_format_reads_a_chat_model_s_answers():
+    task = ChainTask(answer_format="math", prompt_template="Start with {start}, apply {ops}. Answer in \\boxed{{}}.")
+    problem = ChainProblem.create("c", 37, [("+", 48), ("-", 19)])
+    assert task.prompt(problem) == "Start with 37, apply +48 -19. Answer in \\boxed{}."
+    assert task.score(problem, "37 + 48 = 85, 85 - 19 = 66, so \\boxed{66}").correct
+    assert task.score(problem, "The answer is 66.").correct
+    assert task.score(problem, "\\boxed{67}").reason.startswith("wrong_value")
+    assert not task.score(problem, "<answer>66</answer>\nso the answer is 67").correct
+    assert task.answer_rules and ChainTask().answer_rules == ()
+    with pytest.raises(ValueError, match="answer_format"):
+        ChainTask(answer_format="box")
+
+
 def test_prompt_template_fields_are_checked():
     assert ChainTask(prompt_template="Start {start}, then {ops}.\n").prompt(
         ChainProblem.create("c", 2, [("*", 3)])) == "Start 2, then *3.\n"
@@ -168,9 +181,9 @@ def test_a_bad_row_in_a_split_file_names_its_line(tmp_path):
 
 def test_shipped_splits_are_disjoint_sized_and_consistent():
     task = ChainTask()
-    sizes = {"train": 8000, "val": 500, "test": 500, "test_hard": 500}
+    sizes = {"train": 8000, "val": 500, "test": 500, "test_hard": 500, "short": 500}
     lengths = {"train": set(range(2, 9)), "val": set(range(2, 9)), "test": set(range(2, 9)),
-               "test_hard": set(range(9, 13))}
+               "test_hard": set(range(9, 13)), "short": {1, 2}}
     seen: dict[tuple, str] = {}
     for split, size in sizes.items():
         problems = task.problems(split)
@@ -181,7 +194,7 @@ def test_shipped_splits_are_disjoint_sized_and_consistent():
             assert key not in seen, f"{p.id} of {split} is also in {seen[key]}"
             seen[key] = split
             values = chain_values(p.start, p.ops)
-            assert all(0 <= v <= 999 for v in values)
+            assert all(0 <= v <= 99 for v in values)
             assert all(o <= 9 for op, o in p.ops if op == "*")
             assert task.score(p, format_completion(p.start, p.ops)).correct
     assert len(ChainTask(lengths=[3]).problems("train")) == 8000 // 7 + (1 if 8000 % 7 > 1 else 0)
@@ -202,7 +215,7 @@ def test_make_chain_stays_in_range():
     rng = random.Random(0)
     for _ in range(500):
         start, ops = make_chain(rng, rng.randint(1, 12))
-        assert all(0 <= v <= 999 for v in chain_values(start, ops))
+        assert all(0 <= v <= 99 for v in chain_values(start, ops))
     with pytest.raises(ValueError):
         make_chain(rng, 0)
 
@@ -237,3 +250,12 @@ def test_line_errors_is_bounded_on_long_lines():
     start = time.perf_counter()
     reading = line_errors(37, OPS, "3" * 200_000 + "\n" + "=" * 200_000)
     assert time.perf_counter() - start < 0.5 and reading.wrong_lines == (1, 2)
+
+
+def test_docstring_examples():
+    import doctest
+
+    import flywheel.rewards.chain as verifier
+    import flywheel.tasks.chain_data as data
+
+    assert doctest.testmod(verifier).failed == 0 and doctest.testmod(data).failed == 0

@@ -3,10 +3,11 @@
     python tools/make_chain_splits.py                  # rewrites the shipped files
     python tools/make_chain_splits.py --out /tmp/chain --seed 1   # a variant elsewhere
 
-Splits (flywheel.tasks.chain_data.make_chain: values in 0..999, + and - by 2..99, * by 2..9):
+Splits (flywheel.tasks.chain_data.make_chain: values in 0..99, + and - by 2..49, * by 2..9):
 train (8000 chains of 2-8 operations, equally many of each length), val and test (500 each,
-the same lengths; val is for choosing settings, test is read once per chosen recipe) and
-test_hard (500 chains of 9-12 operations). No chain (start and operations) appears in two
+the same lengths; val is for choosing settings, test is read once per chosen recipe),
+test_hard (500 chains of 9-12 operations) and short (500 of 1-2 operations, the size a small
+pretrained model sometimes solves: its fork_gain diagnostic). No chain (start and operations) appears in two
 splits or twice in one. Every row is checked: its answer is the chain's value and the
 solver trace verifies.
 """
@@ -26,12 +27,17 @@ from flywheel.tasks.chain_data import chain_values, format_completion, make_chai
 log = logging.getLogger("make_chain_splits")
 
 SEED = 20_261_204
+RANGES = {"start_range": (2, 99), "add_max": 49, "mul_max": 9, "value_max": 99}
+"""make_chain's ranges (its defaults): two-digit values, so that a character-level policy can learn
+the lines' arithmetic and still slip on some (with three-digit values and + and - by up to 99,
+after 600 SFT steps nearly every line of the tiny policy was wrong)."""
 SPLITS = {
     # name: (rows, operation counts)
     "train": (8000, range(2, 9)),
     "val": (500, range(2, 9)),
     "test": (500, range(2, 9)),
     "test_hard": (500, range(9, 13)),
+    "short": (500, range(1, 3)),
 }
 
 
@@ -41,13 +47,13 @@ def build_splits(seed: int) -> dict[str, list[dict]]:
     rng = random.Random(seed)
     seen: set[tuple] = set()
     out: dict[str, list[dict]] = {}
-    for name in ("test", "test_hard", "val", "train"):
+    for name in ("test", "test_hard", "val", "train", "short"):  # short last: the others as before it existed
         count, lengths = SPLITS[name]
         lengths = list(lengths)
         rows: list[dict] = []
         while len(rows) < count:
             length = lengths[len(rows) % len(lengths)]  # equally many of each length
-            start, ops = make_chain(rng, length)
+            start, ops = make_chain(rng, length, **RANGES)
             key = (start, tuple(ops))
             if key in seen:
                 continue

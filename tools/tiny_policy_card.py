@@ -132,7 +132,7 @@ TASK_TEXT = {
         "example": "37 +48 -19 *3\n37+48=85\n85-19=66\n66*3=198\n<answer>198</answer>",
         "grading": "`flywheel.rewards.chain.verify` (the last answer equals the chain's value; the step lines are\nnot graded)",
         "splits": "test.jsonl: 500 chains of 2-8 operations, test_hard.jsonl: 500 of 9-12 (longer than any\n"
-                  "training chain); values in 0..999, + and - by 2..99, * by 2..9. Both are held out from the\n"
+                  "training chain); values in 0..99, + and - by 2..49, * by 2..9. Both are held out from the\n"
                   "train split chain by chain (tools/make_chain_splits.py).",
         "data": "the solver trace (`flywheel.tasks.chain_data.format_completion`) of each of the\n"
                 "  {train_problems} chains of `flywheel/assets/chain/train.jsonl` only (2-8 operations, equally\n"

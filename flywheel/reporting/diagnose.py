@@ -134,9 +134,10 @@ def run_diagnose(
     finally:
         backend.close()
     report = {"format": DIAGNOSE_FORMAT, "policy": policy, "checkpoint": checkpoint, "files": files,
-              "split": None if files else split, "task": type(task).__name__, **report}
+              "split": None if files else split, "task": type(task).__name__,
+              "first_prompt": task.prompt(loaded.problems[0]), **report}
     Path(out).mkdir(parents=True, exist_ok=True)
-    atomic_write_json(Path(out) / "diagnose.json", report)
+    atomic_write_json(Path(out) / "diagnose.json", finite_or_text(report))
     print_report(report)
     print(f"written: {Path(out) / 'diagnose.json'}")
     return report
@@ -184,6 +185,24 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
             "pool": pool, "fork_points": lines, "fresh": fresh,
             "recommendation": {"verdict": advice.verdict, "text": advice.text, "fork_point": advice.kind,
                                "interval": list(advice.interval) if advice.interval else None}}
+
+
+def finite_or_text(value: Any) -> Any:
+    """`value` with every non-finite float written as text ("inf": only the forks solved; "nan":
+    neither did), so that diagnose.json is strict JSON.
+
+    >>> finite_or_text({"gain": float("inf"), "ci": [float("nan"), 1.5]})
+    {'gain': 'inf', 'ci': ['nan', 1.5]}
+    """
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: finite_or_text(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_text(v) for v in value]
+    return value
 
 
 def print_report(report: dict[str, Any]) -> None:

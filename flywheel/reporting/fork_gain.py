@@ -478,6 +478,9 @@ def recommend(pool: dict, forks: dict[str, list[Tally]], root: dict[int, Tally],
         return Recommendation("flat", f"flat: no fork point pays for its tokens (the best, {best}: {confidence} interval "
                               f"[{lo:.2f}, {hi:.2f}], all below 1); a fresh sample solves more per token",
                               best, (lo, hi)), intervals
+    spanning = [k for k, (lo, hi) in known.items() if lo <= 1 <= hi] or [k for k in kinds if k not in known]
+    best = max(spanning, key=lambda k: known.get(k, (0.0, 0.0))[1])
+    lo, hi = known.get(best, (math.nan, math.nan))
     return Recommendation("cannot_tell", f"cannot tell at this sample size ({pool['problems']} problems, "
-                          f"{pool['failed']} failed samples): some fork point's {confidence} interval spans 1; run with "
-                          "more problems (or a larger --max_tokens)"), intervals
+                          f"{pool['failed']} failed samples): {best}'s {confidence} interval [{lo:.2f}, {hi:.2f}] spans "
+                          "1; run with more problems (or a larger --max_tokens)", best, (lo, hi)), intervals

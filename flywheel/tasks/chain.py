@@ -28,10 +28,11 @@ import re
 import string
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 from flywheel.assets import asset_path
 from flywheel.rewards import Verdict
+from flywheel.rewards import math as math_verifier
 from flywheel.rewards.chain import verify
 from flywheel.tasks.base import Problem, StepSpec, Task
 from flywheel.tasks.chain_data import OPS, chain_values, format_ops
@@ -41,8 +42,11 @@ __all__ = ["DEFAULT_PROMPT_TEMPLATE", "MAX_ABS_VALUE", "MAX_OPS", "SHIPPED_SPLIT
 DEFAULT_PROMPT_TEMPLATE = "{start} {ops}\n"
 SHIPPED_SPLITS = {
     "train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl", "test_hard": "test_hard.jsonl",
+    "short": "short.jsonl",
 }
-"""Split name -> file under flywheel/assets/chain/ (disjoint chains; test_hard's are longer)."""
+"""Split name -> file under flywheel/assets/chain/ (disjoint chains; test_hard's are longer, short's
+of 1-2 operations, for a pretrained model's diagnostic)."""
+ANSWER_FORMATS = ("tags", "math")
 MAX_OPS = 64
 """Most operations in one chain a row may hold."""
 MAX_ABS_VALUE = 10**9
@@ -85,7 +89,8 @@ class ChainTask(Task):
     Args:
         split_files: split files to add or replace, as {"split name": "path.jsonl"}, merged
             over the shipped splits: "train" (chains of 2-8 operations), "val" and "test"
-            (held out, the same lengths) and "test_hard" (held out, 9-12 operations).
+            (held out, the same lengths), "test_hard" (held out, 9-12 operations) and "short"
+            (held out, 1-2 operations: a size a small pretrained model sometimes solves).
         lengths: keep only the built-in chains with one of these operation counts (e.g.
             [3] for short chains); None keeps all.
         prompt_template: the prompt as a str.format template with the fields {start} and
@@ -94,10 +99,16 @@ class ChainTask(Task):
             (a pretrained chat model; the tiny policy's character tokenizer has none).
         system_prompt: the chat's system turn (None: the template's default). Ignored
             without a chat template.
-        step_delimiter: text that ends one search step (one trace line).
-        max_step_tokens: most tokens in one step (a line of the shipped chains is at most 12
-            characters, the answer line 20).
+        step_delimiter: text that ends one search step (one trace line); None: fixed chunks of
+            `max_step_tokens` tokens (a pretrained model's free-form answer, as MathTask's steps).
+        max_step_tokens: most tokens in one step (a line of the shipped chains is at most 9
+            characters, the answer line 19).
         max_response_tokens: most tokens in a whole completion.
+        answer_format: how the final answer is read: "tags" (the last `<answer>N</answer>`,
+            flywheel.rewards.chain; the tiny chain policy's format) or "math" (the math
+            verifier's readings of a chat model's answer: `\\boxed{N}`, "the answer is N", a
+            last line that is just N; flywheel.rewards.math), with a prompt that asks for it,
+            e.g. "... Give the final value within \\boxed{{}}.".
     """
 
     def __init__(
@@ -107,11 +118,15 @@ class ChainTask(Task):
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
         chat_template: bool = True,
         system_prompt: str | None = None,
-        step_delimiter: str = "\n",
+        step_delimiter: str | None = "\n",
         max_step_tokens: int = 32,
         max_response_tokens: int = 192,
+        answer_format: Literal["tags", "math"] = "tags",
     ) -> None:
         _check_prompt_template(prompt_template)
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
+        self.answer_format = answer_format
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
         if lengths is not None and (not lengths or any(not isinstance(n, int) or n < 1 for n in lengths)):
@@ -130,9 +145,17 @@ class ChainTask(Task):
         problem = as_chain(problem)
         return self.prompt_template.format(start=problem.start, ops=format_ops(problem.ops))
 
+    @property
+    def answer_rules(self) -> tuple[str, ...]:
+        return math_verifier.ANSWER_RULES if self.answer_format == "math" else ()
+
     def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Verdict:
-        """`truncated` changes nothing: the <answer> tags are already the strict format."""
-        return verify(as_chain(problem).value, completion)
+        """With tags, `truncated` changes nothing (the tags are already the strict format); with
+        the math verifier a response cut by the length limit is graded on boxes only."""
+        chain = as_chain(problem)
+        if self.answer_format == "math":
+            return math_verifier.verify(chain.answer, completion, truncated=truncated)
+        return verify(chain.value, completion)
 
     def problems(self, split: str) -> list[ChainProblem]:
         if split not in self.split_files:

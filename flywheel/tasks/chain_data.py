@@ -10,9 +10,9 @@ then the answer (the format the tiny chain policy is trained on):
     <answer>198</answer>
 
 `make_chain` draws the built-in splits' chains (tools/make_chain_splits.py): values stay in
-0..999, additions and subtractions take operands of 1-2 digits, multiplications one digit,
-so every line is small enough for a character-level policy to learn and to get occasionally,
-locally wrong. `line_errors` reads a response line by line against its chain: that is how
+0..99, additions and subtractions take operands 2..49, multiplications one digit, so every
+line is small enough for a character-level policy to learn and to get occasionally, locally
+wrong. `line_errors` reads a response line by line against its chain: that is how
 the policy's card measures whether its failures are one wrong line in an otherwise correct
 chain (the setting where resampling from the step before the mistake should pay).
 """
@@ -101,8 +101,8 @@ def format_completion(start: int, ops: Sequence[tuple[str, int]]) -> str:
 
 
 def make_chain(
-    rng: random.Random, length: int, *, start_range: tuple[int, int] = (2, 99), add_max: int = 99,
-    mul_max: int = 9, value_max: int = 999,
+    rng: random.Random, length: int, *, start_range: tuple[int, int] = (2, 99), add_max: int = 49,
+    mul_max: int = 9, value_max: int = 99,
 ) -> tuple[int, list[tuple[str, int]]]:
     """A random chain of `length` operations whose every value stays in 0..`value_max`:
     + and - take operands 2..`add_max`, * takes 2..`mul_max`; an operation that would leave

@@ -1,0 +1,84 @@
+"""`python -m flywheel diagnose`: fork_gain of any policy folder on any problem file, within a
+token budget, with one line of advice (flywheel.reporting.diagnose)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flywheel.__main__ import main
+from flywheel.reporting.diagnose import finite_or_text
+from flywheel.run.preflight import PreflightError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SMALL = ["--samples", "2", "--resamples", "1", "--fork_steps", "2", "--bootstrap", "50", "--problems_per_part", "4"]
+
+
+def test_diagnose_a_builtin_policy_on_its_split(tmp_path, capsys):
+    report = main(["diagnose", "--policy", "tiny-countdown", "--split", "train", "--max_problems", "12",
+                   "--max_tokens", "100000", "--out", str(tmp_path), *SMALL])
+    written = json.loads((tmp_path / "diagnose.json").read_text())
+    assert written["recommendation"] == finite_or_text(report["recommendation"])  # inf / nan as text in the file
+    assert report["recommendation"]["verdict"] in ("tree", "flat", "cannot_tell")
+    pool = report["pool"]
+    assert (pool["problems"], pool["samples"]) == (12, 24) and 0 <= pool["failed"] <= 24
+    kinds = [line["fork"] for line in report["fork_points"]]
+    assert {"step1", "mid", "entropy"} <= set(kinds)
+    for line in report["fork_points"]:
+        lo, hi = line["gain_ci_widened"]
+        assert (lo != lo) or lo <= line["gain_ci95"][0] <= line["gain_ci95"][1] <= hi  # nan, or widened
+    out = capsys.readouterr().out
+    assert "recommendation: " in out and "fork point" in out and "fresh" in out
+
+
+def test_the_token_budget_stops_between_parts(tmp_path):
+    report = main(["diagnose", "--policy", "tiny-countdown", "--split", "train", "--max_problems", "64",
+                   "--max_tokens", "1", "--out", str(tmp_path), *SMALL])
+    assert report["pool"]["problems"] == 4  # one part of 4 problems, then the budget is spent
+
+
+def test_diagnose_a_chain_file_with_the_chain_task(tmp_path):
+    rows = [{"id": f"c{i}", "start": 10 + i, "ops": [["+", 5], ["*", 2], ["-", 3]], "answer": (15 + i) * 2 - 3}
+            for i in range(6)]
+    problems = tmp_path / "chains.jsonl"
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    report = main(["diagnose", "--policy", "tiny-countdown", "--task", "flywheel.tasks.chain.ChainTask",
+                   "--files", str(problems), "--max_depth", "8", "--out", str(tmp_path / "out"), *SMALL])
+    assert report["task"] == "ChainTask" and report["pool"]["problems"] == 6 and report["files"] == [str(problems)]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--samples", "0"], "--samples=0: must be >= 1"),
+    (["--max_tokens", "0"], "--max_tokens=0: must be >= 1"),
+    (["--top_p", "1.5"], "--top_p=1.5: must be in (0, 1]"),
+    (["--max_depth", "16"], "--max_depth=16: a rollout of 16 steps of up to 40 tokens (640)"),
+    (["--files", "/no/such.jsonl"], "/no/such.jsonl does not exist; fix the path in --files"),
+])
+def test_bad_settings_are_one_line_naming_the_flag(tmp_path, flags, message):
+    with pytest.raises(PreflightError) as err:
+        main(["diagnose", "--policy", "tiny-countdown", "--out", str(tmp_path), *flags])
+    assert message in str(err.value)
+    with pytest.raises(PreflightError, match="give --policy"):
+        main(["diagnose", "--out", str(tmp_path)])
+
+
+def test_diagnose_is_a_subcommand_with_help():
+    out = subprocess.run([sys.executable, "-m", "flywheel", "--help"], capture_output=True, text=True, check=True).stdout
+    assert "diagnose" in out
+    sub = subprocess.run([sys.executable, "-m", "flywheel", "diagnose", "--help"], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    for option in ("--max_tokens", "--resamples", "--task", "--files"):
+        assert option in sub
+
+
+def test_docstring_examples():
+    import doctest
+
+    import flywheel.reporting.diagnose as diagnose
+
+    assert doctest.testmod(diagnose).failed == 0
