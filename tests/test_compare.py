@@ -239,3 +239,28 @@ def test_compare_continues_from_a_plateau_checkpoint(tmp_path):
     shipped_fields, _ = run_tool("tools/compare.py", "--report", "--arms", "dapo", "flat_first", "--seed-list", "0", "--out",
                                  str(tmp_path / "ship"), *common)
     assert shipped_fields == fields
+
+
+def test_the_chain_task_runs_its_arms_on_conf_chain_without_countdown_settings(tmp_path, monkeypatch):
+    """`--task chain`: every arm's fit starts from conf/chain.yaml, evaluates the chain's test split
+    and gets no Countdown number count; `--task countdown` (the default) keeps both as before."""
+    seen = []
+
+    def fake_run(cmd, **kwargs):
+        seen.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(compare.subprocess, "run", fake_run)
+    monkeypatch.setattr(compare, "latest_summary", lambda folder: {})
+    for task, base, split, numbers in (("chain", "conf/chain.yaml", "test", False),
+                                        ("countdown", "conf/step_tree.yaml", "test_hard", True)):
+        args = Namespace(task=task, out=tmp_path / task, tokens=1000, epochs_per_round=5, eval_every_tokens=500,
+                         numbers=4, extra=["--model.optimizer.lr=3e-5"], init=None)
+        args.base, default_split, _ = compare.TASKS[task]
+        args.eval_split = default_split
+        compare.fit("dapo", 0, tmp_path / task / "dapo_seed0", args)
+        cmd = seen[-1]
+        assert cmd[cmd.index("--config") + 1] == base and "conf/dapo.yaml" in cmd
+        assert f"--data.problems.eval_split={split}" in cmd and cmd[-1] == "--model.optimizer.lr=3e-5"
+        assert any(a.startswith("--data.task.init_args.numbers_count") for a in cmd) == numbers
+    assert "step_node" in compare.ARMS and "rollout_entropy_mb16" in compare.ARMS

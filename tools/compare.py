@@ -1,5 +1,12 @@
-"""Tree search vs flat baselines on Countdown, from the same tiny policy, at EQUAL generated-
-token budgets, over several seeds (the paper's efficiency claim, measured here).
+"""Tree search vs flat baselines on Countdown or chain arithmetic, from the same tiny policy, at
+EQUAL generated-token budgets, over several seeds (the paper's efficiency claim, measured here).
+
+`--task countdown` (default): the arms on conf/step_tree.yaml, 4-number problems, held-out
+test_hard. `--task chain`: the arms on conf/chain.yaml (ChainTask with tiny-chain), held-out
+test; e.g. the long-chain comparison of docs/results.md ("Where trees pay"):
+
+    python tools/compare.py --task chain --seeds 3 --tokens 3000000 --data.task.init_args.lengths=[6,7,8] \
+        --model.optimizer.lr=3e-5 --arms dapo bon step_node deepsearch rollout_mb16 rollout_entropy_mb16 rest_mcts
 
 Each arm is a real `python -m flywheel fit` run: conf/step_tree.yaml (the step tree, the
 quickstart when these arms were measured) with the arm's overlays and overrides, all trained
@@ -12,10 +19,12 @@ pass@8, read from each run's summary.json.
     python tools/compare.py --seeds 3                      # every arm, 3 seeds (CPU, hours)
     python tools/compare.py --tokens 300000 --numbers 3 --eval-split test --arms rollout dapo
 
-Arms: that step tree (deepsearch), the paper's defaults (deepsearch_paper), the
+Arms: that step tree (deepsearch), the same credited by Tree-GRPO's node values (step_node),
+the paper's defaults (deepsearch_paper: node credit and the most confident terminal), the
 rollout tree (rollout: whole rollouts forked from the steps found, subtree credit, every
 trajectory trained, solved trees stop early; rollout_mb16: the same in mini-batches of 16 problems; rollout_bon: the same trees credited as
-best-of-N, the correct trajectories only), its control that never forks below the root
+best-of-N, the correct trajectories only; rollout_entropy_mb16: forking at the highest-entropy
+tokens, TreeRL's EPTree), its control that never forks below the root
 (rollout_root: flat sampling under the same stopping rule and credit), the flat baselines DAPO (8 samples),
 CISPO (16 samples) and best-of-N (8), and the ReST-MCTS* recipe (rest_mcts: the step
 tree guided by the previous round's value model, the policy self-trained on the weighted

@@ -69,13 +69,53 @@ def eval_spec(command: list[str]) -> dict:
 
 
 def compare_command(name: str, done: dict, out: Path, init: str | None) -> str:
-    """The tools/compare.py command that makes (or resumes, or reuses) the run `name`."""
+    """The tools/compare.py command that makes (or resumes, or reuses) the run `name`: its task
+    (from the fit's base config) and the overrides compare.py passed to every run."""
+    from tools.compare import TASKS
+
     arm, seed = name.rsplit("_seed", 1)
-    cmd = ["python", "tools/compare.py", "--arms", arm, "--seed-list", seed, "--tokens", str(done["tokens"]),
-           "--out", str(out)]
+    command = done["command"]
+    base = command[command.index("--config") + 1]
+    task = next((name for name, (config, _, _) in TASKS.items() if config == base), "countdown")
+    cmd = ["python", "tools/compare.py", *(["--task", task] if task != "countdown" else []), "--arms", arm,
+           "--seed-list", seed, "--tokens", str(done["tokens"]), "--out", str(out), *passed_overrides(command)]
     if init is not None:
         cmd += ["--init", init]
     return shlex.join(cmd)
+
+
+def passed_overrides(command: list[str]) -> list[str]:
+    """The overrides compare.py passed to every run (its unknown flags): in the fit command they
+    follow `--data.seed=...`, before --init's overrides and `--ckpt_path`.
+
+    >>> passed_overrides(["-m", "flywheel", "fit", "--data.seed=0", "--model.optimizer.lr=3e-5", "--ckpt_path", "last"])
+    ['--model.optimizer.lr=3e-5']
+    """
+    start = next((i + 1 for i, a in enumerate(command) if a.startswith("--data.seed=")), len(command))
+    out = []
+    for arg in command[start:]:
+        if arg == "--ckpt_path" or arg.startswith("--trainer.callbacks+=callbacks.optimizer_from") or (
+                arg.startswith("--model.policy=") and arg.endswith("init_policy")):
+            break
+        out.append(arg)
+    return out
+
+
+def eval_task(command: list[str]) -> list[str]:
+    """`flywheel eval`'s --task arguments for the task the fit ran (its base config's
+    data.task and the command's --data.task.init_args overrides); none for eval's default, Countdown
+    with its own defaults."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / command[command.index("--config") + 1]).read_text())
+    task = (config.get("data") or {}).get("task") or {}
+    class_path = task.get("class_path", "flywheel.tasks.countdown.CountdownTask")
+    args = [f"--task.init_args.{k}={json.dumps(v)}" for k, v in (task.get("init_args") or {}).items()]
+    args += [a.replace("--data.task.init_args.", "--task.init_args.", 1) for a in command
+             if a.startswith("--data.task.init_args.")]
+    if class_path == "flywheel.tasks.countdown.CountdownTask" and not args:
+        return []
+    return ["--task", class_path, *args]
 
 
 def in_repo(path: Path) -> Path:
@@ -127,6 +167,7 @@ def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) 
                                                "pass1": end["eval_pass1"], "passk": end["eval_passk"]},
         "eval": spec,
         "eval_command": shlex.join(["python", "-m", "flywheel", "eval", "--policy", str(in_repo(dest / "policy")),
+                                    *eval_task(command),
                                     *[a for key, value in spec.items() if key != "k" and value is not None
                                       for a in (f"--{key}", str(value))], "--k", f"[1,{spec['k']}]"]),
     }
@@ -135,12 +176,14 @@ def ship(run: Path, dest: Path, out_label: Path, dtype: str, checkpoints: bool) 
 
 
 def verify(dest: Path, record: dict) -> dict:
-    """Evaluate the shipped policy as its comparison did; the numbers, kept in run.json."""
-    from flywheel.reporting.eval_command import run_eval
+    """Evaluate the shipped policy by its recorded `flywheel eval` command (the comparison's task,
+    split, samples, k and sampling seed); the numbers, kept in run.json."""
+    from flywheel.__main__ import main as flywheel_main
 
     spec = record["eval"]
-    given = {name: value for name, value in spec.items() if value is not None and name != "k"}
-    report = run_eval(policy=str(dest / "policy"), k=[1, spec["k"]], out=str(dest / "eval"), **given)
+    argv = shlex.split(record["eval_command"])[3:]  # after "python -m flywheel"
+    argv[argv.index("--policy") + 1] = str(dest / "policy")  # wherever dest is, the command names it from the repo
+    report = flywheel_main([*argv, "--out", str(dest / "eval")])
     result = report["results"][spec["split"]]
     record["shipped_eval"] = {"pass1": result["pass@1"], "passk": result[f"pass@{spec['k']}"]}
     (dest / "run.json").write_text(json.dumps(record, indent=1))
