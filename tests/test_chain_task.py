@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from flywheel.rewards.chain import MAX_COMPLETION_CHARS, verify
 from flywheel.tasks.chain import ChainProblem, ChainTask, as_chain
-from flywheel.tasks.chain_data import chain_values, format_completion, line_errors, make_chain
+from flywheel.tasks.chain_data import chain_values, failure_profile, format_completion, line_errors, make_chain
 from flywheel.tasks.sources import load_problems
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,6 +246,19 @@ def test_line_errors_hand_worked(completion, wrong, complete):
     assert reading.one_local_mistake == (complete and len(wrong) == 1)
 
 
+def test_failure_profile_hand_worked():
+    failures = [(37, OPS, c) for c in (
+        "37+48=85\n85-19=67\n67*3=201\n<answer>201</answer>",  # one wrong line, line 2 (second fifth of 3)
+        "37+48=84\n84-19=64\n64*3=192\n<answer>192</answer>",  # several, first at line 1
+        "37+48=85\n85-19=66\n<answer>66</answer>",  # incomplete, no wrong line
+        "37+48=85\n85-19=66\n66*3=199\n<answer>199</answer>",  # one wrong line, line 3 (last fifth)
+    )]
+    profile = failure_profile(failures)
+    assert (profile.failed, profile.one_wrong_line, profile.several_wrong_lines, profile.not_a_complete_chain) == (4, 2, 1, 1)
+    assert profile.first_wrong_line == {1: 1, 2: 1, 3: 1}
+    assert profile.first_wrong_fifth == (1, 1, 0, 1, 0)  # lines 1, 2, 3 of 3 -> fifths 0, 1 (5*1//3), 3 (5*2//3)
+
+
 def test_line_errors_is_bounded_on_long_lines():
     start = time.perf_counter()
     reading = line_errors(37, OPS, "3" * 200_000 + "\n" + "=" * 200_000)
@@ -259,3 +272,52 @@ def test_docstring_examples():
     import flywheel.tasks.chain_data as data
 
     assert doctest.testmod(verifier).failed == 0 and doctest.testmod(data).failed == 0
+
+
+# -- the tools that read chain runs (tools/mistake_credit.py, tools/chain_failures.py) ---------
+
+
+def _tree_of_one_mistake(tmp_path: Path) -> Path:
+    """A saved tree on train-07504 (95 -32 -47 = 16): one shared correct first step, then a
+    correct and a wrong second step, each ending the response."""
+    node = lambda i, parent, text, q, reward=None: {"id": i, "parent": parent, "q": q, "q_soft": q, "text": text,
+                                                   "reward": reward}
+    nodes = [node(0, None, "", 0.0), node(1, 0, "95-32=63\n", 0.0),
+             node(2, 1, "63-47=16\n<answer>16</answer>", 1.0, 1.0), node(3, 1, "63-47=15\n<answer>15</answer>", -1.0, -1.0)]
+    trajectory = lambda ids, reward: {"node_ids": ids, "reward": reward, "final_score": reward, "overlong_penalty": 0.0,
+                                      "response_text": "".join(nodes[i]["text"] for i in ids)}
+    tree = {"problem_id": "train-07504", "nodes": nodes, "trajectories": [trajectory([1, 2], 1.0), trajectory([1, 3], -1.0)]}
+    run = tmp_path / "run"
+    (run / "version_0" / "trees").mkdir(parents=True)
+    (run / "version_0" / "trees" / "epoch_0000.jsonl").write_text(json.dumps(tree) + "\n")
+    return run
+
+
+def test_mistake_credit_finds_the_wrong_step_and_reads_each_rules_advantage_of_it(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from mistake_credit import main, measure
+
+    run = _tree_of_one_mistake(tmp_path)
+    chains = {p.id: p for p in ChainTask().problems("train")}
+    m = measure(run, ["outcome", "subtree"], chains)
+    # One failed trajectory, its mistake at step 2 (node 3). Outcome credit: every step of the
+    # failure gets the response's advantage, negative, the shared first step included.
+    assert m["outcome"]["mistakes"] == 1 and m["outcome"]["mistake_positive"] == 0.0
+    assert m["outcome"]["mistake_mean"] < 0 and m["outcome"]["before_mean"] == m["outcome"]["mistake_mean"]
+    # Subtree credit: the wrong step's subtree (-1) against its parent's (mean 0) is negative;
+    # the shared first step's (0) against the root's (0) is zero.
+    assert m["subtree"]["mistake_mean"] < 0 and m["subtree"]["before_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert main([str(run), "--rules", "outcome"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "RESULT run_outcome_mistake_positive=0.000"
+    with pytest.raises(SystemExit, match="no saved trees"):
+        measure(tmp_path, ["outcome"], chains)
+
+
+def test_chain_failures_reads_the_tiny_chain_policy(capsys):
+    sys.path.insert(0, str(ROOT / "tools"))
+    from chain_failures import main
+
+    assert main(["tiny-chain", "--lengths", "6", "--max-problems", "2", "--samples", "2"]) == 0
+    result = dict(kv.split("=") for kv in capsys.readouterr().out.splitlines()[-1].split()[1:])
+    assert set(result) == {"tiny-chain_pass1", "tiny-chain_one_wrong", "tiny-chain_incomplete", "tiny-chain_tokens"}
+    assert 0.0 <= float(result["tiny-chain_pass1"]) <= 1.0 and float(result["tiny-chain_tokens"]) > 10

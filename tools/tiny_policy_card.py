@@ -18,7 +18,7 @@ from flywheel.reporting.evaluation import EvalConfig, evaluate_sharded
 from flywheel.generation.hf import HFGenerator
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.chain import ChainTask
-from flywheel.tasks.chain_data import line_errors
+from flywheel.tasks.chain_data import failure_profile
 from tiny_policy_sft import Recipe
 
 EVAL_SPLITS = ("test", "test_hard")
@@ -91,27 +91,16 @@ def chain_failures(generator: HFGenerator, tokenizer: PreTrainedTokenizerFast, t
     params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=recipe.eval_temperature)
     requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), recipe.eval_samples, params, seeds[p.id])
                 for p in problems]
-    failed = one = several = incomplete = 0
-    first: dict[int, int] = {}
-    relative = [0] * 5
+    failures = []
     for problem, samples in zip(problems, generator.sample(requests)):
         for c in samples:
             text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            if task.score(problem, text).correct:
-                continue
-            failed += 1
-            reading = line_errors(problem.start, problem.ops, text)
-            if not reading.complete:
-                incomplete += 1
-            elif len(reading.wrong_lines) == 1:
-                one += 1
-            else:
-                several += 1
-            if reading.first_wrong is not None:
-                first[reading.first_wrong] = first.get(reading.first_wrong, 0) + 1
-                relative[min(4, 5 * (reading.first_wrong - 1) // len(problem.ops))] += 1
-    return {"failed": failed, "one_wrong_line": one, "several_wrong_lines": several, "not_a_complete_chain": incomplete,
-            "first_wrong_line": dict(sorted(first.items())), "first_wrong_fifth": relative}
+            if not task.score(problem, text).correct:
+                failures.append((problem.start, problem.ops, text))
+    profile = failure_profile(failures)
+    return {"failed": profile.failed, "one_wrong_line": profile.one_wrong_line,
+            "several_wrong_lines": profile.several_wrong_lines, "not_a_complete_chain": profile.not_a_complete_chain,
+            "first_wrong_line": profile.first_wrong_line, "first_wrong_fifth": list(profile.first_wrong_fifth)}
 
 
 TASK_TEXT = {

@@ -27,10 +27,12 @@ from typing import Sequence
 __all__ = [
     "OPS",
     "ChainReading",
+    "FailureProfile",
     "apply",
     "chain_values",
     "format_completion",
     "format_ops",
+    "failure_profile",
     "line_errors",
     "make_chain",
 ]
@@ -188,3 +190,50 @@ def line_errors(start: int, ops: Sequence[tuple[str, int]], completion: str) -> 
         previous = last = c
     complete = position == len(ops) and answer is not None and answer == last
     return ChainReading(lines=position, wrong_lines=tuple(wrong), complete=complete)
+
+
+@dataclass(frozen=True)
+class FailureProfile:
+    """How a set of failed responses went wrong, each read by `line_errors`.
+
+    Attributes:
+        failed: the failed responses read.
+        one_wrong_line: ONE wrong line in an otherwise correct, complete chain (the local
+            mistake resampling from the step before it can repair).
+        several_wrong_lines: a complete chain with more than one wrong line.
+        not_a_complete_chain: a line missing or added, no answer line, or an answer that is
+            not the last stated result.
+        first_wrong_line: how many failures first go wrong at each 1-based line.
+        first_wrong_fifth: the same as a share of the chain's length, in fifths (first to last).
+    """
+
+    failed: int
+    one_wrong_line: int
+    several_wrong_lines: int
+    not_a_complete_chain: int
+    first_wrong_line: dict[int, int]
+    first_wrong_fifth: tuple[int, ...]
+
+
+def failure_profile(failures: Sequence[tuple[int, Sequence[tuple[str, int]], str]]) -> FailureProfile:
+    """Summarise failed responses, each given as (start, ops, completion).
+
+    >>> p = failure_profile([(1, [("+", 2)], "1+2=4\\n<answer>4</answer>"), (1, [("+", 2)], "<answer>3</answer>")])
+    >>> p.one_wrong_line, p.not_a_complete_chain, p.first_wrong_line
+    (1, 1, {1: 1})
+    """
+    one = several = incomplete = 0
+    first: dict[int, int] = {}
+    fifths = [0] * 5
+    for start, ops, completion in failures:
+        reading = line_errors(start, ops, completion)
+        if not reading.complete:
+            incomplete += 1
+        elif len(reading.wrong_lines) == 1:
+            one += 1
+        else:
+            several += 1
+        if reading.first_wrong is not None:
+            first[reading.first_wrong] = first.get(reading.first_wrong, 0) + 1
+            fifths[min(4, 5 * (reading.first_wrong - 1) // max(len(ops), 1))] += 1
+    return FailureProfile(len(failures), one, several, incomplete, dict(sorted(first.items())), tuple(fifths))

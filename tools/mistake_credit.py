@@ -1,0 +1,98 @@
+"""What each credit rule says about the step that went wrong: read from a chain run's saved trees.
+
+A chain's failed response usually holds one wrong line (tools/chain_failures.py). A credit rule
+that is to teach the policy WHICH step was wrong must give that step a negative advantage. This
+tool reads the trees a `flywheel fit` run saved (RUN/version_0/trees/epoch_*.jsonl), finds in
+each failed trajectory the step holding its first wrong line (flywheel.tasks.chain_data.line_errors
+against the training chain), and feeds every tree's trajectories to the library's own credit
+rules (flywheel.objectives.credit.RULES), so the numbers are the ones a run with that rule
+would have trained on for the same trees:
+
+    python tools/mistake_credit.py runs/chain_long/step_node_seed0 --rules node outcome subtree
+
+Per run and rule: the mean advantage of the mistake step, the share of mistake steps with a
+positive advantage (the rule REWARDS the mistake), and the mean advantage of the correct steps
+before it. Last line: `RESULT <run>_<rule>_mistake_positive=... ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from flywheel.objectives.credit import RULES, Credit, Scored
+from flywheel.tasks.chain import ChainTask
+from flywheel.tasks.chain_data import line_errors
+
+SHAPE_RULES = ("node", "outcome", "subtree")
+"""The rules that credit a tree's shape (best_of_n drops failed responses; self_training needs a value model)."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("runs", nargs="+", help="`flywheel fit` run folders of the chain task (RUN/version_0/trees)")
+    parser.add_argument("--rules", nargs="+", choices=SHAPE_RULES, default=list(SHAPE_RULES))
+    parser.add_argument("--split", default="train", help="the built-in split the runs trained on")
+    return parser.parse_args(argv)
+
+
+def scored(tree: dict) -> list[Scored]:
+    """A saved tree's trajectories as the credit rules read them (credit.py's `_tree_rows`)."""
+    nodes = {n["id"]: n for n in tree["nodes"]}
+    out = []
+    for t in tree["trajectories"]:
+        steps = [nodes[i] for i in t["node_ids"]]
+        q = [n["q_soft"] if n["q_soft"] is not None else n["q"] for n in steps]
+        q[-1] = t["reward"]  # a terminal's q~ is its reward
+        out.append(Scored(tuple(v + t["overlong_penalty"] for v in q), tuple(t["node_ids"]), t["final_score"],
+                          t["reward"] > 0))
+    return out
+
+
+def measure(run: Path, rules: list[str], chains: dict) -> dict[str, dict[str, float]]:
+    files = sorted(run.glob("version_*/trees/epoch_*.jsonl"))
+    if not files:
+        raise SystemExit(f"{run}: no saved trees (RUN/version_*/trees/epoch_*.jsonl)")
+    mistakes = {rule: [] for rule in rules}
+    before = {rule: [] for rule in rules}
+    for path in files:
+        for line in path.read_text().splitlines():
+            tree = json.loads(line)
+            if not tree.get("trajectories"):
+                continue
+            group = scored(tree)
+            credits = {rule: RULES[rule](group, Credit(advantage=rule)) for rule in rules}
+            chain = chains[tree["problem_id"]]
+            for k, t in enumerate(tree["trajectories"]):
+                if t["reward"] > 0:
+                    continue
+                wrong = line_errors(chain.start, chain.ops, t["response_text"]).first_wrong
+                if wrong is None or wrong > len(t["node_ids"]):
+                    continue  # no wrong line (e.g. a missing answer) or one past the last step
+                for rule in rules:
+                    mistakes[rule].append(credits[rule][k][wrong - 1])
+                    before[rule].extend(credits[rule][k][: wrong - 1])
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    return {rule: {"mistakes": len(mistakes[rule]), "mistake_mean": mean(mistakes[rule]),
+                   "mistake_positive": mean([float(a > 0) for a in mistakes[rule]]),
+                   "before_mean": mean(before[rule])} for rule in rules}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    chains = {p.id: p for p in ChainTask().problems(args.split)}
+    print(f"{'run':28} {'rule':8} {'mistakes':>8} {'A(mistake)':>10} {'A>0 share':>9} {'A(steps before)':>15}")
+    result = []
+    for run in map(Path, args.runs):
+        for rule, m in measure(run, args.rules, chains).items():
+            print(f"{run.name:28} {rule:8} {m['mistakes']:8d} {m['mistake_mean']:+10.3f} {m['mistake_positive']:9.3f} "
+                  f"{m['before_mean']:+15.3f}", flush=True)
+            result.append(f"{run.name}_{rule}_mistake_positive={m['mistake_positive']:.3f}")
+    print("RESULT " + " ".join(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
