@@ -110,6 +110,10 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # the step tree credited by Tree-GRPO's node values (the paper's rule), the terminal choice kept
     # (deepsearch_paper also takes the paper's most confident terminal)
     "step_node": ([], ["--data.credit.advantage=node"]),
+    # the same step trees credited by TreeRL's subtree values: added once step_node had collapsed on
+    # long chains and tools/mistake_credit.py had read its trees (node credit rewarded the wrong step in
+    # ~80% of failures, subtree credit in 6-18%); its prediction written in docs/results.md first
+    "step_subtree": ([], ["--data.credit.advantage=subtree"]),
     # the same trees as rejection sampling: only their correct trajectories train, each token +1
     # (best-of-N's credit; added once bon and rollout_mb16 had finished at 3M, where bon won, and run unchanged)
     "rollout_bon": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.credit.advantage=best_of_n"]),
