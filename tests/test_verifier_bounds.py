@@ -38,13 +38,12 @@ PREFIXES = ["", "\\boxed{3", "3", "x = ", "```\n", "<answer>", "The answer is ",
 SUFFIXES = ["", "}", ";", "{", "\n", "$", "</answer>", "1"]
 
 
-def graded_within_bound(verifier: str, completion: str) -> float:
+def graded_within_bound(verifier: str, completion: str) -> None:
     start = time.perf_counter()
     verdict = VERIFIERS[verifier](completion)
     seconds = time.perf_counter() - start
     assert -1.0 <= verdict.reward <= 1.0
     assert seconds < PER_CALL_SECONDS, f"{verifier}: {seconds:.2f} s on {completion[:40]!r}... ({len(completion)} chars)"
-    return seconds
 
 
 @pytest.mark.parametrize("spaces", [100_000, 200_000])

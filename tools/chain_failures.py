@@ -58,23 +58,32 @@ def load(source: str):
     return load_policy(source)
 
 
-def measure(source: str, args: argparse.Namespace, task: ChainTask, problems: list) -> dict:
-    model, tokenizer = load(source)
-    generator = HFGenerator(model, tokenizer, max_batch_size=512)
-    params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=args.temperature)
-    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), args.samples, params,
-                                  args.seed * 1_000_003 + i) for i, p in enumerate(problems)]
+def sample_failures(generator: HFGenerator, tokenizer, task: ChainTask, problems: list, samples: int,
+                    temperature: float, seeds: list[int]) -> tuple[int, int, list]:
+    """(correct responses, generated tokens, the failed ones as (start, ops, text)): `samples`
+    responses to each problem at `temperature`, problem i sampled with seeds[i]."""
+    params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=temperature)
+    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), samples, params, seed)
+                for p, seed in zip(problems, seeds)]
     correct = tokens = 0
     failures = []
     with torch.inference_mode():
-        for problem, samples in zip(problems, generator.sample(requests)):
-            for c in samples:
+        for problem, responses in zip(problems, generator.sample(requests)):
+            for c in responses:
                 tokens += len(c.token_ids)
                 text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
                 if task.score(problem, text).correct:
                     correct += 1
                 else:
                     failures.append((problem.start, problem.ops, text))
+    return correct, tokens, failures
+
+
+def measure(source: str, args: argparse.Namespace, task: ChainTask, problems: list) -> dict:
+    model, tokenizer = load(source)
+    seeds = [args.seed * 1_000_003 + i for i in range(len(problems))]
+    correct, tokens, failures = sample_failures(HFGenerator(model, tokenizer, max_batch_size=512), tokenizer, task,
+                                                problems, args.samples, args.temperature, seeds)
     total = len(problems) * args.samples
     profile = failure_profile(failures)
     share = (lambda n: n / profile.failed) if profile.failed else (lambda n: 0.0)

@@ -2,7 +2,7 @@
 
 A chain's failed response usually holds one wrong line (tools/chain_failures.py). A credit rule
 that is to teach the policy WHICH step was wrong must give that step a negative advantage. This
-tool reads the trees a `flywheel fit` run saved (RUN/version_0/trees/epoch_*.jsonl), finds in
+tool reads the trees a `flywheel fit` run saved (the newest RUN/version_*/trees/epoch_*.jsonl), finds in
 each failed trajectory the step holding its first wrong line (flywheel.tasks.chain_data.line_errors
 against the training chain), and feeds every tree's trajectories to the library's own credit
 rules (flywheel.objectives.credit.RULES), so the numbers are the ones a run with that rule
@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 
 from flywheel.objectives.credit import RULES, Credit, Scored
+from flywheel.reporting.viewer import trees_folder
+from flywheel.run.preflight import PreflightError
 from flywheel.tasks.chain import ChainTask
 from flywheel.tasks.chain_data import line_errors
 
@@ -52,9 +54,10 @@ def scored(tree: dict) -> list[Scored]:
 
 
 def measure(run: Path, rules: list[str], chains: dict) -> dict[str, dict[str, float]]:
-    files = sorted(run.glob("version_*/trees/epoch_*.jsonl"))
-    if not files:
-        raise SystemExit(f"{run}: no saved trees (RUN/version_*/trees/epoch_*.jsonl)")
+    try:
+        files = sorted(trees_folder(run).glob("epoch_*.jsonl"))  # as `flywheel tree` finds them
+    except PreflightError as err:
+        raise SystemExit(str(err)) from None
     mistakes = {rule: [] for rule in rules}
     before = {rule: [] for rule in rules}
     for path in files:

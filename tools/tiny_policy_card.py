@@ -86,17 +86,10 @@ def chain_failures(generator: HFGenerator, tokenizer: PreTrainedTokenizerFast, t
     line in an otherwise correct, complete chain, how many hold several, how many are not a
     complete chain at all, and the position of the first wrong line, absolute and as a share of
     the chain's length (in fifths)."""
-    from flywheel.generation import GenerationRequest, SamplingParams
+    from chain_failures import sample_failures
 
-    params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=recipe.eval_temperature)
-    requests = [GenerationRequest(tuple(tokenizer(task.prompt(p))["input_ids"]), recipe.eval_samples, params, seeds[p.id])
-                for p in problems]
-    failures = []
-    for problem, samples in zip(problems, generator.sample(requests)):
-        for c in samples:
-            text = tokenizer.decode(c.token_ids, skip_special_tokens=True)
-            if not task.score(problem, text).correct:
-                failures.append((problem.start, problem.ops, text))
+    _, _, failures = sample_failures(generator, tokenizer, task, problems, recipe.eval_samples,
+                                     recipe.eval_temperature, [seeds[p.id] for p in problems])
     profile = failure_profile(failures)
     return {"failed": profile.failed, "one_wrong_line": profile.one_wrong_line,
             "several_wrong_lines": profile.several_wrong_lines, "not_a_complete_chain": profile.not_a_complete_chain,
