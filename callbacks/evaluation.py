@@ -127,7 +127,7 @@ class HeldOutEval(PortClient, Callback):
         bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
         with wall_section(trainer, EVAL):
             result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
-                                      progress=lambda done: bar.update(done - bar.n))
+                                      progress=lambda done: bar.update(done - bar.n), grade=port.grader.score)
         bar.close()
         out = {"k": float(port.eval.pass_k), "problems": float(len(problems)),
                "pass1": result.pass_at(1), "passk": result.pass_at(port.eval.pass_k)}

@@ -20,6 +20,7 @@ from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, Group, TrainingRow, credit_groups
 from flywheel.objectives.self_training import ValueFn
+from flywheel.rewards import Verdict
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_responses, flat_rollouts
@@ -69,8 +70,12 @@ def eos_ids(tokenizer: Any) -> list[int]:
     return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
 
 
-def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem]) -> list[SearchProblem]:
-    return [SearchProblem(prompt_ids=encode_prompt(tokenizer, task, p), score=functools.partial(task.score, p), id=p.id)
+def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem],
+                    grade: Callable[..., Verdict] | None = None) -> list[SearchProblem]:
+    """The search's view of `problems`: prompt ids and the grading of a response, by `grade`
+    (the run's grading guard, flywheel.tasks.grading) or else `task.score` unguarded."""
+    score = grade or task.score
+    return [SearchProblem(prompt_ids=encode_prompt(tokenizer, task, p), score=functools.partial(score, p), id=p.id)
             for p in problems]
 
 
@@ -97,6 +102,7 @@ def rollout(
     value_fn: ValueFn | None = None,
     node_values: ValueFn | None = None,
     progress: Callable[[int, int | None], None] | None = None,
+    grade: Callable[..., Verdict] | None = None,
 ) -> Rollouts:
     """Training rows per problem (in problem order), the rollout results and their cost.
 
@@ -109,7 +115,8 @@ def rollout(
     flat group, one with none gets a tree that starts from them (`SearchProblem.first_rollouts`).
     `value_fn` scores new search nodes
     when `search.prm_weight` > 0; otherwise `node_values` does (the policy's value head, for
-    `search.selection=puct_agents`). `progress(problems done, tokens or None)`.
+    `search.selection=puct_agents`). `progress(problems done, tokens or None)`. `grade`: the
+    grading guard every response goes through (default: `task.score` unguarded).
     """
     buffered = [p for p in problems if cached(p.id)]
     fresh = [p for p in problems if not cached(p.id)]
@@ -121,7 +128,7 @@ def rollout(
 
     def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None,
              config: SearchConfig = search) -> list[TreeResult]:
-        return flat_rollouts(search_problems(tokenizer, task, group), generator, n=n, step=task.step, decode=decode,
+        return flat_rollouts(search_problems(tokenizer, task, group, grade), generator, n=n, step=task.step, decode=decode,
                              config=config, max_concurrent_problems=max_concurrent_trees, eos_token_ids=eos,
                              stats=stats, progress=on_done)
 
@@ -144,7 +151,7 @@ def rollout(
             progress=(lambda p: progress(done_flat + p.trees_done, p.generated_tokens)) if progress else None,
         )
         found += driver.run([replace(sp, first_rollouts=first_rollouts.get(sp.id, ()))
-                             for sp in search_problems(tokenizer, task, searched)])
+                             for sp in search_problems(tokenizer, task, searched, grade)])
         tree_tokens = driver.stats.generated_tokens
         stats = added(stats, driver.stats)
     elif fresh and kind != "search":

@@ -17,6 +17,7 @@ from flywheel.adaptive import HardSetConfig, pass1_rates
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Generator
+from flywheel.rewards import Verdict
 from flywheel.tasks import Problem, Task
 
 
@@ -29,11 +30,13 @@ def screen(
     config: HardSetConfig,
     seed: int,
     progress: Callable[[int], None] | None = None,
+    grade: Callable[..., Verdict] | None = None,
 ) -> tuple[dict[str, float], int]:
-    """(Pass1@K rate of every problem of every rank's shard, tokens this rank generated).
+    """(Pass1@K rate of every problem of every rank's shard, tokens this rank generated), the
+    responses graded by `grade` (the run's grading guard; default `task.score`).
     Collective: every rank calls it with its own shard and gets the same rates."""
     samples = EvalConfig(samples=config.k, temperature=config.temperature, top_p=config.top_p, seed=seed)
-    result = evaluate(generator, tokenizer, task, shard, samples, progress=progress)
+    result = evaluate(generator, tokenizer, task, shard, samples, progress=progress, grade=grade)
     gathered = all_gather((result.problem_ids, result.samples, result.correct))
     return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3))), result.generated_tokens
 
@@ -47,8 +50,9 @@ class Screening:
     SIGTERM stop points), `generator` and `tokenizer`.
     """
 
-    def __init__(self, pool: ProblemPool, curriculum: Curriculum, task: Task) -> None:
-        self.pool, self.curriculum, self.task = pool, curriculum, task
+    def __init__(self, pool: ProblemPool, curriculum: Curriculum, task: Task,
+                 grade: Callable[..., Verdict] | None = None) -> None:
+        self.pool, self.curriculum, self.task, self.grade = pool, curriculum, task, grade
         self.tokens = 0
         """Tokens generated for screening over the run, this rank (checkpointed by the data module)."""
 
@@ -59,7 +63,7 @@ class Screening:
         with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance, \
                 wall_section(trainer, SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
-                                   seed=self.curriculum.screening_seed(), progress=advance)
+                                   seed=self.curriculum.screening_seed(), progress=advance, grade=self.grade)
         self.tokens += tokens
         self.curriculum.count_tokens(TokenSplit(screening=all_sum(tokens)))
         return rates

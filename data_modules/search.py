@@ -50,6 +50,7 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
+from flywheel.tasks.grading import Grader, GradingConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,10 @@ class SearchDataModule(L.LightningDataModule):
             `--data.hard_set.enabled=false` trains on every problem.
         replay: the replay buffer of cached correct solutions and its registration rule.
         eval: the held-out evaluation: samples per problem, k, temperature, before training.
+        grading: the grading guard every response of the search, the screening and the
+            evaluation goes through (flywheel.tasks.grading): a verdict over `timeout_s` or one
+            that fails is graded wrong (reasons "timeout" / "error") and counted
+            (`search/grading_timeouts`, `search/grading_errors`; the run's totals in summary.json).
         epochs_per_round: epochs per flywheel round; at each round's end the hard set is
             re-measured and the held-out set evaluated.
         save_trees: trees (or flat groups) of each epoch written to
@@ -105,6 +110,7 @@ class SearchDataModule(L.LightningDataModule):
         hard_set: HardSetConfig = HardSetConfig(),
         replay: ReplayConfig = ReplayConfig(),
         eval: EvalConfig = EvalConfig(),
+        grading: GradingConfig = GradingConfig(),
         epochs_per_round: int = 1,
         save_trees: int = 2,
         seed: int | None = None,
@@ -123,6 +129,10 @@ class SearchDataModule(L.LightningDataModule):
         self.rollout, self.search, self.batching, self.credit, self.eval = rollout, search, batching, credit, eval
         seed = 0 if seed is None else seed
         self.save_trees, self.seed, self.async_search = save_trees, seed, async_search
+        self.grader = Grader(self.task, grading)
+        """The task's verifier under the grading guard's limits (`--data.grading.*`)."""
+        self._graded = self.grader.counts()
+        """The guard's counts at the last epoch's metrics (the epoch's are the difference)."""
         self.pool = ProblemPool(self.task, problems, seed)
         """The training and held-out problems (`--data.problems.*`)."""
         self.curriculum = Curriculum(hard_set, replay, epochs_per_round, seed)
@@ -130,7 +140,7 @@ class SearchDataModule(L.LightningDataModule):
         self.live = LiveGenerator(self.backend)
         self.value_fn: ValueFn | None = None
         """The value model scoring new search nodes (handed over by the round protocol)."""
-        self.screening = Screening(self.pool, self.curriculum, self.task)
+        self.screening = Screening(self.pool, self.curriculum, self.task, self.grader.score)
         """Pass1@K screening: the hard set, its refresh, a stream's draws."""
         self.generated_tokens = 0
         """Tokens generated for training over the run, all ranks (evaluation and screening excluded)."""
@@ -177,9 +187,11 @@ class SearchDataModule(L.LightningDataModule):
         self.value_fn = value_fn
 
     def teardown(self, stage: str) -> None:
-        """Release the generator backend (stops a search ahead, then a launched vLLM server)."""
+        """Release the generator backend (stops a search ahead, then a launched vLLM server) and
+        the grading worker."""
         self.ahead.close()
         self.live.close()
+        self.grader.close()
 
     def overlap_refusal(self, world_size: int, model: Any) -> str | None:
         """Why `async_search` cannot run in this run (data_modules.search_ahead.refusal), or None."""
@@ -220,7 +232,8 @@ class SearchDataModule(L.LightningDataModule):
                                               self.live.generator, hard_set_size=len(curriculum.hard),
                                               cached=curriculum.cached_count, answer_rules=self.task.answer_rules,
                                               uniform_groups_dropped=out.uniform_groups),
-                              **split.epoch_metrics(), "compute/screening_tokens": float(self.screening_tokens)}
+                              **split.epoch_metrics(), "compute/screening_tokens": float(self.screening_tokens),
+                              **self.grading_metrics()}
         lag = staleness(searched, self.live.pushes, trainer.global_step)
         if self.async_search.enabled:
             self.epoch_metrics.update({"search/staleness": float(lag[0]), "search/staleness_steps": float(lag[1])})
@@ -269,7 +282,21 @@ class SearchDataModule(L.LightningDataModule):
             max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
             cached=cached or self.curriculum.cached, value_fn=self.value_fn,
             node_values=value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
+            grade=self.grader.score,
         )
+
+    def grading_metrics(self) -> dict[str, float]:
+        """The grading guard's verdicts since the last epoch's metrics, all ranks (the
+        search's, the screening's and the evaluation's): search/grading_timeouts, search/grading_errors."""
+        now = self.grader.counts()
+        epoch = all_gather({key: now[key] - self._graded[key] for key in now})
+        self._graded = now
+        return {f"search/grading_{key}": float(sum(part[key] for part in epoch)) for key in now}
+
+    def grading_counts(self) -> dict[str, int]:
+        """The run's grading-guard verdicts so far, all ranks: {"grading_timeouts": n, "grading_errors": m}."""
+        mine = self.grader.counts()
+        return {f"grading_{key}": int(sum(part[key] for part in all_gather(mine))) for key in mine}
 
     # ------------------------------------------------------------------ searching ahead
     def epoch_search(self, tokenizer: Any, epoch: int, rank: int, world: int, start: float) -> Searched:
@@ -349,11 +376,12 @@ class SearchDataModule(L.LightningDataModule):
         """The curriculum's numbers that go into a round's summary row (after its refresh):
         the hard set, its cached problems, the run's training tokens, the round's own token
         split (tree, flat, tree fraction, screening: data_modules.token_split) and the problems
-        its rollouts solved, first solves among them (data_modules.solved)."""
+        its rollouts solved, first solves among them (data_modules.solved), and the run's
+        grading-guard verdicts so far (grading_timeouts, grading_errors; collective)."""
         curriculum = self.curriculum
         return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
                 "cached": curriculum.cached_count, "generated_tokens": self.generated_tokens,
-                **curriculum.tokens.this_round.round_facts(), **curriculum.solved.round_facts()}
+                **curriculum.tokens.this_round.round_facts(), **curriculum.solved.round_facts(), **self.grading_counts()}
 
     def solved_problems(self) -> dict[str, Any]:
         """Every training problem the run solved so far, with its first solve (data_modules.solved)."""
@@ -391,9 +419,11 @@ class SearchDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
         return data_state(self.curriculum, self.generated_tokens, self.screening.tokens, self.pool.stream_position(),
-                          self.ahead.state())
+                          self.ahead.state(), self.grader.counts())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         source = getattr(self.trainer, "ckpt_path", None)
-        self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source, self.ahead)
+        self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source, self.ahead,
+                                                                                  self.grader)
+        self._graded = self.grader.counts()
         self.pool.load_stream_position(stream)

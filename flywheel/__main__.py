@@ -28,6 +28,10 @@ def seed_the_data(config) -> None:
     data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
+SUBCOMMANDS = ("fit", "validate", "test")
+"""LightningCLI's subcommands that flywheel runs (the others: `eval`, `diagnose`, `tree`, `get-policy`)."""
+
+
 class FlywheelCLI(LightningCLI):
     """LightningCLI with flywheel's always-on callbacks that have settings as top-level
     sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
@@ -37,6 +41,22 @@ class FlywheelCLI(LightningCLI):
         self.argv = argv
         """The command line (for the resume hint of a run stopped by SIGTERM)."""
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands but `predict`, which has nothing to predict here."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
+
+    def parse_arguments(self, parser, args) -> None:
+        from argparse import ArgumentError
+
+        from flywheel.run.flags import option_strings
+
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # the flags it knows, for the closest to an unknown one
+            err.known_flags = option_strings(parser)
+            raise
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
@@ -305,7 +325,8 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
     from flywheel.run.preemption import EXIT_CODE
     from flywheel.run.settings import RunSettings
 
-    raise_errors = {"exit_on_error": False}  # jsonargparse's errors become one line (parse_error_line)
+    # jsonargparse's errors become one line (parse_error_line); no abbreviated flags (flywheel.run.flags)
+    raise_errors = {"exit_on_error": False, "allow_abbrev": False}
     try:
         return FlywheelCLI(
             TreeGRPOModule,
@@ -315,7 +336,7 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
             save_config_kwargs={"overwrite": True},
             parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
                                           "fit needs a --config (the quickstart: --config conf/quickstart.yaml).",
-                           **raise_errors, **{sub: raise_errors for sub in ("fit", "validate", "test", "predict")}},
+                           **raise_errors, **{sub: raise_errors for sub in SUBCOMMANDS}},
             args=parsed,
             run=run,
             argv=argv,
@@ -324,8 +345,8 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         from flywheel.run.command_line import parse_error_line
         from flywheel.run.preflight import PreflightError
 
-        subcommand = argv[0] if argv[:1] and argv[0] in ("fit", "validate", "test", "predict") else None
-        raise PreflightError(parse_error_line(str(err), subcommand)) from None
+        subcommand = argv[0] if argv[:1] and argv[0] in SUBCOMMANDS else None
+        raise PreflightError(parse_error_line(str(err), subcommand, getattr(err, "known_flags", ()))) from None
     except SIGTERMException as stop:  # SIGTERM or Ctrl-C: stopped at a safe point, last.ckpt written (flywheel.run.preemption)
         raise SystemExit(stop.code if isinstance(stop.code, int) else EXIT_CODE) from None
 

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from flywheel.objectives.credit import Credit
     from flywheel.search.outputs import TreeResult
     from flywheel.tasks import Problem, Task
+    from flywheel.tasks.grading import Grader
 
 ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
 
@@ -27,6 +28,9 @@ class DataPort(Protocol):
 
     task: Task
     """Prompt format and verifier (the held-out evaluation's)."""
+    grader: Grader
+    """The task's verifier under the grading guard (`--data.grading.*`): every response of
+    the held-out evaluation is graded by `grader.score`."""
     eval: EvalConfig
     """How the held-out set is evaluated (`--data.eval.*`)."""
     credit: Credit

@@ -29,7 +29,7 @@ def sources(*folders):
 def test_the_port_members():
     assert MEMBERS == sorted([
         "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "finish_search_ahead",
-        "generated_tokens", "generator", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed",
+        "generated_tokens", "generator", "grader", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed",
         "solved_problems", "task", "use_value_model"])
 
 

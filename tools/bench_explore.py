@@ -65,6 +65,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Sequence
+from flywheel.run.flags import StrictParser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -283,7 +284,7 @@ def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", required=True, help="the recipe, then overlays (as for fit)")
     parser.add_argument("--problems", type=Path, help="jsonl rows of the config's task (Countdown: numbers, target, "
                         "optional id)")

@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from callbacks.wall_time import PARTS  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 
 COLUMNS = [f"{p}_s" for p in PARTS] + ["other_s", "wall_s", "busy_fraction"]
 HEADS = ["generator", "bookkeep", "train", "eval", "screen", "sync", "value", "ckpt", "rebuild", "other", "wall", "busy"]
@@ -183,7 +184,7 @@ def parity(args: argparse.Namespace, overrides: list[str], folder: Path) -> None
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    parser = StrictParser(description=__doc__.split("\n\n")[0],
                                      epilog="Other arguments are passed to `flywheel fit` as overrides.")
     parser.add_argument("--config", action="append", help="config file(s) of the fit (default: conf/quickstart.yaml)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs to run (--trainer.max_epochs)")

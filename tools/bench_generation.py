@@ -59,6 +59,7 @@ from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.tasks.math import MathTask  # noqa: E402
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 
 
 class Timed:
@@ -130,7 +131,7 @@ def flat_tokens_per_second(generator, prompts, width: int, tokens: int, max_new_
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--problems", type=int, default=64)
     parser.add_argument("--width", type=int, default=8)
     parser.add_argument("--k", type=int, default=8)

@@ -35,10 +35,11 @@ from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, fit_value_model 
 from flywheel.prm.targets import tree_samples  # noqa: E402
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numbers", type=int, default=4)
     parser.add_argument("--split", default="test_hard")
     parser.add_argument("--train-problems", type=int, default=512)

@@ -29,7 +29,6 @@ The last line is machine-readable: `RESULT key=value ...`.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -39,6 +38,7 @@ from flywheel.search import SearchConfig, SearchDriver, SearchProblem
 from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
 from flywheel.search.selection import select_frontier
 from flywheel.tasks.base import StepSpec
+from flywheel.run.flags import StrictParser
 
 
 def scripted_run(trees: int, concurrency: int, eos_prob: float, *, step_tokens: int = 256, seed: int = 0) -> dict:
@@ -301,7 +301,7 @@ def part_b(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = StrictParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="tiny-countdown", help="policy folder or built-in name for part (b)")
     parser.add_argument("--problems", type=int, default=16, help="Countdown problems searched in part (b)")
     parser.add_argument("--concurrency", type=int, default=16, help="trees live at once in part (b)")

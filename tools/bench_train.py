@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
 from flywheel.training.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
 from flywheel.training.tree_attention import enable_tree_attention  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -95,7 +96,7 @@ def step_time(model, fn, repeats: int) -> list[tuple[float, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "100m"], choices=["tiny", "100m", "smollm2"],
                         help="smollm2: the real pretrained SmolLM2-135M-Instruct (python tools/get_policy.py "
                              "smollm2-135m-instruct first), with --trees-100m trees")

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from flywheel.rewards.math import verify  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 from hack_probe import CLASSES, hack_responses  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def load(path: Path) -> list[dict]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=ROOT / "tests" / "data" / "math_verifier_cases.jsonl",
                         help="the dev split")
     parser.add_argument("--heldout", type=str, default=str(ROOT / "tests" / "data" / "math_verifier_heldout.jsonl"),

@@ -29,10 +29,11 @@ from flywheel.policies.load import load_policy
 from flywheel.reporting.eval_command import load_checkpoint_policy
 from flywheel.tasks.chain import ChainTask
 from flywheel.tasks.chain_data import failure_profile
+from flywheel.run.flags import StrictParser
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = StrictParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("policies", nargs="+", help="built-in policy names, policy folders or .ckpt files")
     parser.add_argument("--split", default="val", help="the built-in chain split (default val: never the one you report)")
     parser.add_argument("--lengths", type=int, nargs="+", default=None, help="keep chains of these operation counts")

@@ -72,6 +72,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from flywheel.io import atomic_write_json  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, rates: this module's API too)
     EVAL_K, EVAL_SAMPLES, Newly, failed_under_init, fit_seconds, last_round, newest_part, newly_by_round, rates,
     report,
@@ -323,7 +324,7 @@ def newly_solved(results: dict[str, list[tuple[int, dict]]], args: argparse.Name
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=3_000_000, help="training generation budget per run")
     parser.add_argument("--task", choices=list(TASKS), default="countdown",
                         help="countdown (the arms on conf/step_tree.yaml) or chain (on conf/chain.yaml: chain arithmetic "

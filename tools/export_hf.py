@@ -18,6 +18,7 @@ import argparse
 import sys
 import tempfile
 from pathlib import Path
+from flywheel.run.flags import StrictParser
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -58,7 +59,7 @@ def export(checkpoint: Path, out: Path, policy: str | None = None, dtype: str = 
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", type=Path, help="a .ckpt file, or a DeepSpeed checkpoint folder")
     parser.add_argument("out", type=Path, help="the Hugging Face model folder to write")
     parser.add_argument("--policy", default=None, help="architecture + tokenizer source (default: the run's own policy)")

@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from flywheel.run.flags import StrictParser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -62,7 +63,7 @@ def first_solve(outcomes: list[list[bool]], budget: int) -> int | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", action="append", required=True, help="the recipe, then overlays (as for fit)")
     parser.add_argument("--policy", help="a policy name, HF folder or fit .ckpt (default: the config's)")
     parser.add_argument("--split", default="train", help="the problems' split (never the comparison's held-out one)")

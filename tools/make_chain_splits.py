@@ -14,7 +14,6 @@ solver trace verifies.
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import random
@@ -23,6 +22,7 @@ from pathlib import Path
 from flywheel.assets import asset_path
 from flywheel.rewards.chain import verify
 from flywheel.tasks.chain_data import chain_values, format_completion, make_chain
+from flywheel.run.flags import StrictParser
 
 log = logging.getLogger("make_chain_splits")
 
@@ -70,7 +70,7 @@ def build_splits(seed: int) -> dict[str, list[dict]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = StrictParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=asset_path("chain"), help="output folder")
     parser.add_argument("--seed", type=int, default=SEED)
     args = parser.parse_args()

@@ -11,7 +11,6 @@ splits and memorised number sets cannot inflate held-out scores (tiny-countdown-
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import logging
@@ -21,6 +20,7 @@ from pathlib import Path
 from flywheel.assets import asset_path
 from flywheel.rewards.countdown import verify
 from flywheel.tasks.countdown_data import GenerationConfig, format_completion, generate_problems, solve
+from flywheel.run.flags import StrictParser
 
 log = logging.getLogger("make_countdown_splits")
 
@@ -82,7 +82,7 @@ def check_rows(rows: list[dict]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = StrictParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=asset_path("countdown"), help="output folder")
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--train-3", type=int, default=4000, help="3-number random-target train problems")

@@ -22,7 +22,6 @@ on the arguments (seeded init, seeded data order, fixed thread count); the wall 
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -45,6 +44,7 @@ from flywheel.assets import asset_path  # noqa: E402
 from flywheel.tasks.chain import ChainTask  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
+from flywheel.run.flags import StrictParser  # noqa: E402
 
 __all__ = ["Recipe", "evaluate", "main"]
 log = logging.getLogger("make_tiny_policy")
@@ -69,7 +69,7 @@ TASKS = {"countdown": (CountdownTask, "tiny-countdown"), "chain": (ChainTask, "t
 def parse_args(argv: list[str]) -> tuple[Path, Path | None, Recipe, str, tuple[str, ...]]:
     """(out, hold_out, recipe, task name, the card's splits) from the command line."""
     defaults = Recipe()
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = StrictParser(description=__doc__.splitlines()[0])
     parser.add_argument("--task", choices=sorted(TASKS), default="countdown",
                         help="the task: countdown (the default policy) or chain (tiny-chain, chain arithmetic)")
     parser.add_argument("--out", type=Path, default=None,

@@ -27,13 +27,14 @@ from flywheel.reporting.viewer import trees_folder
 from flywheel.run.preflight import PreflightError
 from flywheel.tasks.chain import ChainTask
 from flywheel.tasks.chain_data import line_errors
+from flywheel.run.flags import StrictParser
 
 SHAPE_RULES = ("node", "outcome", "subtree")
 """The rules that credit a tree's shape (best_of_n drops failed responses; self_training needs a value model)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = StrictParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="`flywheel fit` run folders of the chain task (RUN/version_0/trees)")
     parser.add_argument("--rules", nargs="+", choices=SHAPE_RULES, default=list(SHAPE_RULES))
     parser.add_argument("--split", default="train", help="the built-in split the runs trained on")

@@ -22,6 +22,7 @@ import math
 import statistics
 import sys
 from pathlib import Path
+from flywheel.run.flags import StrictParser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,7 +87,7 @@ def verdict(rounds: list[dict], window: float, problems: int, samples: int) -> d
 def main() -> None:
     from tools.compare import latest_summary
 
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, help="a tools/compare.py --out folder")
     parser.add_argument("--window", type=float, default=0.3, help="the last fraction of the tokens read")
     parser.add_argument("--problems", type=int, default=500, help="held-out problems per evaluation (test_hard: 500)")

@@ -34,6 +34,7 @@ import shlex
 import shutil
 import sys
 from pathlib import Path
+from flywheel.run.flags import StrictParser
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -192,7 +193,7 @@ def verify(dest: Path, record: dict) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, help="a tools/compare.py --out folder")
     parser.add_argument("dest", type=Path, help="where the shipped folders go (e.g. results/plateau)")
     parser.add_argument("--runs-as", type=Path, default=None, metavar="FOLDER",

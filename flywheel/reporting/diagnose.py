@@ -24,6 +24,7 @@ the split you will report. Results: `<out>/diagnose.json`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import time
@@ -153,17 +154,19 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
     from flywheel.search import SearchDriver
     from flywheel.search.config import SearchConfig
     from flywheel.search.expansion import SearchProblem
+    from flywheel.tasks.grading import Grader
 
     config = SearchConfig(max_depth=max_depth, temperature=temperature, top_p=top_p)
     generator = backend.build(model, tokenizer)
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     eos = frozenset([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
-    search_problems = [SearchProblem(encode_prompt(tokenizer, task, p), functools.partial(task.score, p), p.id)
+    grader = Grader(task)  # the grading guard's defaults: one pathological response cannot stall the measurement
+    search_problems = [SearchProblem(encode_prompt(tokenizer, task, p), functools.partial(grader.score, p), p.id)
                        for p in problems]
     ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
     setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, eos, chatty=False)
     start = time.perf_counter()
-    with tqdm(total=len(problems), desc="diagnose", unit="problem") as bar, torch.no_grad():
+    with tqdm(total=len(problems), desc="diagnose", unit="problem") as bar, torch.no_grad(), contextlib.closing(grader):
         def progress(done: int, tokens: int) -> None:
             bar.update(done - bar.n)
             bar.set_postfix_str(f"{tokens / 1000:.0f}k of {max_tokens / 1000:.0f}k tokens, "
@@ -173,6 +176,7 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
                                            seed=seed, chunk=512, max_tokens=max_tokens,
                                            problems_per_part=problems_per_part, progress=progress)
     pool["seconds"] = time.perf_counter() - start
+    pool.update({f"grading_{key}": value for key, value in grader.counts().items()})
     lines = [kind_line(k, forks[k], root, replicates, seed) for k in sorted(forks, key=kind_order)]
     fresh = kind_line(ROOT_KIND, list(root.values()), root, replicates, seed)
     fresh = {key: value for key, value in fresh.items() if not key.startswith(("root_", "gain", "kept"))}
@@ -263,14 +267,6 @@ def check_settings(policy, checkpoint, samples, resamples, fork_steps, max_depth
 
 
 def main(args: list[str]) -> dict[str, Any]:
-    from argparse import ArgumentError
+    from flywheel.run.command_line import function_cli
 
-    from jsonargparse import CLI
-
-    from flywheel.run.command_line import parse_error_line
-    from flywheel.run.preflight import PreflightError
-
-    try:
-        return CLI(run_diagnose, args=args, as_positional=False, exit_on_error=False)
-    except ArgumentError as err:  # one line, not jsonargparse's usage dump
-        raise PreflightError(parse_error_line(str(err), "diagnose")) from None
+    return function_cli(run_diagnose, args, "diagnose")

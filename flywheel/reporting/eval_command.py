@@ -29,6 +29,7 @@ from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_shard
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.tasks import Task
+from flywheel.tasks.grading import Grader, GradingConfig
 
 log = logging.getLogger("flywheel.eval")
 
@@ -97,6 +98,7 @@ def run_eval(
     skip_bad_rows: bool = False,
     problems_per_batch: int = EvalConfig.problems_per_batch,
     dtype: str = "float32",
+    grading: GradingConfig = GradingConfig(),
     out: str = "runs/eval",
 ) -> dict[str, Any]:
     """Evaluate a policy on held-out problems: unbiased pass@k and mean@n per problem file.
@@ -123,6 +125,9 @@ def run_eval(
         skip_bad_rows: skip and count malformed problem rows instead of failing.
         problems_per_batch: problems per generator call.
         dtype: parameter dtype of the evaluated policy.
+        grading: the grading guard (flywheel.tasks.grading, `fit`'s `--data.grading.*`): a
+            verdict over `timeout_s`, or one that fails, is graded wrong and counted
+            (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
     from flywheel.policies.check import check_dtype, load_checked_policy
@@ -166,6 +171,7 @@ def run_eval(
             raise PreflightError(str(err)) from err
     rank, world = _distributed()
     generator_ = backend.build(model, tokenizer)
+    grader = Grader(task, grading)
     report: dict[str, Any] = {
         "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
         "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
@@ -173,21 +179,23 @@ def run_eval(
     try:
         for name, loaded in loaded_sources.items():
             problems = loaded.problems
-            seconds = generator_.stats.seconds
+            seconds, graded = generator_.stats.seconds, grader.counts()
             with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
                 with torch.no_grad():
                     result = evaluate_sharded(generator_, tokenizer, task, problems, config,
-                                              progress=lambda done: bar.update(done - bar.n))
+                                              progress=lambda done: bar.update(done - bar.n), grade=grader.score)
             scores = metrics(result, ks)
             report["results"][name] = {
                 "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
                 "generated_tokens": result.generated_tokens,
+                **{f"grading_{key}": value - graded[key] for key, value in grader.counts().items()},  # this rank's
                 "generation_seconds": round(generator_.stats.seconds - seconds, 3),  # this rank's sampling time
                 "per_problem": [{"id": i, "n": n, "correct": c} for i, n, c in zip(result.problem_ids, result.samples, result.correct)],
             }
             if rank == 0:
                 log.info("%s: %s on %d problems", name, ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), len(problems))
     finally:
+        grader.close()
         backend.close()
     if rank == 0:
         write_report(report, Path(out))
@@ -241,14 +249,6 @@ def _metric_names(report: dict[str, Any]) -> list[str]:
 
 
 def main(args: list[str]) -> dict[str, Any]:
-    from argparse import ArgumentError
+    from flywheel.run.command_line import function_cli
 
-    from jsonargparse import CLI
-
-    from flywheel.run.command_line import parse_error_line
-    from flywheel.run.preflight import PreflightError
-
-    try:
-        return CLI(run_eval, args=args, as_positional=False, exit_on_error=False)
-    except ArgumentError as err:  # one line, not jsonargparse's usage dump
-        raise PreflightError(parse_error_line(str(err), "eval")) from None
+    return function_cli(run_eval, args, "eval")

@@ -19,6 +19,7 @@ from flywheel.run.distributed import all_gather, world
 from flywheel.finite import check_finite_fields
 from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
 from flywheel.reporting.metrics import pass_at_k
+from flywheel.rewards import Verdict
 from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 
@@ -123,8 +124,11 @@ def evaluate(
     *,
     progress: Callable[[int], None] | None = None,
     request_seed: Callable[[Problem], int] | None = None,
+    grade: Callable[..., Verdict] | None = None,
 ) -> EvalResult:
-    """Sample `samples` full responses for every problem and grade them with the task.
+    """Sample `samples` full responses for every problem and grade them with the task
+    (`grade(problem, text, truncated=...)`: the run's grading guard, flywheel.tasks.grading;
+    default `task.score` unguarded).
 
     Request seeds depend on (seed, problem id) only, so evaluating two checkpoints on the
     same problems uses common random numbers (their difference is less noisy), whatever the
@@ -134,6 +138,7 @@ def evaluate(
     params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=config.temperature, top_p=config.top_p)
     chunk, samples, seed = config.problems_per_batch, config.samples, config.seed
     seed_of = request_seed or (lambda p: derive_seed(seed, zlib.crc32(p.id.encode())))
+    score = grade or task.score
     correct: list[int] = []
     reasons: Counter[str] = Counter()
     tokens = 0
@@ -143,8 +148,8 @@ def evaluate(
                     for p in part]
         for problem, completions in zip(part, generator.sample(requests)):
             tokens += sum(len(c.token_ids) for c in completions)
-            verdicts = [task.score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                   truncated=c.finish_reason == "length") for c in completions]
+            verdicts = [score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                              truncated=c.finish_reason == "length") for c in completions]
             correct.append(sum(v.correct for v in verdicts))
             reasons.update(v.reason for v in verdicts)
         if progress is not None:
@@ -196,10 +201,11 @@ def evaluate_sharded(
     *,
     progress: Callable[[int], None] | None = None,
     request_seed: Callable[[Problem], int] | None = None,
+    grade: Callable[..., Verdict] | None = None,
 ) -> EvalResult:
     """`evaluate` over every rank: this rank counts `shard(problems, rank, world)`, and every
     rank returns the merged counts of all `problems` (tokens and reasons summed). Collective."""
     rank, size = world()
     part = evaluate(generator, tokenizer, task, shard(problems, rank, size), config, progress=progress,
-                    request_seed=request_seed)
+                    request_seed=request_seed, grade=grade)
     return merge_shards(problems, all_gather(part))

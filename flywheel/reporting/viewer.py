@@ -24,6 +24,7 @@ from typing import Any
 
 from flywheel.io import atomic_write_bytes
 from flywheel.search.outputs import JSON_FORMAT
+from flywheel.run.flags import StrictParser
 
 X_GAP, Y_GAP, MARGIN, RADIUS = 26, 84, 40, 8
 VERDICT_COLOURS = {"correct": "#1a9850", "incorrect": "#d73027", "incomplete": "#7f7f7f"}
@@ -261,7 +262,7 @@ def _bad_tree(where: Any, why: str) -> ValueError:
 
 
 def main(args: list[str]) -> Path:
-    parser = argparse.ArgumentParser(prog="python -m flywheel tree", description=__doc__,
+    parser = StrictParser(prog="python -m flywheel tree", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="a run's log folder, a trees/epoch_NNNN.jsonl file or a tree .json file")
     parser.add_argument("--epoch", type=int, default=None, help="epoch of a run folder's trees (default: the last saved)")

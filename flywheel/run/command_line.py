@@ -13,10 +13,11 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
+from flywheel.run.flags import option_strings, suggestion
 from flywheel.run.preflight import PreflightError
 
 LOG_LEVEL_VARIABLE = "FLYWHEEL_LOG_LEVEL"
@@ -131,9 +132,10 @@ def check_configs(argv: list[str]) -> None:
             read_yaml(Path(value), f"{name}: nested config" if name else "nested config")
 
 
-def parse_error_line(message: str, subcommand: str | None) -> str:
+def parse_error_line(message: str, subcommand: str | None, known: Iterable[str] = ()) -> str:
     """jsonargparse's error (several lines: a Union's subtypes, the YAML parser's marks) as one
-    line naming the flag, with where the options are listed."""
+    line naming the flag, with the closest of the `known` flags to an unknown one
+    (flywheel.run.flags) and where the options are listed."""
     lines = [line.strip() for line in str(message).splitlines() if line.strip()]
     if not lines:
         lines = ["cannot parse the command line"]
@@ -148,4 +150,20 @@ def parse_error_line(message: str, subcommand: str | None) -> str:
                "; ".join(line for line in rest if "<unicode string>" not in line and not line.startswith("-"))[:300])
         head = f"{flag}{'=' + given if given is not None else ''}: {why or 'invalid value'}"
     help_command = f"python -m flywheel {subcommand} --help" if subcommand else "python -m flywheel --help"
-    return f"{head} (`{help_command}` lists every option)"
+    return f"{head}{suggestion(message, known)} (`{help_command}` lists every option)"
+
+
+def function_cli(function: Callable[..., Any], args: list[str], command: str) -> Any:
+    """Run `function` with its keyword arguments from `args` as flags (jsonargparse, no
+    abbreviations: flywheel.run.flags); a bad command line is one PreflightError line naming
+    the flag, the closest known flag to an unknown one, and `python -m flywheel COMMAND --help`."""
+    from argparse import ArgumentError
+
+    from jsonargparse import CLI
+
+    strict = {"as_positional": False, "exit_on_error": False, "allow_abbrev": False}
+    try:
+        return CLI(function, args=args, **strict)
+    except ArgumentError as err:  # one line, not jsonargparse's usage dump
+        parser = CLI(function, args=[], return_parser=True, **strict)
+        raise PreflightError(parse_error_line(str(err), command, option_strings(parser))) from None
