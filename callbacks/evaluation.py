@@ -102,6 +102,7 @@ class HeldOutEval(PortClient, Callback):
         )
         self.write_summary(trainer)
         self.write_solved_problems(trainer)
+        self.write_report(trainer)  # at every round's end: a run stopped later (SIGTERM, Ctrl-C) keeps its report
         return result
 
     def last_evaluated_tokens(self) -> int:
@@ -111,13 +112,20 @@ class HeldOutEval(PortClient, Callback):
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write_summary(trainer)
-        log_dir = trainer.log_dir
         if trainer.is_global_zero and self.rounds:
             cfg = self.port.eval
             log.info("held-out results (T=%s, %d samples per problem):\n%s", cfg.temperature, cfg.samples, self.table())
-            if log_dir:
-                md, png = write_run_report(_finite(self.summary(trainer)), log_dir, title=Path(log_dir).parent.name)
-                log.info("run report: %s, %s", md, png)
+        written = self.write_report(trainer)
+        if written:
+            log.info("run report: %s, %s", *written)
+
+    def write_report(self, trainer: L.Trainer) -> tuple[Path, Path] | None:
+        """report.md and report.png beside summary.json (rank 0; None when nothing was written).
+        `python -m flywheel report RUN_DIR` writes them again from summary.json."""
+        log_dir = trainer.log_dir  # a collective under DDP: every rank must ask
+        if not (trainer.is_global_zero and log_dir and self.rounds):
+            return None
+        return write_run_report(_finite(self.summary(trainer)), log_dir, title=Path(log_dir).parent.name)
 
     # ------------------------------------------------------------------ work
     def run_eval(self, trainer: L.Trainer, pl_module: L.LightningModule, label: str) -> dict[str, float]:

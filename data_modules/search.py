@@ -374,12 +374,13 @@ class SearchDataModule(L.LightningDataModule):
 
     def round_facts(self) -> dict[str, float | None]:
         """The curriculum's numbers that go into a round's summary row (after its refresh):
-        the hard set, its cached problems, the run's training tokens, the round's own token
+        the hard set (None when it is off), its cached problems, the run's training tokens, the round's own token
         split (tree, flat, tree fraction, screening: data_modules.token_split) and the problems
         its rollouts solved, first solves among them (data_modules.solved), and the run's
         grading-guard verdicts so far (grading_timeouts, grading_errors; collective)."""
         curriculum = self.curriculum
-        return {"hard_set_size": len(curriculum.hard) if curriculum.hard is not None else None,
+        enabled = curriculum.hard is not None and curriculum.hard_set_config.enabled  # off: no hard set, no size
+        return {"hard_set_size": len(curriculum.hard) if enabled else None,
                 "cached": curriculum.cached_count, "generated_tokens": self.generated_tokens,
                 **curriculum.tokens.this_round.round_facts(), **curriculum.solved.round_facts(), **self.grading_counts()}
 

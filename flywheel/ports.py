@@ -4,7 +4,7 @@
 (callbacks.evaluation), the token budget (callbacks.budget) and the LightningModule read of
 the data module, and all they read: `data_modules.search.SearchDataModule` implements it.
 The CLI hands the data module to each of them when it builds them
-(`flywheel.__main__.add_round_protocol`); none reaches it through `trainer.datamodule`
+(`flywheel.run.cli.add_round_protocol`); none reaches it through `trainer.datamodule`
 (tests/test_port.py scans for that).
 """
 
@@ -98,5 +98,5 @@ class PortClient:
     def port(self) -> DataPort:
         if self._port is None:
             raise RuntimeError(f"{type(self).__name__} has no data module: the CLI connects it "
-                               "(flywheel.__main__.add_round_protocol); call connect(datamodule) when building it by hand")
+                               "(flywheel.run.cli.add_round_protocol); call connect(datamodule) when building it by hand")
         return self._port

@@ -168,3 +168,13 @@ def test_a_self_training_credit_without_the_self_training_loss_is_refused_at_fit
         module.on_fit_start()
     module.connect(SearchDataModule(credit=Credit(advantage="outcome")))
     module.on_fit_start()  # the clipped loss on advantages: fine
+
+
+def test_a_missing_config_file_is_refused_before_torch_or_lightning_load():
+    """The command line's own checks run before the heavy imports: a newcomer's typo is one line in
+    a fraction of a second, not after half a minute of imports."""
+    code = ("import sys\nfrom flywheel.__main__ import main\nfrom flywheel.run.errors import PreflightError\n"
+            "try:\n    main(['fit', '--config', 'no_such_recipe.yaml'])\nexcept PreflightError as err:\n    print(err)\n"
+            "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["--config no_such_recipe.yaml: no such file", "[]"], done.stderr

@@ -256,6 +256,14 @@ def test_eval_errors_name_its_own_flags(run, tmp_path):
     assert f"checkpoint {broken} cannot be read" in str(err.value) and "--ckpt_path" not in str(err.value)
 
 
+def test_eval_refuses_a_checkpoint_of_another_task_before_loading_anything(run, tmp_path):
+    # Before: a MathTask on a Countdown checkpoint failed on a context-length check.
+    message = refused(["eval", "--checkpoint", str(run / "checkpoints" / "last.ckpt"), "--task", "flywheel.tasks.math.MathTask",
+                       "--out", str(tmp_path)], "--task flywheel.tasks.math.MathTask",
+                      "was trained on flywheel.tasks.countdown.CountdownTask")
+    assert "--task flywheel.tasks.countdown.CountdownTask" in message
+
+
 def test_the_way_out_of_a_damaged_checkpoint_lists_only_readable_ones(run, tmp_path):
     # Before: every other *.ckpt was suggested, the damaged ones included.
     good = tmp_path / "epoch=0-step=1.ckpt"

@@ -5,6 +5,7 @@ another one, and an unknown flag's one-line error names the flag it most likely 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,20 @@ def test_the_command_lists_only_the_subcommands_that_do_something(capsys):
     assert "{fit,validate,test}" in out and "predict" not in out
     with pytest.raises(PreflightError, match="invalid choice"):
         main(["predict", "--config", QUICK])
+
+
+def test_report_redraws_a_runs_report_from_its_summary(tmp_path):
+    summary = {"base_eval_pass1": 0.2, "base_eval_passk": 0.4, "k": 4, "samples": 4, "temperature": 1.0,
+               "eval_problems": 10, "rounds": [
+                   {"round": 1, "epoch": 0, "eval_pass1": 0.3, "eval_passk": 0.5, "k": 4, "hard_set_size": None,
+                    "cached": 2, "generated_tokens": 1000},
+                   {"round": 2, "epoch": 1, "eval_pass1": 0.35, "eval_passk": 0.55, "k": 4, "hard_set_size": None,
+                    "cached": 3, "generated_tokens": 2000}]}
+    run = tmp_path / "quickstart" / "version_0"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps(summary))
+    md, png = main(["report", str(tmp_path / "quickstart")])  # the newest summary.json below the folder
+    assert md == run / "report.md" and png.read_bytes()[:4] == b"\x89PNG"
+    assert "| 2 | 1 | 0.3500 |" in md.read_text()
+    with pytest.raises(PreflightError, match="no summary.json"):
+        main(["report", str(tmp_path / "empty")])

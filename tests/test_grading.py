@@ -189,6 +189,7 @@ def test_a_fit_counts_the_guards_verdicts_in_tensorboard_and_summary_json(tmp_pa
     assert traps_left(traps) == []  # sprung by the first evaluation's responses
     summary = json.loads(next(run.rglob("summary.json")).read_text())
     assert (summary["rounds"][-1]["grading_timeouts"], summary["rounds"][-1]["grading_errors"]) == (1, 1)
+    assert summary["rounds"][-1]["hard_set_size"] is None  # the quickstart's hard set is off: no size to draw
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     events = EventAccumulator(str(next(run.rglob("events.out.tfevents.*")).parent))

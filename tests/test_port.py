@@ -51,12 +51,12 @@ def test_the_data_module_has_every_member_of_the_port():
 def test_no_callback_and_not_the_module_reach_around_the_port():
     """`trainer.datamodule.x`, `dm = trainer.datamodule` or getattr(trainer, "datamodule") in
     callbacks/ or flywheel/ would read the data module behind the port's back; only the CLI's
-    wiring (`self.datamodule` in flywheel/__main__.py, handed to the parts) may name it."""
+    wiring (`self.datamodule` in flywheel/run/cli.py, handed to the parts) may name it."""
     reaches = []
     for path, tree in sources("callbacks", "flywheel"):
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr == "datamodule":
-                wiring = path == "flywheel/__main__.py" and isinstance(node.value, ast.Name) and node.value.id == "self"
+                wiring = path == "flywheel/run/cli.py" and isinstance(node.value, ast.Name) and node.value.id == "self"
                 if not wiring:
                     reaches.append(f"{path}:{node.lineno}")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")

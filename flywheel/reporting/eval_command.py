@@ -28,6 +28,7 @@ from tqdm import tqdm
 from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
+from flywheel.run.settings import SETTINGS_KEY
 from flywheel.tasks import Task
 from flywheel.tasks.grading import Grader, GradingConfig
 
@@ -36,18 +37,22 @@ log = logging.getLogger("flywheel.eval")
 EVAL_FORMAT = "flywheel.eval/v1"
 
 
-def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: str = "float32"):
+def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: str = "float32",
+                           task: Task | None = None):
     """(model, tokenizer, global_step) from a `flywheel fit` checkpoint file.
 
     The architecture and tokenizer come from the policy the checkpoint's run was started from
     (its `hyper_parameters`); `policy` must name the same one, or the recorded folder must be
-    gone (then `policy` is where it is now)."""
+    gone (then `policy` is where it is now). `task` must be of the class the run trained on
+    (its settings in the checkpoint), when they name one."""
     from flywheel.run.checkpoint import read_checkpoint
     from flywheel.policies.load import LoraSettings, add_lora, merged
     from flywheel.policies.check import load_checked_policy
     from flywheel.run.preflight import check_policy
 
     ckpt = read_checkpoint(checkpoint, "--checkpoint")
+    if task is not None:
+        check_task(ckpt.get(SETTINGS_KEY) or {}, task, checkpoint)
     recorded = (ckpt.get("hyper_parameters") or {}).get("policy")
     check_policy(recorded, policy, checkpoint, "--policy", ", or leave --policy out to use the checkpoint's own")
     source = policy or recorded
@@ -65,6 +70,20 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
         model = add_lora(model, lora)
     model.load_state_dict(weights)
     return merged(model).eval(), tokenizer, int(ckpt.get("global_step", 0))
+
+
+def check_task(settings: dict[str, Any], task: Task, checkpoint: str) -> None:
+    """Refuse to evaluate a checkpoint with another task than the one its run trained on (the
+    prompts and the verifier would be another task's: the scores mean nothing, or a prompt
+    overflows the context). `settings`: the run's flattened settings stored in the checkpoint."""
+    from flywheel.run.errors import PreflightError
+
+    recorded = settings.get("--data.task.class_path")
+    given = f"{type(task).__module__}.{type(task).__qualname__}"
+    if isinstance(recorded, str) and recorded != given:
+        raise PreflightError(
+            f"--task {given}: {checkpoint} was trained on {recorded}; evaluate it with --task {recorded} (and the "
+            f"--task.init_args of its run's config.yaml), or pass a checkpoint of a {type(task).__name__} run")
 
 
 def metrics(result: EvalResult, ks: Sequence[int]) -> dict[str, float]:
@@ -153,7 +172,7 @@ def run_eval(
         raise PreflightError(f"--files: two problem files share a name stem: {files}; rename one")
     check_folder(out, "--out")
     if checkpoint is not None:
-        model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype)
+        model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype, task)
     else:
         model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
         model.eval()

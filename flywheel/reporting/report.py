@@ -85,8 +85,10 @@ def report_png(summary: dict[str, Any], title: str = "flywheel run") -> bytes:
         right.bar([x - 0.2 for x in rounds], hard, width=0.4, label="hard set")
     if rows and all(v is not None for v in cached):
         right.bar([x + 0.2 for x in rounds], cached, width=0.4, label="cached solutions")
+    right.set_xticks(rounds)  # whole rounds, not 0.6 ... 1.4
     right.set_xlabel("round")
-    right.set_title("hard set and replay buffer per round")
+    right.set_title("hard set and replay buffer per round" if any(v is not None for v in hard) else
+                    "replay buffer per round (the hard set is off)")
     right.grid(alpha=0.3, axis="y")
     if rows:
         right.legend()
@@ -103,4 +105,45 @@ def write_run_report(summary: dict[str, Any], folder: str | Path, title: str = "
     md, png = folder / "report.md", folder / "report.png"
     atomic_write_bytes(md, report_markdown(summary, title).encode())
     atomic_write_bytes(png, report_png(summary, title))
+    return md, png
+
+
+def summary_file(path: str | Path) -> Path:
+    """The summary.json of `path`: the file itself, the one in the folder, or else the newest
+    one below it (a run folder holding version_0/, version_1/, ...). FileNotFoundError names
+    the folder."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    if (path / "summary.json").is_file():
+        return path / "summary.json"
+    found = sorted(path.rglob("summary.json"), key=lambda p: p.stat().st_mtime) if path.is_dir() else []
+    if not found:
+        raise FileNotFoundError(f"{path}: no summary.json in it or below it; give a run's log folder "
+                                "(e.g. runs/quickstart/version_0), where `flywheel fit` writes summary.json")
+    return found[-1]
+
+
+def main(args: list[str]) -> tuple[Path, Path]:
+    """`python -m flywheel report RUN_DIR`: report.md and report.png from a run's summary.json
+    (a fit writes them at every round's end too; this redraws them, e.g. for a copied folder)."""
+    import json
+
+    from flywheel.run.errors import PreflightError
+    from flywheel.run.flags import StrictParser
+
+    parser = StrictParser(prog="python -m flywheel report", description=main.__doc__)
+    parser.add_argument("run_dir", help="a run's log folder (or its summary.json)")
+    ns = parser.parse_args(args)
+    try:
+        source = summary_file(ns.run_dir)
+        summary = json.loads(source.read_text(encoding="utf-8"))
+    except FileNotFoundError as err:
+        raise PreflightError(str(err)) from None
+    except (OSError, ValueError) as err:
+        raise PreflightError(f"{ns.run_dir}: summary.json cannot be read ({err}); it is damaged or not a run's") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("rounds"), list):
+        raise PreflightError(f"{source}: not a run summary of `flywheel fit` (no rounds)")
+    md, png = write_run_report(summary, source.parent, title=source.parent.parent.name)
+    print(f"written: {md}, {png}")
     return md, png

@@ -19,10 +19,7 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
 from flywheel.io import atomic_writer
-
-
-class CheckpointReadError(RuntimeError):
-    """A checkpoint file exists but cannot be read (truncated, corrupt, or not a checkpoint)."""
+from flywheel.run.errors import CheckpointReadError  # noqa: F401  (raised here and imported from here)
 
 
 _READ_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 import yaml
 
 from flywheel.run.flags import option_strings, suggestion
-from flywheel.run.preflight import PreflightError
+from flywheel.run.errors import PreflightError
 
 LOG_LEVEL_VARIABLE = "FLYWHEEL_LOG_LEVEL"
 RECIPE_KEY = "seed_everything"

@@ -4,7 +4,7 @@ problem is one short error naming the flag (`--section.field`) and the fix.
 
 Without them a missing held-out file, a prompt longer than the policy's context or a full
 checkpoint folder surfaced only after an epoch's search (issue 22). Called by the CLI
-(flywheel/__main__.py) with the instantiated trainer, model and data module.
+(flywheel/run/cli.py) with the instantiated trainer, model and data module.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.run.settings import SETTINGS_KEY
+from flywheel.run.errors import PreflightError  # noqa: F401  (raised here and imported from here)
 from flywheel.tasks import Problem, Task
 
 log = logging.getLogger("flywheel.run.preflight")
@@ -28,11 +29,6 @@ log = logging.getLogger("flywheel.run.preflight")
 SPACE_MARGIN = 1.05
 """A checkpoint file is this much larger than its weights and optimizer moments (the loops',
 data module's and callbacks' state, the pickle's framing)."""
-
-
-class PreflightError(ValueError):
-    """A setting, input or output that would fail the run later: the message names the flag
-    and the fix. The command line prints it as one line, without a traceback."""
 
 
 # ---------------------------------------------------------------------- settings

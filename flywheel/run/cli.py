@@ -1,0 +1,224 @@
+"""The LightningCLI of `fit|validate|test`: flywheel's always-on callbacks and their wiring
+(`add_round_protocol`), the preflight before anything runs, checkpoints beside the run, one-line
+errors for the trainer's settings. Imported by flywheel.__main__ only once the command line has
+passed the checks that need no Lightning (a missing config file is refused in a second, not
+after Lightning's imports)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI
+
+
+def seed_the_data(config) -> None:
+    """`--data.seed` unset takes the run's `seed_everything` (Lightning has already drawn it when
+    it was `true`): otherwise `--seed_everything=1` would reseed torch alone and leave the problem
+    order and every search sample as with seed 0, a "second seed" identical to the first."""
+    data = config.get("data")
+    if data is None or "seed" not in data or data.seed is not None:
+        return
+    seed = config.get("seed_everything")
+    data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
+SUBCOMMANDS = ("fit", "validate", "test")
+"""LightningCLI's subcommands that flywheel runs (the others: `eval`, `diagnose`, `tree`, `get-policy`)."""
+
+
+class FlywheelCLI(LightningCLI):
+    """LightningCLI with flywheel's always-on callbacks that have settings as top-level
+    sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
+    module's (`--data.eval.*`), the hard-set refresh's too (`--data.hard_set.*`)."""
+
+    def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
+        self.argv = argv
+        """The command line (for the resume hint of a run stopped by SIGTERM)."""
+        super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        """Lightning's subcommands but `predict`, which has nothing to predict here."""
+        return {name: keys for name, keys in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
+
+    def parse_arguments(self, parser, args) -> None:
+        from argparse import ArgumentError
+
+        from flywheel.run.flags import option_strings
+
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as err:  # the flags it knows, for the closest to an unknown one
+            err.known_flags = option_strings(parser)
+            raise
+
+    def add_arguments_to_parser(self, parser) -> None:
+        from callbacks.budget import GenerationBudget
+        from callbacks.prm import PRMUpdate
+
+        # Their epoch-end order is not theirs to decide: callbacks.rounds.RoundProtocol
+        # (added in instantiate_trainer) runs them.
+        parser.add_lightning_class_args(GenerationBudget, "budget")
+        parser.add_lightning_class_args(PRMUpdate, "prm_update")
+        parser.add_argument(
+            "--last_missing_ok", type=bool, default=False,
+            help="with --ckpt_path last: start a fresh run when the run has no last.ckpt yet (a scheduler's "
+                 "first attempt) instead of failing with the folder searched",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        from flywheel.finite import non_finite_message, non_finite_settings
+        from flywheel.run.preflight import PreflightError
+
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
+            raise PreflightError(non_finite_message(key, value))
+        seed_the_data(config)
+
+    def instantiate_classes(self) -> None:
+        from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+        from flywheel.run.preflight import PreflightError
+
+        try:
+            super().instantiate_classes()
+        except MisconfigurationException as err:  # the trainer's own settings (accelerator, devices, strategy)
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            raise PreflightError(trainer_error_line(err, config.get("trainer"))) from err
+        except ValueError as err:  # a setting out of range, found by a constructor: the message names the flag
+            raise PreflightError(str(err)) from err
+
+    def instantiate_trainer(self, **kwargs):
+        from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+
+        from flywheel.run.checkpoint import AtomicCheckpointIO
+
+        trainer = super().instantiate_trainer(**kwargs)
+        strategy = trainer.strategy
+        deepspeed = any(c.__name__ == "DeepSpeedStrategy" for c in type(strategy).__mro__)
+        if deepspeed and isinstance(getattr(strategy, "config", None), dict):
+            from flywheel.run.deepspeed_config import check_deepspeed_config
+
+            check_deepspeed_config(strategy.config, where="--trainer.strategy's DeepSpeed config")
+            # Without it Lightning builds the training data during setup just to read a batch
+            # size (a whole epoch's search, before the model is wrapped) and then fails on
+            # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
+            strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
+        checkpoints_beside_the_run(trainer)
+        add_round_protocol(trainer, self.datamodule, self.model)
+        from flywheel.run.preemption import Preemption
+
+        trainer.callbacks.append(Preemption(self.argv))
+        # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
+        if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+        return trainer
+
+    def preflight(self) -> None:
+        """flywheel.run.preflight's checks, before anything is searched, trained or evaluated."""
+        from flywheel.run.preflight import preflight
+
+        config = self.config[self.subcommand]
+        from flywheel.run.settings import RunSettings
+
+        saver = next((c for c in self.trainer.callbacks if isinstance(c, RunSettings)), None)
+        resolved = preflight(self.trainer, self.model, self.datamodule, self.subcommand, config.ckpt_path,
+                             missing_ok=config.get("last_missing_ok", False),
+                             settings=saver.settings() if saver is not None else None)
+        if saver is not None:
+            saver.resuming = resolved is not None
+        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
+            self.config_init[self.subcommand]["ckpt_path"] = None
+            config.ckpt_path = None
+
+    def before_validate(self) -> None:
+        self.preflight()
+
+    def before_test(self) -> None:
+        self.preflight()
+
+    def before_fit(self) -> None:
+        from flywheel.run.checkpoint import continue_logging
+
+        self.preflight()
+        config = self.config[self.subcommand]
+        logger = config.trainer.logger
+        chosen = logger.init_args.get("version") if hasattr(logger, "init_args") else None
+        folder = continue_logging(self.trainer, config.ckpt_path, chosen)
+        if folder:
+            logging.getLogger("flywheel").info("resuming: logging on in %s", folder)
+
+    def _parse_ckpt_path(self) -> None:
+        # LightningCLI would overwrite the model's arguments with the checkpoint's saved
+        # hyperparameters, even ones given explicitly on the command line
+        # (lightning-cpu.md §2). In flywheel the YAML and the command line decide the
+        # configuration; a checkpoint restores state (weights, optimizer, loops, search
+        # state), not settings.
+        return
+
+
+def trainer_error_line(err: Exception, trainer_config) -> str:
+    """Lightning's refusal of the trainer's settings as one line, naming the flag: the usual
+    one is an accelerator this machine does not have (`--trainer.accelerator=gpu` on a CPU)."""
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    accelerator = str(trainer_config.get("accelerator", "auto")) if trainer_config is not None else "auto"
+    if accelerator not in ("auto", "cpu"):
+        return (f"--trainer.accelerator={accelerator}: {first} (this machine has no such device); use "
+                "--trainer.accelerator=cpu, or auto to take what there is")
+    return f"--trainer settings: {first}; fix the --trainer.* flag it names"
+
+
+def checkpoints_beside_the_run(trainer) -> None:
+    """A ModelCheckpoint without a dirpath writes to <logger save_dir>/<run name>/checkpoints:
+    fixed across versions, so `--ckpt_path last` finds it, and derived from the run name, so an
+    overlay that renames the run (conf/dapo.yaml on top of the quickstart) cannot overwrite
+    another recipe's last.ckpt. Names are never versioned (`last-v1.ckpt`): a resumed run
+    overwrites its own last.ckpt."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    logger = trainer.logger
+    save_dir, name = getattr(logger, "save_dir", None), getattr(logger, "name", None)
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        # One folder holds one run (preflight refuses a new run where another left checkpoints),
+        # so a name that exists is this run's own, older state: overwrite it. Lightning's counter
+        # would write `last-v1.ckpt` beside a resumed run's `last.ckpt`, which then stays the
+        # stopped run's file (issue 37).
+        callback._enable_version_counter = False
+        if callback.dirpath is None and save_dir and name:
+            callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
+
+
+def add_round_protocol(trainer, port, module) -> None:
+    """The RoundProtocol that drives the end of every epoch and round (weight sync, hard-set
+    refresh, evaluation, value model), and the port wiring: the data module `port`
+    (flywheel.ports.DataPort) is handed to the round protocol, the held-out evaluation, the
+    budget and the LightningModule `module`, the one place that connects them. WallTime (the
+    run's wall split, callbacks.wall_time) follows the round protocol."""
+    from callbacks.budget import GenerationBudget
+    from callbacks.evaluation import HeldOutEval
+    from callbacks.prm import PRMUpdate
+    from callbacks.rounds import RoundProtocol
+    from callbacks.wall_time import WallTime
+
+    from lightning.pytorch.callbacks import Checkpoint
+
+    callbacks = trainer.callbacks
+    before = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))  # saves stay last
+
+    def one(kind):
+        found = [c for c in callbacks if isinstance(c, kind)]
+        if found:
+            return found[0]
+        callbacks.insert(before, kind())
+        return callbacks[before]
+
+    evaluation, value_model = one(HeldOutEval), one(PRMUpdate)
+    budget = next((c for c in callbacks if isinstance(c, GenerationBudget)), None)
+    for part in (evaluation, budget, module):
+        if part is not None:
+            part.connect(port)
+    at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, budget=budget), WallTime()]
