@@ -45,6 +45,30 @@ def check_command_line(argv: list[str]) -> None:
     check_configs(argv)
 
 
+NOISE = (
+    "Total length of `DataLoader` across ranks is zero",  # fit's validation loader is empty on purpose (HeldOutEval evaluates)
+    r"Found \d+ module\(s\) in eval mode",  # the frozen reference policy and dropout-free parts are in eval mode on purpose
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # inside Lightning
+)
+"""Warnings of every fit that the project causes on purpose or that come from inside its
+dependencies: nothing a user could act on (what a user can act on is kept)."""
+
+
+def _not_an_advert(record: logging.LogRecord) -> bool:
+    return "litlogger" not in str(record.msg)
+
+
+def quiet_what_users_cannot_act_on() -> None:
+    """Silence `NOISE`, jsonargparse's deprecation notices about Lightning's own calls and
+    Lightning's advert for its cloud logger."""
+    for message in NOISE:
+        warnings.filterwarnings("ignore", message=message)
+    os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    if _not_an_advert not in rank_zero.filters:
+        rank_zero.addFilter(_not_an_advert)
+
+
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `diagnose` to
     flywheel.reporting.diagnose; `report` to flywheel.reporting.report; `tree` to
@@ -108,6 +132,7 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # An epoch with nothing to train on skips its step on purpose; the data module says why.
     warnings.filterwarnings("ignore", message="`training_step` returned `None`")
+    quiet_what_users_cannot_act_on()
     from argparse import ArgumentError
 
     from lightning.pytorch.utilities.exceptions import SIGTERMException

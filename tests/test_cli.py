@@ -178,3 +178,22 @@ def test_a_missing_config_file_is_refused_before_torch_or_lightning_load():
             "print(sorted(m for m in ('torch', 'lightning', 'transformers') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.splitlines() == ["--config no_such_recipe.yaml: no such file", "[]"], done.stderr
+
+
+def test_what_a_user_cannot_act_on_is_silenced_and_the_rest_kept(caplog):
+    import warnings
+
+    from flywheel.__main__ import quiet_what_users_cannot_act_on
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        quiet_what_users_cannot_act_on()
+        warnings.warn("Total length of `DataLoader` across ranks is zero. Please make sure this was your intention.")
+        warnings.warn("Found 46 module(s) in eval mode at the start of training.")
+        warnings.warn("The dataloader does not have many workers")  # a user can act on this one
+    assert [str(w.message) for w in seen] == ["The dataloader does not have many workers"]
+    rank_zero = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    with caplog.at_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero"):
+        rank_zero.info("💡 Tip: For seamless cloud logging, try installing [litlogger](https://pypi.org/project/litlogger/)")
+        rank_zero.info("GPU available: False")
+    assert "litlogger" not in caplog.text and "GPU available: False" in caplog.text

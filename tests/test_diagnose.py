@@ -39,7 +39,11 @@ def test_diagnose_a_builtin_policy_on_its_split(tmp_path, capsys):
 def test_the_token_budget_stops_between_parts(tmp_path):
     report = main(["diagnose", "--policy", "tiny-countdown", "--split", "train", "--max_problems", "64",
                    "--max_tokens", "1", "--out", str(tmp_path), *SMALL])
-    assert report["pool"]["problems"] == 4  # one part of 4 problems, then the budget is spent
+    assert report["pool"]["problems"] == 1  # a first part of one problem, then the budget is spent
+    spent = report["pool"]["diagnostic_tokens"]
+    report = main(["diagnose", "--policy", "tiny-countdown", "--split", "train", "--max_problems", "64",
+                   "--max_tokens", str(3 * spent), "--out", str(tmp_path), *SMALL])
+    assert 2 <= report["pool"]["problems"] <= 8  # parts sized to the budget (about 3 problems), not 64
 
 
 def test_diagnose_a_chain_file_with_the_chain_task(tmp_path):

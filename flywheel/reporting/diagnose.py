@@ -15,7 +15,7 @@ fresh responses from the prompt, and prints per fork point the solves per 1000 g
 tokens, the gain over the fresh samples and its bootstrap interval over problems, then ONE
 line of advice: tree (some fork point's interval lies above 1), flat (every interval below 1),
 or cannot tell at this sample size. The intervals behind the advice are widened for the number
-of fork points compared (Bonferroni). Problems are measured in parts of `problems_per_part`
+of fork points compared (Bonferroni). Problems are measured in parts of at most `problems_per_part`
 until `max_tokens` generated tokens are spent, so the cost is bounded whatever the policy's
 response lengths. Sampling follows the search's rollouts (the task's prompt and step rule,
 `temperature`, `top_p`, at most `max_depth` steps). Run it on training problems, never on
@@ -89,7 +89,8 @@ def run_diagnose(
         temperature: sampling temperature (the search's).
         top_p: nucleus sampling (the search's).
         max_tokens: stop after the part of problems that brings the generated tokens to this.
-        problems_per_part: problems measured per part (the budget is checked between parts).
+        problems_per_part: the most problems measured per part (the budget is checked between parts;
+            under a budget parts are sized to what it still pays for, the first is one problem).
         seed: seed of the samples and of the bootstrap.
         bootstrap: bootstrap replicates over problems.
         skip_bad_rows: skip and count malformed problem rows instead of failing.

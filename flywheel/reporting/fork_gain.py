@@ -389,21 +389,27 @@ def report(pool_line: dict, forks: dict[str, list[Tally]], root: dict[int, Tally
 def measure_within(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: int, seed: int, chunk: int,
                    max_tokens: int | None, problems_per_part: int,
                    progress: Callable[[int, int], None] | None = None) -> tuple[dict, dict[str, list[Tally]], dict[int, Tally]]:
-    """`measure` over setup.problems in parts of `problems_per_part`, stopping after the part that
-    brings the generated tokens to `max_tokens` (None: every problem): a bounded cost whatever the
-    policy's response lengths. Seeds and tallies use the problems' global indices, so a part's
-    draws do not depend on the part size. `progress(problems done, tokens so far)` after each part.
-    Returns the merged (pool line, fork tallies by kind, root tallies by failed sample)."""
+    """`measure` over setup.problems in parts of at most `problems_per_part`, stopping after the
+    part that brings the generated tokens to `max_tokens` (None: every problem, in whole parts): a
+    bounded cost whatever the policy's response lengths. Under a budget the first part is one
+    problem and each next part holds as many as the remaining budget pays for at the tokens a
+    problem cost so far (at least one), so the budget is overrun by about one problem's cost at
+    most, never by a whole part of a slow policy. Seeds and tallies use the problems' global
+    indices, so a part's draws do not depend on the part size. `progress(problems done, tokens so
+    far)` after each part. Returns the merged (pool line, fork tallies by kind, root tallies by
+    failed sample)."""
     if problems_per_part < 1:
         raise ValueError(f"problems_per_part must be >= 1, got {problems_per_part}")
     merged = {"arm": "pool", "problems": 0, "samples": 0, "solved": 0, "tokens": 0, "failed": 0, "diagnostic_tokens": 0}
     forks: dict[str, list[Tally]] = {}
     root: dict[int, Tally] = {}
     uncertainty = None
-    for first in range(0, len(setup.problems), problems_per_part):
+    first = 0
+    while first < len(setup.problems):
         if max_tokens is not None and merged["diagnostic_tokens"] >= max_tokens:
             break
-        part = replace(setup, problems=setup.problems[first : first + problems_per_part])
+        size = part_size(problems_per_part, max_tokens, merged["diagnostic_tokens"], merged["problems"])
+        part = replace(setup, problems=setup.problems[first : first + size])
         line, part_forks, part_root = measure(part, samples=samples, resamples=resamples, max_step_forks=max_step_forks,
                                               seed=seed, chunk=chunk, offset=first, sample_offset=merged["failed"])
         for key in ("problems", "samples", "solved", "tokens", "failed", "diagnostic_tokens"):
@@ -414,10 +420,30 @@ def measure_within(setup: ForkSetup, *, samples: int, resamples: int, max_step_f
         root.update(part_root)
         if progress is not None:
             progress(merged["problems"], merged["diagnostic_tokens"])
+        first += size
     merged["solve_rate"] = ratio(merged["solved"], merged["samples"])
     merged["tokens_per_sample"] = ratio(merged["tokens"], merged["samples"])
     merged["uncertainty"] = uncertainty
     return merged, forks, root
+
+
+def part_size(most: int, max_tokens: int | None, spent: int, done: int) -> int:
+    """Problems in the next part: `most` without a budget; under one, 1 before anything was
+    measured, then what the remaining budget pays for at `spent / done` tokens a problem.
+
+    >>> part_size(16, None, 0, 0), part_size(16, 20_000, 0, 0), part_size(16, 20_000, 27_000, 1)
+    (16, 1, 1)
+    >>> part_size(16, 1_000_000, 10_000, 4)  # 2,500 a problem: 396 paid for, 16 at most
+    16
+    >>> part_size(16, 100_000, 80_000, 8)  # 10,000 a problem: 2 paid for
+    2
+    """
+    if max_tokens is None:
+        return most
+    if done == 0:
+        return 1
+    per_problem = max(spent / done, 1.0)
+    return max(1, min(most, int((max_tokens - spent) // per_problem)))
 
 
 @dataclass(frozen=True)
