@@ -17,7 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class GenerationBudget(PortClient, Callback):
-    """Ends `fit` after the first epoch at which the training rollouts' generated tokens
+    """Ends `fit` once the training rollouts have generated `max_tokens` tokens.
+
+    It stops after the first epoch at which the training rollouts' generated tokens
     (evaluation and hard-set screening excluded) reach `max_tokens`. The epoch in progress
     always completes; when it does not end a round, the round protocol still evaluates the
     policy it leaves (a partial round in summary.json, replaced by the whole round if the run

@@ -59,8 +59,9 @@ SEARCH_WAIT = "search_wait"
 
 
 class SearchDataModule(L.LightningDataModule):
-    """Regenerates the training data every epoch with the current policy. It is the
-    `flywheel.ports.DataPort` the CLI hands to the round protocol, the held-out evaluation,
+    """Regenerates the training data every epoch with the current policy.
+
+    It is the `flywheel.ports.DataPort` the CLI hands to the round protocol, the held-out evaluation,
     the budget and the LightningModule.
 
     Args:

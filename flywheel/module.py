@@ -64,8 +64,9 @@ class OptimizerConfig:
 
 
 class TreeGRPOModule(PortClient, L.LightningModule):
-    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3). The data
-    module is its port (flywheel.ports.DataPort, connected by the CLI): the credit rule its
+    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3).
+
+    The data module is its port (flywheel.ports.DataPort, connected by the CLI): the credit rule its
     loss must match, the round boundaries, and the held-out set of `validate` and `test`.
 
     Args:

@@ -197,3 +197,16 @@ def test_what_a_user_cannot_act_on_is_silenced_and_the_rest_kept(caplog):
         rank_zero.info("💡 Tip: For seamless cloud logging, try installing [litlogger](https://pypi.org/project/litlogger/)")
         rank_zero.info("GPU available: False")
     assert "litlogger" not in caplog.text and "GPU available: False" in caplog.text
+
+
+def test_every_help_section_title_is_a_whole_sentence():
+    """`fit --help` titles a section with the first line of its class's docstring: that line must
+    be the whole first paragraph (before: "... with the current policy. It is the:")."""
+    import inspect
+
+    from callbacks.budget import GenerationBudget
+    from callbacks.prm import PRMUpdate
+
+    for cls in (TreeGRPOModule, SearchDataModule, GenerationBudget, PRMUpdate):
+        first = inspect.getdoc(cls).split("\n\n")[0]
+        assert "\n" not in first and first.endswith("."), (cls.__name__, first)
