@@ -60,6 +60,7 @@ from flywheel.tasks.countdown import CountdownTask  # noqa: E402
 from flywheel.tasks.math import MathTask  # noqa: E402
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 from flywheel.run.flags import StrictParser  # noqa: E402
+from flywheel.reporting.roofline import flops_per_token, matmul_peak, matmul_share  # noqa: E402
 
 
 class Timed:
@@ -156,6 +157,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="in-process arm: the search (each call paired with a flat call) measured this many "
                              "times; batch_efficiency is the median of the per-repeat ratios")
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
+                        help="the in-process arm once per dtype, side by side (the generator's "
+                             "--data.generator.init_args.dtype); the first is the table's hf row")
+    parser.add_argument("--max-concurrent-trees", type=int, default=64,
+                        help="trees searched together: their frontiers' nodes share each generator call")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; with 1 the in-process arm's CPU time is its compute time, which other "
                              "jobs on the machine change far less than its wall time")
@@ -187,7 +193,8 @@ def main() -> None:
 
     def search(generator):
         timed = Timed(generator)
-        driver = SearchDriver(timed, config, step=task.step, decode=decode, max_concurrent_trees=64,
+        driver = SearchDriver(timed, config, step=task.step, decode=decode,
+                              max_concurrent_trees=args.max_concurrent_trees,
                               eos_token_ids=[tok.eos_token_id])
         start = time.perf_counter()
         driver.run(problems)
@@ -200,30 +207,12 @@ def main() -> None:
         flat_wall, flat_cpu = flat_tokens_per_second(generator, prompts, args.width, tokens, args.flat_max_new_tokens)
         return tokens / timed.wall / flat_wall, tokens / timed.cpu / flat_cpu
 
-    rows = {}
-    # Warm-up, not counted: the process's first search pays one-off costs (allocator growth,
-    # stop-string tables).
-    SearchDriver(HFGenerator(model, tok, seed=0, prefix_cache_mb=256), config, step=task.step, decode=decode,
-                 max_concurrent_trees=64, eos_token_ids=[tok.eos_token_id]).run(problems[:16])
-    ratios, rates = [], []
-    for _ in range(args.repeats):
-        # Fresh generators (empty prefix caches); each search call is followed by one flat call.
-        paired = Paired(HFGenerator(model, tok, seed=0, prefix_cache_mb=256),
-                        HFGenerator(model, tok, seed=0, prefix_cache_mb=256), prompts, args)
-        seconds, tokens, _ = search(paired)
-        seconds -= paired.flat.wall  # the search's own wall time
-        submitted, computed = paired.stats.prompt_tokens, paired.stats.prefill_tokens
-        ratios.append(paired.ratios(tokens))
-        rates.append((tokens / paired.search.cpu, paired.flat_tokens / paired.flat.cpu))
-        if args.profile and len(ratios) == 1:
-            print(f"in-process search: {decode_shapes(paired.search.stats)}\n"
-                  f"in-process flat:   {decode_shapes(paired.flat.stats)}")
-    print("in-process, per repeat: batch_efficiency (CPU time) " + " ".join(f"{c:.3f}" for _, c in ratios)
-          + "; generated tokens per CPU second, search / flat " + " ".join(f"{a:.0f}/{b:.0f}" for a, b in rates))
-    rows["hf"] = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1),
-                  statistics.median(w for w, _ in ratios), statistics.median(c for _, c in ratios))
+    rows, roofline = {}, {}
+    for dtype in args.dtypes:
+        row, roofline[dtype] = in_process_arm(model, tok, dtype, problems, prompts, config, task, decode, search, args)
+        rows["hf" if not rows else f"hf_{dtype}"] = row
     if args.skip_sidecar:
-        report(args, rows, startup=None)
+        report(args, rows, roofline, startup=None)
         return
 
     sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600, block_size=args.block_size)
@@ -243,10 +232,63 @@ def main() -> None:
                         hits / queries if queries else 0.0, wall_efficiency, wall_efficiency)
     finally:
         sidecar.close()
-    report(args, rows, startup)
+    report(args, rows, roofline, startup)
 
 
-def report(args, rows: dict, startup: float | None) -> None:
+def in_process_arm(model, tok, dtype: str, problems, prompts, config, task, decode, search, args):
+    """The search through HFGenerators sampling in `dtype`, `--repeats` times, each call paired
+    with a flat call; (its table row, its roofline dict)."""
+    def generator():
+        return HFGenerator(model, tok, seed=0, prefix_cache_mb=256, dtype=dtype)
+
+    # Warm-up, not counted: the process's first search pays one-off costs (allocator growth,
+    # stop-string tables).
+    SearchDriver(generator(), config, step=task.step, decode=decode, max_concurrent_trees=args.max_concurrent_trees,
+                 eos_token_ids=[tok.eos_token_id]).run(problems[:16])
+    ratios, rates = [], []
+    for _ in range(args.repeats):
+        # Fresh generators (empty prefix caches); each search call is followed by one flat call.
+        paired = Paired(generator(), generator(), prompts, args)
+        seconds, tokens, _ = search(paired)
+        seconds -= paired.flat.wall  # the search's own wall time
+        submitted, computed = paired.stats.prompt_tokens, paired.stats.prefill_tokens
+        ratios.append(paired.ratios(tokens))
+        rates.append((tokens / paired.search.cpu, paired.flat_tokens / paired.flat.cpu))
+        if args.profile and len(ratios) == 1:
+            print(f"in-process search ({dtype}): {decode_shapes(paired.search.stats)}\n"
+                  f"in-process flat ({dtype}):   {decode_shapes(paired.flat.stats)}")
+    print(f"in-process {dtype}, per repeat: batch_efficiency (CPU time) " + " ".join(f"{c:.3f}" for _, c in ratios)
+          + "; generated tokens per CPU second, search / flat " + " ".join(f"{a:.0f}/{b:.0f}" for a, b in rates))
+    row = (seconds, tokens, submitted, computed, 1 - computed / max(submitted, 1),
+           statistics.median(w for w, _ in ratios), statistics.median(c for _, c in ratios))
+    return row, roofline_of(model, generator, paired.search.stats, tokens / seconds, dtype, prompts, args)
+
+
+def roofline_of(model, generator, stats, tokens_per_second: float, dtype: str, prompts, args) -> dict:
+    """The search's achieved FLOP/s against the matmul peak at the model's shapes, its mean
+    decode batch and this dtype, on the same threads; and the share of a flat call's time
+    spent outside the matmuls (profiled)."""
+    extra = stats.extra
+    passes, row_steps = max(extra.get("decode_passes", 0), 1), max(extra.get("decode_row_steps", 0), 1)
+    batch = max(1, round(row_steps / passes))
+    context = extra.get("decode_real_columns", 0) / row_steps
+    flops = flops_per_token(model.config, context)
+    peak = matmul_peak(model.config, batch, getattr(torch, dtype))
+    share, _ = matmul_share(lambda: generator().sample(flat_call(prompts, args.width, args.flat_max_new_tokens, 0)))
+    out = {"tok_per_s": tokens_per_second, "gflop_per_token": flops["total"] / 1e9, "batch": batch,
+           "context": context, "peak_gflops": peak / 1e9, "achieved_gflops": tokens_per_second * flops["total"] / 1e9,
+           "roofline_fraction": tokens_per_second * flops["total"] / peak, "outside_matmul_share": 1 - share}
+    parts = ", ".join(f"{k} {v / flops['total']:.0%}" for k, v in flops.items() if k != "total")
+    print(f"roofline {dtype}: {out['gflop_per_token']:.3f} GFLOP per generated token at a mean context of "
+          f"{context:.0f} ({parts}); "
+          f"matmul peak {out['peak_gflops']:.0f} GFLOP/s at the model's shapes and {batch} rows (the search's mean "
+          f"decode batch), {args.threads} thread(s); achieved {out['achieved_gflops']:.0f} GFLOP/s = "
+          f"{out['roofline_fraction']:.2f} of it; a flat call spends {out['outside_matmul_share']:.0%} of its time "
+          "outside the matmuls (sampling over the vocabulary, the KV cache, Python)")
+    return out
+
+
+def report(args, rows: dict, roofline: dict, startup: float | None) -> None:
 
     servers = "no vLLM server" if startup is None else f"{args.replicas} vLLM server(s), start-up {startup:.0f} s (not counted)"
     print(f"{args.problems} {args.task} trees, width {args.width}, K {args.k}, at most {args.max_expansions} expansions; "
@@ -259,6 +301,11 @@ def report(args, rows: dict, startup: float | None) -> None:
     hf_row = rows["hf"]
     line = (f"RESULT hf_seconds={hf_row[0]:.2f} hf_tok_per_s={hf_row[1] / hf_row[0]:.0f} hf_hit_rate={hf_row[4]:.3f} "
             f"batch_efficiency={hf_row[6]:.3f} batch_efficiency_wall={hf_row[5]:.3f}")
+    for dtype, r in roofline.items():
+        line += (f" {dtype}_tok_per_s={r['tok_per_s']:.0f} {dtype}_roofline_fraction={r['roofline_fraction']:.3f} "
+                 f"{dtype}_peak_gflops={r['peak_gflops']:.0f} {dtype}_outside_matmul_share={r['outside_matmul_share']:.2f}")
+    if {"float32", "bfloat16"} <= roofline.keys():
+        line += f" bf16_speedup={roofline['bfloat16']['tok_per_s'] / roofline['float32']['tok_per_s']:.2f}"
     if "vllm" in rows:
         v_row = rows["vllm"]
         line += (f" vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Protocol
 
-from flywheel.generation.base import PREFIX_CACHE_MB, Generator
+from flywheel.generation.base import PREFIX_CACHE_MB, SAMPLING_DTYPES, Generator, SamplingDtype
 
 
 class Collective(Protocol):
@@ -82,12 +82,16 @@ class HFBackend(GeneratorBackend):
         prefix_cache_mb: memory for the KV of search nodes kept from one search round to the
             next, so expanding a node computes only its new tokens (0 = off). Emptied when
             the weights change.
+        dtype: what the generator samples in (flywheel.generation.precision). "auto": bf16 for
+            a policy of 20M parameters or more on a CPU with native bf16 matmuls (a copy of the
+            policy that follows the trainer's fp32 weights; the log-probs are the ones it sampled
+            with), else the policy's own dtype; the choice is logged. "float32" or "bfloat16" to choose.
     """
 
     distinct_first_token = True
 
     def __init__(self, max_batch_size: int = 512, compact_fraction: float = 0.25, seed: int = 0,
-                 prefix_cache_mb: float = PREFIX_CACHE_MB) -> None:
+                 prefix_cache_mb: float = PREFIX_CACHE_MB, dtype: SamplingDtype = "auto") -> None:
         # Checked here, at construction, so a bad value fails before any model loads.
         for name, value, low in (("max_batch_size", max_batch_size, 1), ("compact_fraction", compact_fraction, 0),
                                  ("prefix_cache_mb", prefix_cache_mb, 0)):
@@ -97,13 +101,17 @@ class HFBackend(GeneratorBackend):
         self.compact_fraction = compact_fraction
         self.seed = seed
         self.prefix_cache_mb = prefix_cache_mb
+        if dtype not in SAMPLING_DTYPES:
+            raise ValueError(f"--data.generator.init_args.dtype must be one of {', '.join(SAMPLING_DTYPES)}, "
+                             f"got {dtype!r}")
+        self.dtype = dtype
 
     def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> Generator:
         from flywheel.generation.hf import HFGenerator
 
         return HFGenerator(
             model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed,
-            prefix_cache_mb=self.prefix_cache_mb,
+            prefix_cache_mb=self.prefix_cache_mb, dtype=self.dtype,
         )
 
 

@@ -128,6 +128,11 @@ PREFIX_CACHE_MB = 256.0
 """Default memory of an in-process generator's prefix KV cache, in MB: the one default of
 `HFGenerator(prefix_cache_mb=...)` and `--data.generator.init_args.prefix_cache_mb`."""
 
+SamplingDtype = Literal["auto", "float32", "bfloat16"]
+SAMPLING_DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16")
+"""What an in-process generator may sample in (`--data.generator.init_args.dtype`;
+flywheel.generation.precision decides "auto")."""
+
 
 @runtime_checkable
 class Generator(Protocol):
