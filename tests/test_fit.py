@@ -1,6 +1,7 @@
 """End to end: a short `fit` through the CLI on the tiny policy trains, logs and summarises."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -176,3 +177,18 @@ def test_drop_uniform_groups_leaves_out_trees_with_one_outcome(tmp_path):
     dm.credit = replace(dm.credit, drop_uniform_groups=False)
     out = dm.rollouts(problems, cli.model.tokenizer, epoch=7, rank=0)
     assert all(out.rows) and out.uniform_groups == 0
+
+
+def test_a_bf16_mixed_fit_with_tree_packing_trains(tmp_path):
+    """--trainer.precision=bf16-mixed on CPU (autocast to bf16, fp32 weights and optimizer) through
+    the packed tree attention: the epoch trains and its loss is finite."""
+    cli = main(["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--trainer.max_epochs=1",
+                "--data.batching.problems_per_epoch=4", "--data.batching.mini_batch_problems=4",
+                "--data.problems.max_eval_problems=4", "--data.eval.samples=1", "--data.eval.at_start=false",
+                "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2", "--model.packing=true",
+                "--trainer.precision=bf16-mixed", f"--trainer.logger.init_args.save_dir={tmp_path}",
+                f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
+    assert str(cli.trainer.precision) == "bf16-mixed" and cli.trainer.global_step > 0
+    losses = [s.value for s in scalars(cli.trainer.log_dir)["train/loss"]]
+    assert losses and all(math.isfinite(v) for v in losses)
+    assert next(cli.model.policy.parameters()).dtype == torch.float32  # the weights stay fp32

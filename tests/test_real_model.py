@@ -180,6 +180,31 @@ def test_search_and_training_agree_on_log_probs_with_end_of_turn_tokens_in_the_p
             assert t.response_text == tok.decode(t.response_ids, skip_special_tokens=True)
 
 
+def test_bf16_sampling_agrees_with_fp32_on_the_real_model_and_reports_its_gap(module, tok):
+    """The in-process generator's bf16 copy (the CPU default for a real model) against the fp32
+    policy, greedy, on 16 arithmetic prompts: the share of identical completions and of equal
+    first tokens, the log-prob gap where they agree (printed; docs/performance.md)."""
+    from flywheel.generation.base import GenerationRequest, SamplingParams
+    from flywheel.generation.hf import HFGenerator
+    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.tasks.math import MathTask
+
+    task = MathTask()
+    params = SamplingParams(max_new_tokens=24, temperature=0.0)
+    requests = [GenerationRequest(tuple(encode_prompt(tok, task, p)), 1, params) for p in arith(16)]
+    fp32 = HFGenerator(module.policy, tok, dtype="float32").sample(requests)
+    bf16 = HFGenerator(module.policy, tok, dtype="bfloat16").sample(requests)
+    pairs = [(a[0], b[0]) for a, b in zip(fp32, bf16)]
+    same = sum(a.token_ids == b.token_ids for a, b in pairs) / len(pairs)
+    first = sum(a.token_ids[0] == b.token_ids[0] for a, b in pairs) / len(pairs)
+    gaps = [abs(x - y) for a, b in pairs for x, y, s, t in zip(a.logprobs, b.logprobs, a.token_ids, b.token_ids)
+            if s == t]
+    print(f"greedy bf16 = fp32: {same:.0%} of completions, {first:.0%} of first tokens; mean |log-prob gap| "
+          f"{sum(gaps) / len(gaps):.3f}, max {max(gaps):.3f}")
+    assert first >= 0.75 and same >= 0.25
+    assert sum(gaps) / len(gaps) < 0.1
+
+
 def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
     from flywheel.reporting.evaluation import encode_prompt
     from flywheel.generation.base import GenerationRequest, SamplingParams

@@ -83,10 +83,22 @@ def test_bench_train_measures_packed_against_flat_with_equal_losses():
                            "--growth-depths", "3", "6")
     # K = 3 trajectories branch off each other: the flat form computes shared prefixes again.
     assert float(fields["token_ratio"]) > 1.0 and float(fields["speedup"]) > 0 and float(fields["cpu_speedup"]) > 0
-    assert fields["model"] == "tiny" and fields["depth"] == "3"
+    assert fields["model"] == "tiny" and fields["depth"] == "3" and 0 < float(fields["roofline_fraction"]) < 2
     # Growth lines, depth 3 -> 6: a trajectory of 4 + 3 * 4 = 16 tokens becomes 4 + 6 * 4 = 28 (x1.75).
     assert fields["growth_row_length_d3_to_d6"] == "1.75"
     assert float(fields["growth_flat_per_token_d3_to_d6"]) > 0 and float(fields["growth_packed_per_token_d3_to_d6"]) > 0
+
+
+def test_bench_precision_trains_fp32_and_bf16_mixed_side_by_side_on_the_same_batches(tmp_path):
+    plot = tmp_path / "curves.png"
+    fields, out = run_tool("tools/bench_precision.py", "--steps", "3", "--trees", "1", "--k", "3", "--depth", "3",
+                           "--step-tokens", "4", "--prompt-tokens", "4", "--threads", "1", "--plot", str(plot))
+    # Same weights, same batches: the two arms start together and bf16 rounding keeps them close.
+    assert float(fields["loss_max_rel_gap"]) < 0.2 and float(fields["grad_norm_max_rel_gap"]) < 0.2, out
+    for key in ("bf16_train_speedup", "fp32_tok_per_s", "bf16_tok_per_s", "fp32_roofline_fraction",
+                "bf16_roofline_fraction"):
+        assert float(fields[key]) > 0, key
+    assert out.count("\n   ") >= 3 and plot.stat().st_size > 1000  # three steps printed, the curves drawn
 
 
 def test_bench_verifier_scores_a_hand_checked_corpus(tmp_path):

@@ -20,8 +20,12 @@ the last/first ratios next to the growth of a trajectory's length.
     python tools/bench_train.py --models tiny smollm2 --depths 4 --k 4 --step-tokens 32 --prompt-tokens 64 \
         --trees-100m 2 --growth-depths     # the real pretrained model at conf/smollm2_cpu.yaml's tree shapes
 
+The `roofline` column: the packed step's achieved training FLOP/s (flywheel.reporting.roofline's
+count, backward included) over the fp32 matmul peak measured at the model's own weight shapes
+with as many rows, on the same threads (tools/bench_precision.py does the same for bf16-mixed).
+
 Last line: RESULT token_ratio=<flat/packed tokens> speedup=<flat/packed step wall time>
-cpu_speedup=<flat/packed step CPU time> ... for the depth-16 trees with the tiny policy, then
+cpu_speedup=<flat/packed step CPU time> roofline_fraction=<packed, fp32> ... for the depth-16 trees with the tiny policy, then
 <model>_d<depth>_speedup=... and _cpu_speedup=... for the others, then
 growth_{flat,packed}[_cpu]_per_token_d4_to_d64=... and growth_row_length_d4_to_d64=... Wall and
 CPU time are medians of alternating steps; on a loaded machine the CPU-time ratio is the steadier one.
@@ -44,6 +48,7 @@ from flywheel.objectives import policy_loss, token_logprobs  # noqa: E402
 from flywheel.training.packing import pack_for, packed_logprobs, right_pad  # noqa: E402
 from flywheel.training.tree_attention import enable_tree_attention  # noqa: E402
 from flywheel.run.flags import StrictParser  # noqa: E402
+from flywheel.reporting.roofline import flops_per_token, matmul_peak  # noqa: E402
 
 
 def tree_rows(rng: random.Random, vocab: int, trees: int, k: int, depth: int, step_tokens: int, prompt_tokens: int):
@@ -121,7 +126,7 @@ def main() -> None:
 
     results = {}
     print(f"{'model':<6} {'depth':>5} {'flat tok':>9} {'packed tok':>10} {'ratio':>6} {'flat s':>8} {'packed s':>8} "
-          f"{'speedup':>7} {'cpu spd':>7} {'|dloss|':>9} {'layout s':>8}")
+          f"{'speedup':>7} {'cpu spd':>7} {'|dloss|':>9} {'layout s':>8} {'roofline':>8}")
     tiny_rows: dict[int, dict] = {}
     for name in args.models:
         model = build(name)
@@ -132,16 +137,19 @@ def main() -> None:
             r = measure(model, depth, trees, args, repeats)
             if name == "tiny":
                 tiny_rows[depth] = r
-            results[(name, depth)] = (r["token_ratio"], r["flat_s"] / r["packed_s"], r["flat_cpu"] / r["packed_cpu"])
+            r["roofline"] = roofline_fraction(model, r)
+            results[(name, depth)] = (r["token_ratio"], r["flat_s"] / r["packed_s"], r["flat_cpu"] / r["packed_cpu"],
+                                      r["roofline"])
             print(f"{name:<6} {depth:>5} {r['flat_tokens']:>9} {r['packed_tokens']:>10} {r['token_ratio']:6.2f} "
                   f"{r['flat_s']:8.3f} {r['packed_s']:8.3f} {r['flat_s'] / r['packed_s']:7.2f} "
-                  f"{r['flat_cpu'] / r['packed_cpu']:7.2f} {r['dloss']:9.2e} {r['layout_s']:8.3f}", flush=True)
+                  f"{r['flat_cpu'] / r['packed_cpu']:7.2f} {r['dloss']:9.2e} {r['layout_s']:8.3f} "
+                  f"{r['roofline']:8.3f}", flush=True)
     key = ("tiny", 16) if ("tiny", 16) in results else next(iter(results))
-    ratio, speedup, cpu = results[key]
+    ratio, speedup, cpu, roofline = results[key]
     fields = [f"token_ratio={ratio:.2f}", f"speedup={speedup:.2f}", f"cpu_speedup={cpu:.2f}", f"model={key[0]}",
-              f"depth={key[1]}"]
-    fields += [f"{n}_d{d}_speedup={s:.2f} {n}_d{d}_cpu_speedup={c:.2f}"
-               for (n, d), (_, s, c) in results.items() if (n, d) != key]
+              f"depth={key[1]}", f"roofline_fraction={roofline:.3f}"]
+    fields += [f"{n}_d{d}_speedup={s:.2f} {n}_d{d}_cpu_speedup={c:.2f} {n}_d{d}_roofline_fraction={f:.3f}"
+               for (n, d), (_, s, c, f) in results.items() if (n, d) != key]
     growth = growth_lines(args, tiny_rows) if args.growth_depths else {}
     fields += [f"{k}={v:.3g}" for k, v in growth.items()]
     print("RESULT " + " ".join(fields))
@@ -178,7 +186,15 @@ def measure(model, depth: int, trees: int, args, repeats: int) -> dict:
     flat_tok, tree_tok = int(mask.sum()), packed.tokens
     return {"flat_tokens": flat_tok, "packed_tokens": tree_tok, "token_ratio": flat_tok / tree_tok,
             "trained_tokens": int(loss_mask.sum()), "flat_s": f, "packed_s": t, "flat_cpu": fc, "packed_cpu": tc,
-            "dloss": diff, "layout_s": layout_s}
+            "dloss": diff, "layout_s": layout_s, "context": float(mask.sum(-1).float().mean()) / 2}
+
+
+def roofline_fraction(model, r: dict) -> float:
+    """The packed step's achieved training FLOP/s (forward + backward of every packed token at
+    the rows' mean context) over the fp32 matmul peak at the model's shapes with as many rows,
+    on the same threads (flywheel.reporting.roofline)."""
+    flops = flops_per_token(model.config, r["context"], backward=True)["total"]
+    return r["packed_tokens"] * flops / r["packed_s"] / matmul_peak(model.config, r["packed_tokens"], torch.float32)
 
 
 def growth_lines(args, measured: dict[int, dict]) -> dict[str, float]:

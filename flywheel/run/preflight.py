@@ -55,6 +55,19 @@ def check_overlap(trainer: Any, model: Any, datamodule: Any) -> None:
         raise PreflightError(message)
 
 
+def check_precision(trainer: Any) -> None:
+    """bf16 on a CPU without native bf16 matmuls (AVX512-BF16 / AMX-BF16): autocast still runs,
+    but emulated, slower than fp32. Warned, not refused: the numbers stay right."""
+    from flywheel.generation.precision import cpu_has_bf16
+
+    precision = str(getattr(trainer, "precision", ""))
+    on_cpu = type(getattr(trainer, "accelerator", None)).__name__ == "CPUAccelerator"
+    if precision.startswith("bf16") and on_cpu and not cpu_has_bf16():
+        log.warning("--trainer.precision=%s on a CPU without native bf16 matmuls (no AVX512-BF16 or AMX-BF16 in "
+                    "/proc/cpuinfo): its matmuls are emulated and train slower than fp32; use "
+                    "--trainer.precision=32-true on this machine", precision)
+
+
 def check_epochs(trainer: Any) -> None:
     """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
     search) before it stops (issue 37)."""
@@ -322,6 +335,7 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     check_settings(datamodule)
     if subcommand == "fit":
         check_epochs(trainer)
+        check_precision(trainer)
         check_overlap(trainer, model, datamodule)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
