@@ -147,8 +147,9 @@ def fit_args(tmp_path: Path, *extra: str, overlay: str | None = None) -> list[st
     return ["fit", "--config", str(ROOT / "conf" / "deepsearch_cpu.yaml"), *overlays,
             "--trainer.max_epochs=1", "--data.batching.problems_per_epoch=2", "--data.batching.mini_batch_problems=2",
             "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=2", "--data.search.max_depth=2",
-            "--data.search.max_expansions_per_tree=4", "--data.search.overlong_max_tokens=32",
-            "--data.search.overlong_buffer_tokens=8", "--data.task.init_args.max_response_tokens=32",
+            "--data.search.max_expansions_per_tree=4", "--data.task.init_args.step_tokens=4",
+            "--data.task.init_args.max_response_tokens=8", "--data.search.overlong_max_tokens=8",
+            "--data.search.overlong_buffer_tokens=2",
             "--data.hard_set.enabled=false", "--data.replay.enabled=false", "--data.problems.max_train_problems=null",
             "--data.problems.max_eval_problems=2", "--data.eval.samples=1", "--data.eval.at_start=false",
             "--data.save_trees=0", f"--trainer.logger.init_args.save_dir={tmp_path}",
@@ -264,3 +265,16 @@ def test_the_hub_source_without_datasets_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ImportError, match=r"pip install 'flywheel\[datasets\]'"):
         load_problems(MathTask(), ["hf://openai/gsm8k:main:train"], "train")
+
+
+def test_eval_reads_mapped_columns_and_names_its_own_flag(tmp_path):
+    f = write_parquet(tmp_path / "verl.parquet", VERL)
+    task = ["--task=flywheel.tasks.math.MathTask", "--task.init_args.max_response_tokens=8", "--task.init_args.prompt_suffix="]
+    base = ["eval", "--policy", "tiny-countdown", *task, "--files", f, "--samples", "1", "--max_problems", "2"]
+    with pytest.raises(ValueError, match=r"verl\.parquet:row 1: no column 'problem' \(--columns\.problem\); the row has: "
+                                         r"ability, data_source, extra_info, prompt, reward_model; map one with "
+                                         r"--columns\.problem=COLUMN"):
+        main(base + ["--out", str(tmp_path / "refused")])
+    report = main(base + ["--columns.problem=prompt", "--columns.answer=reward_model.ground_truth",
+                          "--columns.id=extra_info.index", "--out", str(tmp_path / "eval")])
+    assert report["results"]["verl"]["problems"] == 2
