@@ -108,8 +108,10 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
         budget_error = None
     except PreflightError as err:  # reported after the problem files, which a user sets up first
         datamodule.pool.row_check, budget_error = None, err
-    loads = [("--data.problems.train_files", datamodule.train_pool)] if train else []
-    loads.append(("--data.problems.eval_files", datamodule.eval_problems))
+    # Held-out first: the training pool reads it too (repeats, leaks, drop_eval_overlap), and
+    # its errors must name its own flag.
+    loads = [("--data.problems.eval_files", datamodule.eval_problems)]
+    loads += [("--data.problems.train_files", datamodule.train_pool)] if train else []
     for flag, load in loads:
         try:
             load()
