@@ -18,6 +18,7 @@ from pathlib import Path
 
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.search.config import MAX_CONCURRENT_TREES
+from flywheel.tasks.columns import Columns
 
 
 def _check(ok: bool, message: str) -> None:
@@ -30,9 +31,10 @@ class ProblemsConfig:
     """The training and held-out problems.
 
     Args:
-        train_files: jsonl/parquet problem files with `problem` and `answer` columns (or the
-            task's own columns), `[a.jsonl,b.parquet]` or one path; default: the task's
-            built-in `train_split`.
+        train_files: problem files (jsonl / parquet), `Dataset.save_to_disk` folders or
+            `hf://` datasets (docs/data.md) with `problem` and `answer` columns, or columns
+            mapped to them by `columns` (or the task's own columns), `[a.jsonl,b.parquet]` or
+            one path; default: the task's built-in `train_split`.
         train_split: built-in split used when `train_files` is not given.
         max_train_problems: use a seeded random subset of at most this many training
             problems (None = all); the hard set is screened from it.
@@ -42,6 +44,12 @@ class ProblemsConfig:
         max_eval_problems: evaluate on the first this many held-out problems (None = all),
             over all `eval_files` together in their order (the split between files is logged).
         skip_bad_rows: skip and count malformed problem rows instead of failing on the first.
+        columns: where the problem, answer and id are in the files' rows (a column name or a
+            dotted path; a chat column's user turn is the problem); docs/data.md.
+        eval_columns: the same for `eval_files` when they are in another shape (None: `columns`).
+        drop_eval_overlap: remove from the training problems those whose normalised text
+            (case, spacing and Unicode forms ignored) is a held-out problem's. Off: they are
+            counted and named in a warning at load, as are repeats within the training set.
         stream: read `train_files` as a litdata stream instead of loading them (the `stream`
             extra; for files too large to hold or screen whole): optimized once into
             `stream_cache`, each epoch's problems drawn from it, shuffled, sharded across
@@ -49,7 +57,8 @@ class ProblemsConfig:
             then screens each epoch's draw with the current policy and searches the hard
             ones; the replay buffer must be off (it re-screens a pool a stream does not keep).
         stream_cache: folder of the optimized dataset (default: `.flywheel_stream` beside the
-            first training file); a changed file is optimized again, an unchanged one never.
+            first training file, or in the working directory for an `hf://` dataset); a
+            changed file is optimized again, an unchanged one never.
     """
 
     train_files: list[str] | str | None = None
@@ -59,6 +68,9 @@ class ProblemsConfig:
     eval_split: str = "test"
     max_eval_problems: int | None = None
     skip_bad_rows: bool = False
+    columns: Columns = Columns()
+    eval_columns: Columns | None = None
+    drop_eval_overlap: bool = False
     stream: bool = False
     stream_cache: str | None = None
 
@@ -79,7 +91,10 @@ class ProblemsConfig:
     @property
     def cache_folder(self) -> str:
         """Where the streamed dataset is optimized (`stream_cache` or beside the first file)."""
-        return self.stream_cache or str(Path(self.train_files[0]).parent / ".flywheel_stream")
+        if self.stream_cache:
+            return self.stream_cache
+        first = self.train_files[0]
+        return ".flywheel_stream" if first.startswith("hf://") else str(Path(first).parent / ".flywheel_stream")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
 """Training problems streamed with litdata, for problem files too large to hold or screen whole.
 
 `optimize_files` turns problem files into a litdata dataset once: every row is checked by the
-task exactly as `load_problems` checks it (bad rows name `file:line`, or are skipped and
-counted with `skip_bad_rows`; duplicate ids are refused), then written as chunks under
-`<cache>/<key>` where the key hashes the files' bytes, the task and the row rule, so a
-changed file is optimized again and an unchanged one never is. The folder is written beside
+task exactly as `load_problems` checks it (columns mapped; bad rows name `file:line`, or are
+skipped and counted with `skip_bad_rows`; duplicate ids are refused; held-out problems left
+out with `drop_eval_overlap`), then written as chunks under `<cache>/<key>` where the key
+hashes the files' bytes, the task, the row rule and the column mapping, so a changed file is
+optimized again and an unchanged one never is. The folder is written beside
 its final name and renamed, so a killed optimization leaves nothing half-made.
 
 `StreamingProblems` reads it: each pass over the data is one `litdata.StreamingDataset`
@@ -29,13 +30,16 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
-
+from flywheel.tasks import hf_datasets
+from flywheel.tasks.columns import Columns
+from flywheel.tasks.overlap import normalise
 from flywheel.tasks.sources import checked_rows
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-"""Layout of an optimized dataset; part of its key, so a change rebuilds old caches."""
+FORMAT = 2
+"""Layout of an optimized dataset; part of its key, so a change rebuilds old caches (2: rows
+stored with their columns mapped)."""
 
 
 def _require_litdata():
@@ -49,10 +53,18 @@ def _require_litdata():
     return litdata
 
 
-def dataset_key(task: Task, files: Sequence[str], skip_bad_rows: bool) -> str:
-    """A name for the optimized dataset of these files: it changes when a file's bytes do."""
-    digest = hashlib.sha256(f"{FORMAT}:{type(task).__module__}.{type(task).__qualname__}:{skip_bad_rows}".encode())
+def dataset_key(task: Task, files: Sequence[str], skip_bad_rows: bool, columns: Columns = Columns(),
+                exclude: frozenset[str] = frozenset()) -> str:
+    """A name for the optimized dataset of these files: it changes when a file's bytes do, or
+    the column mapping, or the set of held-out texts kept out."""
+    digest = hashlib.sha256(f"{FORMAT}:{type(task).__module__}.{type(task).__qualname__}:{skip_bad_rows}:"
+                            f"{columns!r}".encode())
+    for text in sorted(exclude):
+        digest.update(f"\0x{text}".encode())
     for file in files:
+        if hf_datasets.is_hf_source(file):
+            digest.update(hf_datasets.digest(file))
+            continue
         digest.update(f"\0{Path(file).name}\0".encode())
         with open(file, "rb") as fh:
             for block in iter(lambda: fh.read(1 << 20), b""):
@@ -60,20 +72,30 @@ def dataset_key(task: Task, files: Sequence[str], skip_bad_rows: bool) -> str:
     return digest.hexdigest()[:16]
 
 
-def usable_rows(task: Task, files: Sequence[str], skip_bad_rows: bool) -> tuple[list[dict[str, Any]], int]:
-    """Every usable row as {"row": JSON text with its id, "where": file:line}, and the rows skipped."""
+def usable_rows(task: Task, files: Sequence[str], skip_bad_rows: bool, columns: Columns = Columns(),
+                exclude: frozenset[str] = frozenset()) -> tuple[list[dict[str, Any]], int]:
+    """Every usable row, its columns mapped, as {"row": JSON text with its id, "where": file:line},
+    and the rows skipped. A row whose normalised prompt is in `exclude` (the held-out problems'
+    with `--data.problems.drop_eval_overlap`) is left out and counted in the log."""
     items: list[dict[str, Any]] = []
     seen: set[str] = set()
     skipped = 0
+    dropped: list[str] = []
     for file in files:
-        for where, row, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows):
+        for where, row, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, columns=columns):
             if problem is None:
                 skipped += 1
                 continue
             if problem.id in seen:
                 raise ValueError(f"duplicate problem id {problem.id!r} at {where}; ids must be unique")
             seen.add(problem.id)
-            items.append({"row": json.dumps({**row, "id": problem.id}), "where": where})
+            if exclude and normalise(task.prompt(problem)) in exclude:
+                dropped.append(problem.id)
+                continue
+            items.append({"row": json.dumps({**row, "id": problem.id}, default=str), "where": where})
+    if dropped:
+        log.info("left %d training problems that are held-out problems out of the stream "
+                 "(--data.problems.drop_eval_overlap), first: %s", len(dropped), ", ".join(dropped[:5]))
     if not items:
         raise ValueError(f"no usable problems in {', '.join(files)}")
     return items, skipped
@@ -83,13 +105,15 @@ def _encode(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-def optimize_files(task: Task, files: Sequence[str], cache: Path, skip_bad_rows: bool = False) -> Path:
-    """The optimized dataset of `files` under `cache`, built once (atomically) if missing."""
-    target = cache / dataset_key(task, files, skip_bad_rows)
+def optimize_files(task: Task, files: Sequence[str], cache: Path, skip_bad_rows: bool = False,
+                   columns: Columns = Columns(), exclude: frozenset[str] = frozenset()) -> Path:
+    """The optimized dataset of `files` under `cache`, built once (atomically) if missing
+    (`columns`, `exclude`: as `usable_rows`)."""
+    target = cache / dataset_key(task, files, skip_bad_rows, columns, exclude)
     if (target / "index.json").is_file():
         return target
     litdata = _require_litdata()
-    items, skipped = usable_rows(task, files, skip_bad_rows)
+    items, skipped = usable_rows(task, files, skip_bad_rows, columns, exclude)
     # litdata shuffles chunk order and items within a small window of a chunk, so rows that
     # sit together in the file (sorted by source or difficulty) would be drawn together:
     # the rows are permuted once here, with a fixed seed, before they are chunked.

@@ -215,8 +215,9 @@ def test_training_on_the_held_out_split_is_said(tmp_path, caplog):
                 f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
     with caplog.at_level(logging.WARNING):
         preflight(cli.trainer, cli.model, cli.datamodule, "fit", None)
-    assert "2 of the 2 held-out problems (--data.problems.eval_split=test) are also training problems " \
-           "(--data.problems.train_split=test)" in caplog.text
+    assert "2 training problems (--data.problems.train_split=test) are held-out problems " \
+           "(--data.problems.eval_split=test): held-out pass@k will measure memory" in caplog.text
+    assert "drop them with --data.problems.drop_eval_overlap=true" in caplog.text
 
 
 def test_an_eval_k_above_the_samples_reports_pass_at_samples_and_says_so(caplog):

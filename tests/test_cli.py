@@ -41,6 +41,19 @@ def test_every_config_parses_and_instantiates(config, tmp_path, caplog):
     assert not [r.getMessage() for r in caplog.records if "is not used with --data.rollout" in r.getMessage()]
 
 
+@pytest.mark.parametrize("overlay", sorted((ROOT / "conf" / "data").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_data_shape_overlay_parses_on_the_math_recipe(overlay, tmp_path):
+    # conf/data/*.yaml set a MathTask's answer convention and the files' columns; they go after
+    # a MathTask recipe, whose other task settings they keep (tests/test_problem_shapes.py fits each).
+    cli = main(["--config", str(ROOT / "conf" / "deepsearch_cpu.yaml"), "--config", str(overlay),
+                f"--trainer.default_root_dir={tmp_path}"], run=False)
+    task, columns = cli.datamodule.task, cli.datamodule.pool.config.columns
+    assert task.step.max_tokens == 16 and task.max_response_tokens == 128  # the recipe's, kept
+    expected = {"gsm8k.yaml": ("hashes", "question", "answer"), "math.yaml": ("boxed", "problem", "solution"),
+                "deepmath.yaml": ("plain", "question", "final_answer")}[overlay.name]
+    assert (task.gold_format, columns.problem, columns.answer) == expected
+
+
 def test_overlays_change_the_rollout():
     base = ["--config", str(ROOT / "conf" / "quickstart.yaml")]
     assert main(base, run=False).datamodule.rollout == "search"

@@ -106,6 +106,31 @@ def test_a_changed_file_is_optimized_again(tmp_path):
     assert len(StreamingProblems(CountdownTask(), second, seed=0)) == 6
 
 
+def test_a_stream_maps_columns_reads_a_saved_dataset_and_leaves_held_out_problems_out(tmp_path):
+    from data_modules.pool import ProblemPool
+    from data_modules.settings import ProblemsConfig
+    from flywheel.tasks.columns import Columns
+    from flywheel.tasks.math import MathTask
+
+    datasets = pytest.importorskip("datasets", reason="the datasets extra is not installed (pip install 'flywheel[datasets]')")
+    rows = [{"question": f"Compute {i} + 1.", "final_answer": i + 1, "uid": f"u{i}"} for i in range(6)]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "train"))
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"question": "compute 2 + 1.", "final_answer": "3", "uid": "h0"}) + "\n")
+    columns = Columns(problem="question", answer="final_answer", id="uid")
+    config = ProblemsConfig(train_files=[str(tmp_path / "train")], eval_files=[str(held)], columns=columns, stream=True,
+                            stream_cache=str(tmp_path / "cache"), drop_eval_overlap=True)
+    pool = ProblemPool(MathTask(gold_format="plain"), config, seed=0)
+    drawn = pool.draw(5, 0, 1)
+    assert sorted((p.id, p.question, p.answer) for p in drawn) == \
+        [(f"u{i}", f"Compute {i} + 1.", str(i + 1)) for i in (0, 1, 3, 4, 5)]  # u2 is held out
+    # Another column mapping is another optimized dataset; the same one is found again.
+    kept = ProblemsConfig(train_files=[str(tmp_path / "train")], eval_files=[str(held)], columns=columns, stream=True,
+                          stream_cache=str(tmp_path / "cache"))
+    assert len(ProblemPool(MathTask(gold_format="plain"), kept, seed=0).draw(6, 0, 1)) == 6
+    assert len(list((tmp_path / "cache").iterdir())) == 2
+
+
 # ---------------------------------------------------------------------- from the command line
 def test_settings_of_a_stream_are_checked_with_their_flags(tmp_path):
     from data_modules.search import SearchDataModule

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.tasks import Task
+from flywheel.tasks.columns import Columns
 
 log = logging.getLogger("flywheel.diagnose")
 
@@ -62,6 +63,7 @@ def run_diagnose(
     seed: int = 0,
     bootstrap: int = 1000,
     skip_bad_rows: bool = False,
+    columns: Columns = Columns(),
     dtype: str = "float32",
     out: str = "runs/diagnose",
 ) -> dict[str, Any]:
@@ -94,6 +96,8 @@ def run_diagnose(
         seed: seed of the samples and of the bootstrap.
         bootstrap: bootstrap replicates over problems.
         skip_bad_rows: skip and count malformed problem rows instead of failing.
+        columns: where the problem, answer and id are in the files' rows (`fit`'s
+            `--data.problems.columns.*`, docs/data.md), e.g. `--columns.problem=question`.
         dtype: parameter dtype of the policy.
         out: folder of diagnose.json.
     """
@@ -122,7 +126,7 @@ def run_diagnose(
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
     try:
         loaded = load_problems(task, files, split, skip_bad_rows=skip_bad_rows, limit=max_problems, check=check,
-                               skip_flag="--skip_bad_rows")
+                               columns=columns, flags="--")
     except FileNotFoundError as err:
         raise PreflightError(f"{err}; fix the path in --files") from err
     except (ValueError, ImportError) as err:

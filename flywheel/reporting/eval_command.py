@@ -30,6 +30,7 @@ from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.run.settings import SETTINGS_KEY
 from flywheel.tasks import Task
+from flywheel.tasks.columns import Columns
 from flywheel.tasks.grading import Grader, GradingConfig
 
 log = logging.getLogger("flywheel.eval")
@@ -115,6 +116,7 @@ def run_eval(
     seed: int = EvalConfig.seed,
     max_problems: int | None = None,
     skip_bad_rows: bool = False,
+    columns: Columns = Columns(),
     problems_per_batch: int = EvalConfig.problems_per_batch,
     dtype: str = "float32",
     grading: GradingConfig = GradingConfig(),
@@ -131,7 +133,8 @@ def run_eval(
             must be the policy the checkpoint was trained from (refused otherwise: same-shaped
             weights would load silently into another model), unless the recorded folder moved.
         files: held-out problem files (jsonl/parquet with `problem` and `answer`),
-            `[a.jsonl,b.parquet]` or one path; each is reported on its own.
+            `Dataset.save_to_disk` folders or `hf://` datasets (docs/data.md), `[a.jsonl,b.parquet]`
+            or one path; each is reported on its own.
         split: a built-in split of the task (used when no files are given; default "test").
         task: the task that prompts and grades (default: Countdown).
         generator: the sampling backend (default: in-process transformers).
@@ -142,6 +145,8 @@ def run_eval(
         seed: sampling seed; request seeds depend on (seed, problem id) only.
         max_problems: evaluate the first this many problems of each source.
         skip_bad_rows: skip and count malformed problem rows instead of failing.
+        columns: where the problem, answer and id are in the files' rows (`fit`'s
+            `--data.problems.columns.*`, docs/data.md), e.g. `--columns.problem=question`.
         problems_per_batch: problems per generator call.
         dtype: parameter dtype of the evaluated policy.
         grading: the grading guard (flywheel.tasks.grading, `fit`'s `--data.grading.*`): a
@@ -183,7 +188,7 @@ def run_eval(
     for name, source in sources.items():
         try:
             loaded_sources[name] = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows,
-                                                 limit=max_problems, check=check, skip_flag="--skip_bad_rows")
+                                                 limit=max_problems, check=check, columns=columns, flags="--")
         except FileNotFoundError as err:
             raise PreflightError(f"{err}; fix the path in --files") from err
         except (ValueError, ImportError) as err:

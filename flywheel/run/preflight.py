@@ -77,25 +77,6 @@ def check_epochs(trainer: Any) -> None:
                                  "set it to 1 or more, or -1 for no limit")
 
 
-def warn_train_on_held_out(datamodule: Any) -> None:
-    """Training problems that are also held-out problems (`--data.problems.train_split=test`):
-    held-out pass@k then measures memorisation. Said once; the run goes on (a deliberate
-    overfitting check is a use)."""
-    task, pool = datamodule.task, datamodule.pool
-    if pool.config.stream:
-        return
-    held_out = datamodule.eval_problems()
-    trained = {task.prompt(p) for p in datamodule.train_pool().values()}
-    shared = sum(task.prompt(p) in trained for p in held_out)
-    if shared:
-        cfg = pool.config
-        train = f"--data.problems.train_files={cfg.train_files}" if cfg.train_files else f"--data.problems.train_split={cfg.train_split}"
-        held = f"--data.problems.eval_files={cfg.eval_files}" if cfg.eval_files else f"--data.problems.eval_split={cfg.eval_split}"
-        log.warning("%d of the %d held-out problems (%s) are also training problems (%s): held-out pass@k will "
-                    "measure memorisation, not generalisation; train on another split or files",
-                    shared, len(held_out), held, train)
-
-
 # ---------------------------------------------------------------------- inputs
 def context_limit(model: Any) -> int | None:
     """The policy's longest sequence (prompt + response) in tokens, if its config says."""
@@ -140,8 +121,10 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
         budget_error = None
     except PreflightError as err:  # reported after the problem files, which a user sets up first
         datamodule.pool.row_check, budget_error = None, err
-    loads = [("--data.problems.train_files", datamodule.train_pool)] if train else []
-    loads.append(("--data.problems.eval_files", datamodule.eval_problems))
+    # Held-out first: the training pool reads it too (repeats, leaks, drop_eval_overlap), and
+    # its errors must name its own flag.
+    loads = [("--data.problems.eval_files", datamodule.eval_problems)]
+    loads += [("--data.problems.train_files", datamodule.train_pool)] if train else []
     for flag, load in loads:
         try:
             load()
@@ -354,7 +337,5 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
             if changes:
                 log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
                             resolved, len(changes), "\n  ".join(changes))
-    load_inputs(datamodule, model, train=subcommand == "fit")
-    if subcommand == "fit":
-        warn_train_on_held_out(datamodule)
+    load_inputs(datamodule, model, train=subcommand == "fit")  # repeats and leaks are logged as the pool loads
     return resolved

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Mapping
 
 from flywheel.rewards import Verdict
+from flywheel.tasks.columns import MissingColumn
 
 
 @dataclass(frozen=True)
 class Problem:
     """One problem. `question` is what the prompt shows; `answer` is the gold answer text.
 
-    Problem files (jsonl/parquet) have `problem` and `answer` columns and an optional `id`;
-    a task may read extra columns of its own in `Task.problem_from_row`.
+    Problem rows have `problem` and `answer` columns and an optional `id`, or columns mapped to
+    them (flywheel.tasks.columns); a task may read extra columns of its own in
+    `Task.problem_from_row`.
     """
 
     id: str
@@ -67,10 +71,51 @@ class Task(ABC):
         """The task's built-in problems of `split` ("train", "test", ...)."""
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> Problem:
-        """Build a Problem from one row of a problem file; `where` ("file.jsonl:12") is for errors."""
+        """Build a Problem from one row of a problem file; `where` ("file.jsonl:12") is for errors.
+
+        The row is already in this shape (flywheel.tasks.columns maps a publisher's columns to
+        it): `problem` text, `answer` text or number (`answer_text`), optional `id` (text or integer)."""
         for key in ("problem", "answer"):
-            value = row.get(key)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{where}: column {key!r} must be a non-empty string, got {value!r}")
-        row_id = row.get("id", where)
-        return Problem(id=str(row_id), question=row["problem"], answer=row["answer"])
+            if key not in row:
+                raise MissingColumn(key, key, sorted(map(str, row)))
+        question = row["problem"]
+        if not isinstance(question, str) or not question.strip():
+            raise ValueError(f"{where}: column 'problem' must be a non-empty string, got {question!r:.80}")
+        answer = answer_text(row["answer"], where)
+        return Problem(id=problem_id(row.get("id"), where), question=question, answer=answer)
+
+
+def answer_text(value: Any, where: str) -> str:
+    """A gold answer as text: a string as it is, an integer or a finite float canonically
+    (`42`, `0.5`; a float with an integer value as the integer, so `42.0` and `42` are one
+    answer). A boolean or a null is refused: neither is a math answer, and `True` would
+    otherwise read as `1`.
+
+    >>> answer_text(42, "f:1"), answer_text(42.0, "f:1"), answer_text(0.5, "f:1"), answer_text(" 7 ", "f:1")
+    ('42', '42', '0.5', ' 7 ')
+    """
+    if isinstance(value, bool) or value is None:
+        raise ValueError(f"{where}: the answer is {value!r}, not a string or a number; fix the row or its "
+                         "answer column (--data.problems.columns.answer)")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: the answer is {value!r}, not a finite number")
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            raise ValueError(f"{where}: the answer is {value!r}, not a finite number")
+        return str(int(value)) if value == value.to_integral_value() else format(value.normalize(), "f")
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{where}: column 'answer' must be a non-empty string or a number, got {value!r:.80}")
+    return value
+
+
+def problem_id(value: Any, where: str) -> str:
+    """A row's id: its text or integer, or `where` when the row has none."""
+    if value is None:
+        return where
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or (isinstance(value, str) and not value.strip()):
+        raise ValueError(f"{where}: the id {value!r:.80} must be a non-empty string or an integer")
+    return str(value)

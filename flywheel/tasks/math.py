@@ -49,6 +49,11 @@ class MathTask(Task):
             that RL punishes); the prompt still asks for \\boxed{}. A response cut by the
             length limit, or one that runs on into a new chat turn, is graded on boxes only
             either way (issue 36). Set True when a recipe wants the box itself rewarded.
+        gold_format: how the answer column is written (`gold_answer`): "auto" (default: the
+            last `\\boxed{}` if any, else what follows the last `####`, else the text),
+            "boxed" (a solution whose last `\\boxed{}` is the answer: MATH, NuminaMath),
+            "hashes" (a rationale ending `#### 42`: GSM8K) or "plain" (the answer itself:
+            DeepMath's `final_answer`). A row without its convention's marker is refused.
     """
 
     def __init__(
@@ -61,11 +66,14 @@ class MathTask(Task):
         hedged: Literal["wrong", "first", "last"] = "wrong",
         require_box: bool = False,
         system_prompt: str | None = None,
+        gold_format: Literal["auto", "boxed", "hashes", "plain"] = "auto",
     ) -> None:
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
         if hedged not in ("wrong", "first", "last"):
             raise ValueError(f"hedged must be 'wrong', 'first' or 'last', got {hedged!r}")
+        if gold_format not in GOLD_FORMATS:
+            raise ValueError(f"gold_format must be one of {', '.join(GOLD_FORMATS)}, got {gold_format!r}")
         self.step = StepSpec(max_tokens=step_tokens, delimiter=step_delimiter)
         self.max_response_tokens = max_response_tokens
         self.prompt_suffix = prompt_suffix
@@ -73,6 +81,7 @@ class MathTask(Task):
         self.hedged = hedged
         self.require_box = require_box
         self.system_prompt = system_prompt
+        self.gold_format = gold_format
 
     def prompt(self, problem: Problem) -> str:
         return problem.question + self.prompt_suffix
@@ -85,9 +94,12 @@ class MathTask(Task):
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> Problem:
         problem = super().problem_from_row(row, where)
-        gold = gold_answer(problem.answer)
+        try:
+            gold = gold_answer(problem.answer, self.gold_format)
+        except ValueError as err:
+            raise ValueError(f"{where}: {err}") from None
         if not gold:
-            raise ValueError(f"{where}: the gold answer {problem.answer!r} holds no answer (an empty \\boxed{{}} or ####)")
+            raise ValueError(f"{where}: the gold answer {problem.answer!r:.80} holds no answer (an empty \\boxed{{}} or ####)")
         return Problem(id=problem.id, question=problem.question, answer=gold)
 
     def problems(self, split: str) -> list[Problem]:
@@ -104,20 +116,35 @@ class MathTask(Task):
 _GSM8K_ANSWER = re.compile(r"####[ \t]*([^\n]*)")
 
 
-def gold_answer(answer: str) -> str:
-    """The answer a gold column means, when it is written as a solution: the content of its
-    last `\\boxed{}` (MATH-style), or what follows its last `####` (a GSM8K rationale);
-    anything else as it is (stripped). The verifier compares a completion's answer with
-    this, so a boxed gold answer would otherwise grade every completion wrong.
+GOLD_FORMATS = ("auto", "boxed", "hashes", "plain")
+"""How a gold answer column is written (MathTask's `gold_format`)."""
+
+
+def gold_answer(answer: str, gold_format: str = "auto") -> str:
+    r"""The answer a gold column means, when it is written as a solution: the content of its
+    last `\boxed{}` (MATH-style, `gold_format="boxed"`), or what follows its last `####` (a
+    GSM8K rationale, "hashes"); the text itself ("plain", stripped). "auto" takes the first
+    of these that the text has. The verifier compares a completion's answer with this, so a
+    boxed gold answer would otherwise grade every completion wrong. A "boxed" or "hashes"
+    answer without its marker raises ValueError.
 
     >>> gold_answer("\\boxed{5}"), gold_answer("3 + 4 = 7 apples.\n#### 72"), gold_answer(" 1/2 ")
     ('5', '72', '1/2')
+    >>> gold_answer("x = \\boxed{5}", "plain")
+    'x = \\boxed{5}'
     """
     text = answer.strip()
-    if "\\boxed" in text or "\\fbox" in text:
-        return (extract_answer(text, require_box=True) or "").strip()
+    boxed = "\\boxed" in text or "\\fbox" in text
     hashes = _GSM8K_ANSWER.findall(text)
-    if hashes:
+    if gold_format == "boxed" or (gold_format == "auto" and boxed):
+        if not boxed:
+            raise ValueError(f"the gold answer {answer!r:.80} has no \\boxed{{}} (--data.task.init_args.gold_format=boxed "
+                             "reads the last one; set another gold_format if the column is not a boxed solution)")
+        return (extract_answer(text, require_box=True) or "").strip()
+    if gold_format == "hashes" or (gold_format == "auto" and hashes):
+        if not hashes:
+            raise ValueError(f"the gold answer {answer!r:.80} has no '#### ANSWER' line (--data.task.init_args.gold_format="
+                             "hashes reads it; set another gold_format if the column is not a GSM8K rationale)")
         return hashes[-1].strip()
     return text
 

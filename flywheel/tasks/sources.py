@@ -1,4 +1,6 @@
-"""Problem sources: a task's built-in split, or jsonl/parquet files with `problem` and `answer`.
+"""Problem sources: a task's built-in split, or jsonl/parquet files and Hugging Face datasets
+(flywheel.tasks.hf_datasets) whose rows have `problem` and `answer`, or columns mapped to them
+(flywheel.tasks.columns: `--data.problems.columns.*`).
 
 Bad rows are never dropped silently: by default the first one raises an error naming the
 file and line; with `skip_bad_rows=True` they are skipped, counted and logged. A bad row is
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Iterator, Sequence
 
 from flywheel.tasks import Problem, Task
+from flywheel.tasks import hf_datasets
+from flywheel.tasks.columns import Columns, MissingColumn, map_row
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +42,19 @@ def load_problems(
     skip_bad_rows: bool = False,
     limit: int | None = None,
     check: Callable[[Problem], None] | None = None,
-    skip_flag: str = "--data.problems.skip_bad_rows",
+    columns: Columns = Columns(),
+    flags: str = "--data.problems.",
+    columns_flag: str = "columns",
 ) -> LoadedProblems:
     """Problems from `files` if given, else the task's built-in `split`. Ids must be unique.
     `limit` takes the first that many problems over all `files` together, in order (how many
     came from each file is logged).
 
     `check(problem)` raises ValueError for a row the caller cannot use (its message is put
-    after the row's `file:line`); such rows are bad rows like malformed ones. `skip_flag` is
-the command's name of `skip_bad_rows`, for the error message."""
+    after the row's `file:line`); such rows are bad rows like malformed ones. `columns` maps
+    the files' columns to the task's row. `flags` is the command's prefix of these settings
+    (`--data.problems.` for fit, `--` for eval and diagnose) and `columns_flag` the name of
+    `columns` after it, for the error messages."""
     if limit is not None and limit < 1:
         raise ValueError(f"the problem limit must be >= 1 or None (all problems), got {limit}")
     if not files:
@@ -59,7 +67,8 @@ the command's name of `skip_bad_rows`, for the error message."""
         if limit and len(problems) >= limit:  # the limit is over all files together
             break
         taken[file] = 0
-        for _, _, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, check=check, skip_flag=skip_flag):
+        for _, _, problem in checked_rows(task, file, skip_bad_rows=skip_bad_rows, check=check,
+                                                  columns=columns, flags=flags, columns_flag=columns_flag):
             if problem is None:
                 skipped += 1
             else:
@@ -88,39 +97,76 @@ def checked_rows(
     *,
     skip_bad_rows: bool = False,
     check: Callable[[Problem], None] | None = None,
-    skip_flag: str = "--data.problems.skip_bad_rows",
+    columns: Columns = Columns(),
+    flags: str = "--data.problems.",
+    columns_flag: str = "columns",
 ) -> Iterator[tuple[str, object, Problem | None]]:
-    """(location, row, problem) for every row of `file`, each parsed by the task and passed
-    through `check`. A bad row raises ValueError naming its location and `skip_flag`, or with
-    `skip_bad_rows` is logged and yielded with problem None."""
-    for where, row in _rows(Path(file)):
+    """(location, row, problem) for every row of `file`, its columns mapped by `columns` (the
+    row yielded is the mapped one), parsed by the task and passed through `check`. A bad row
+    raises ValueError naming its location and the flag that skips it, or with `skip_bad_rows`
+    is logged and yielded with problem None."""
+    for where, row in _rows(file):
         try:
             if isinstance(row, Exception):
                 raise ValueError(f"{where}: {row}")
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            problem = task.problem_from_row(row, where)
+            try:
+                row = map_columns(row, columns, where)
+                problem = task.problem_from_row(row, where)
+            except MissingColumn as err:
+                role = f"{flags}{columns_flag}.{err.role}"
+                raise ValueError(f"{where}: no column {err.column!r} ({role}); {err.has()}; "
+                                 f"map one with {role}=COLUMN") from None
             if check is not None:
                 try:
                     check(problem)
                 except ValueError as err:
                     raise ValueError(f"{where}: {err}") from None
         except ValueError as err:
+            message = command_flags(str(err), flags, columns_flag)
             if not skip_bad_rows:
-                raise ValueError(f"{err} (pass {skip_flag}=true to skip and count bad rows)") from None
-            log.warning("skipping bad problem row: %s", err)
+                raise ValueError(f"{message} (pass {flags}skip_bad_rows=true to skip and count bad rows)") from None
+            log.warning("skipping bad problem row: %s", message)
             yield where, row, None
             continue
         yield where, row, problem
 
 
-def _rows(path: Path) -> Iterator[tuple[str, object]]:
-    """(location, row or the parse error) for every row of a jsonl or parquet file."""
+def map_columns(row: dict, columns: Columns, where: str) -> dict:
+    """`columns.map_row` with the row's location put before a value error (a chat it refuses)."""
+    try:
+        return map_row(row, columns)
+    except MissingColumn:
+        raise
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+
+
+def command_flags(message: str, flags: str, columns_flag: str = "columns") -> str:
+    """`message` with fit's flags spelled as the command spells them: `--data.problems.columns.`
+    is `columns_flag`'s, and under `flags="--"` (eval, diagnose) `--data.problems.X` is `--X`
+    and `--data.task.` is `--task.`."""
+    message = message.replace("--data.problems.columns.", f"--data.problems.{columns_flag}.")
+    if flags == "--data.problems.":
+        return message
+    return message.replace("--data.problems.", flags).replace("--data.task.", "--task.")
+
+
+def _rows(source: str) -> Iterator[tuple[str, object]]:
+    """(location, row or the parse error) for every row of a jsonl or parquet file or a
+    Hugging Face dataset (flywheel.tasks.hf_datasets)."""
+    if hf_datasets.is_hf_source(source):
+        for where, row in hf_datasets.rows(source):
+            yield where, ValueError(_too_long()) if len(json.dumps(row, default=str)) > MAX_ROW_BYTES else row
+        return
+    path = Path(source)
     if path.is_dir():
         inside = sorted(p.name for p in path.iterdir() if p.suffix in (".jsonl", ".json", ".parquet"))
         raise ValueError(f"problem file {path} is a folder, not a file; "
                          + (f"pass the files in it (e.g. [{', '.join(str(path / n) for n in inside[:3])}])"
-                            if inside else "it holds no .jsonl or .parquet files"))
+                            if inside else "it holds no .jsonl or .parquet files")
+                         + " (a Dataset.save_to_disk folder, with its state.json, is read as a dataset)")
     if not path.is_file():
         raise FileNotFoundError(f"problem file {path} does not exist")
     if path.suffix == ".parquet":
