@@ -123,6 +123,9 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         return None
     if argv[:1] in (["--help"], ["-h"]):
         print(USAGE)
+    from flywheel.run.section_help import help_section
+
+    argv, section = help_section(argv)  # `fit --help data.search`: that section only
     argv = long_config_flags(argv)  # `-c FILE` is `--config FILE` for every check below
     check_command_line(argv)
     from flywheel.run.renames import rename_flags
@@ -158,6 +161,7 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
             args=parsed,
             run=run,
             argv=argv,
+            help_section=section,
         )
     except ArgumentError as err:
         from flywheel.run.command_line import parse_error_line

@@ -32,9 +32,11 @@ class FlywheelCLI(LightningCLI):
     sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
     module's (`--data.eval.*`), the hard-set refresh's too (`--data.hard_set.*`)."""
 
-    def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
+    def __init__(self, *args, argv: list[str] | None = None, help_section: str | None = None, **kwargs) -> None:
         self.argv = argv
         """The command line (for the resume hint of a run stopped by SIGTERM)."""
+        self.help_section = help_section
+        """`fit --help data.search`: print that section's options only (flywheel.run.section_help)."""
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -47,11 +49,29 @@ class FlywheelCLI(LightningCLI):
 
         from flywheel.run.flags import option_strings
 
+        if self.help_section is not None:
+            self.print_section(parser, args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # the flags it knows, for the closest to an unknown one
             err.known_flags = option_strings(parser)
             raise
+
+    def print_section(self, parser, args) -> None:
+        """`fit --help SECTION`: that section's options, then exit 0; an unknown section is a
+        one-line error listing the sections."""
+        from flywheel.run.errors import PreflightError
+        from flywheel.run.section_help import section_help
+
+        command = next((a for a in args or () if a in SUBCOMMANDS), None)
+        if command is None:
+            raise PreflightError(f"--help {self.help_section}: name a command first, e.g. "
+                                 f"`python -m flywheel fit --help {self.help_section}`")
+        try:
+            print(section_help(parser._subcommands_action._name_parser_map[command], self.help_section, command))
+        except ValueError as err:
+            raise PreflightError(str(err)) from None
+        raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
