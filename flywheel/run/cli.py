@@ -135,10 +135,37 @@ class FlywheelCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        try:
+            super()._run_subcommand(subcommand)
+        finally:  # however the fit ends; a killed process's locks go with it
+            for handle in self.held_folders:
+                handle.close()
+            self.held_folders = []
+
+    held_folders: list = []
+    """The open lock files of the checkpoint folders this fit holds (flywheel.run.folder_lock)."""
+
+    def hold_checkpoint_folders(self) -> None:
+        """A fit holds its checkpoint folders for its whole life: a second fit into one of them
+        is refused while this one runs (rank 0 holds them for every rank)."""
+        from flywheel.run.folder_lock import hold_folder
+        from flywheel.run.preflight import checkpoint_folders
+
+        if self.trainer.global_rank != 0:
+            return
+        for folder in checkpoint_folders(self.trainer):
+            try:
+                self.held_folders = [*self.held_folders, hold_folder(folder)]
+            except OSError:  # an unwritable folder: the preflight names it with its fix
+                continue
+
     def preflight(self) -> None:
         """flywheel.run.preflight's checks, before anything is searched, trained or evaluated."""
         from flywheel.run.preflight import preflight
 
+        if self.subcommand == "fit":
+            self.hold_checkpoint_folders()
         config = self.config[self.subcommand]
         from flywheel.run.settings import RunSettings
 
@@ -148,9 +175,11 @@ class FlywheelCLI(LightningCLI):
                              settings=saver.settings() if saver is not None else None)
         if saver is not None:
             saver.resuming = resolved is not None
-        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
-            self.config_init[self.subcommand]["ckpt_path"] = None
-            config.ckpt_path = None
+        # "last" with nothing there (--last_missing_ok): a fresh run; no --ckpt_path but the same
+        # command as the run in the checkpoint folder: resumed (flywheel.run.preflight.rerun_to_resume)
+        if (resolved is None) != (config.ckpt_path is None):
+            self.config_init[self.subcommand]["ckpt_path"] = resolved
+            config.ckpt_path = resolved
 
     def before_validate(self) -> None:
         self.preflight()
