@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm import tqdm
 
 from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
+from flywheel.reporting.sample_bar import sample_bar
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.run.settings import SETTINGS_KEY
@@ -199,10 +199,10 @@ def run_eval(
         for name, loaded in loaded_sources.items():
             problems = loaded.problems
             seconds, graded = generator_.stats.seconds, grader.counts()
-            with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
+            with sample_bar(generator_, len(shard(problems, rank, world)), samples, f"eval {name}", show=rank == 0) as advance:
                 with torch.no_grad():
                     result = evaluate_sharded(generator_, tokenizer, task, problems, config,
-                                              progress=lambda done: bar.update(done - bar.n), grade=grader.score)
+                                              progress=advance, grade=grader.score)
             scores = metrics(result, ks)
             report["results"][name] = {
                 "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
