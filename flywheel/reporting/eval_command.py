@@ -149,7 +149,7 @@ def run_eval(
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
-    from flywheel.policies.check import check_dtype, load_checked_policy
+    from flywheel.policies.check import chat_template_warning, check_dtype, load_checked_policy
     from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
@@ -177,6 +177,8 @@ def run_eval(
         model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
         model.eval()
         step = 0
+    if policy is not None and (warning := chat_template_warning(task, tokenizer, policy, "--task.init_args.chat_template")):
+        log.warning(warning)
     # Every source is read and every prompt checked against the policy's context before any sampling.
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
     loaded_sources = {}

@@ -119,7 +119,14 @@ def prompt_fits(tokenizer: Any, task: Task, limit: int | None, budget_flag: str)
 def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
     """Read every problem file now (held-out, and training when `train`), each row checked
     against the policy's context, so a missing or corrupt file or an unusable row fails
-    before the first search; the data module keeps what it loaded."""
+    before the first search; the data module keeps what it loaded. A task that asks for a chat
+    template the tokenizer lacks is warned of (flywheel.policies.check.chat_template_warning)."""
+    from flywheel.policies.check import chat_template_warning
+
+    policy = getattr(getattr(model, "hparams", None), "policy", None)
+    if policy is not None and (warning := chat_template_warning(datamodule.task, model.tokenizer, str(policy),
+                                                                "--data.task.init_args.chat_template")):
+        log.warning(warning)
     try:
         datamodule.pool.row_check = prompt_fits(
             model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
