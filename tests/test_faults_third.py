@@ -106,3 +106,39 @@ def test_a_problem_file_listed_twice_is_named(tmp_path):
     refused(["fit", "--config", QUICK, f"--data.problems.train_files=[{a},{a}]", f"--trainer.logger.init_args.save_dir={tmp_path}"],
             f"the list names {a} twice",
             "[--data.problems.train_files]")
+
+
+def test_a_generator_that_fails_mid_fit_names_the_checkpoint_and_the_command_that_resume(tmp_path, monkeypatch):
+    """A sidecar past its retries and restarts (tests/test_vllm_sidecar.py kills a real server
+    and breaks its relaunch) ends the fit in one line naming the newest checkpoint and the resume
+    command (before: a traceback). Nothing of the failed epoch is kept: the resume redoes it.
+    The failure is injected where the data module calls the search."""
+    import torch
+
+    from data_modules.search import SearchDataModule
+    from flywheel.generation.vllm.client import SidecarError
+    from flywheel.run.errors import GeneratorFailure
+
+    args = ["fit", "--config", QUICK, "--data.batching.problems_per_epoch=4", "--data.batching.mini_batch_problems=4",
+            "--data.eval.samples=1", "--data.problems.max_train_problems=8", "--data.problems.max_eval_problems=2",
+            "--data.eval.at_start=false", "--data.search.max_expansions_per_tree=4", "--data.search.trajectories_per_tree=2",
+            "--data.epochs_per_round=2", "--trainer.max_epochs=2", f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    search = SearchDataModule.epoch_search
+
+    def server_gone_in_epoch_1(self, tokenizer, epoch, *rest):
+        if epoch == 1:
+            raise SidecarError("vLLM request http://127.0.0.1:9/v1/completions failed 3 times: the vLLM server at "
+                               "http://127.0.0.1:9 exited with code 3 while starting")
+        return search(self, tokenizer, epoch, *rest)
+
+    monkeypatch.setattr(SearchDataModule, "epoch_search", server_gone_in_epoch_1)
+    last = tmp_path / "quickstart" / "checkpoints" / "last.ckpt"
+    with pytest.raises(GeneratorFailure) as failed:
+        main(args)
+    assert str(failed.value) == (
+        "the generator failed in epoch 1: vLLM request http://127.0.0.1:9/v1/completions failed 3 times: the vLLM server "
+        "at http://127.0.0.1:9 exited with code 3 while starting. Nothing of epoch 1 was kept; "
+        f"{last} (the newest checkpoint) resumes the run at its start, after fixing the cause: python -m flywheel "
+        + " ".join(args) + " --ckpt_path last")
+    # epoch 0's end-of-epoch checkpoint, untouched: `--ckpt_path last` redoes epoch 1 (tests/test_resume.py)
+    assert torch.load(last, weights_only=False)["epoch"] == 0

@@ -136,8 +136,13 @@ class FlywheelCLI(LightningCLI):
         return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
+        from flywheel.generation.vllm.client import SidecarError
+        from flywheel.run.errors import GeneratorFailure
+
         try:
             super()._run_subcommand(subcommand)
+        except SidecarError as err:  # past the sidecar's retries and restarts: say what resumes the run
+            raise GeneratorFailure(generator_failure_message(err, self.trainer, self.argv or [])) from err
         finally:  # however the fit ends; a killed process's locks go with it
             for handle in self.held_folders:
                 handle.close()
@@ -205,6 +210,24 @@ class FlywheelCLI(LightningCLI):
         # configuration; a checkpoint restores state (weights, optimizer, loops, search
         # state), not settings.
         return
+
+
+def generator_failure_message(err: Exception, trainer, argv: list[str]) -> str:
+    """One line for a generator that failed mid-fit: nothing of the epoch under way is kept (its
+    search, or its steps before the weight push, are redone), and the run's newest checkpoint
+    resumes it with the same command and `--ckpt_path last`."""
+    from flywheel.run.preemption import last_checkpoint_path, resume_command
+
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if getattr(trainer, "state", None) is None or trainer.state.fn != "fit":
+        return f"the generator failed: {first}"
+    epoch = trainer.current_epoch
+    last = last_checkpoint_path(trainer)
+    if not last.is_file():
+        return (f"the generator failed in epoch {epoch}: {first}. No checkpoint was written yet; after fixing the "
+                "cause, run the same command again")
+    return (f"the generator failed in epoch {epoch}: {first}. Nothing of epoch {epoch} was kept; {last} (the "
+            f"newest checkpoint) resumes the run at its start, after fixing the cause: {resume_command(argv)}")
 
 
 def trainer_error_line(err: Exception, trainer_config) -> str:
