@@ -154,10 +154,14 @@ class FlywheelCLI(LightningCLI):
     def hold_checkpoint_folders(self) -> None:
         """A fit holds its checkpoint folders for its whole life: a second fit into one of them
         is refused while this one runs (rank 0 holds them for every rank)."""
+        from lightning.pytorch.utilities import rank_zero_only
+
         from flywheel.run.folder_lock import hold_folder
         from flywheel.run.preflight import checkpoint_folders
 
-        if self.trainer.global_rank != 0:
+        # Both: a rank Lightning's launcher started reads its rank from the environment
+        # (rank_zero_only.rank) before the strategy has set the trainer's.
+        if self.trainer.global_rank != 0 or rank_zero_only.rank != 0:
             return
         for folder in checkpoint_folders(self.trainer):
             try:
