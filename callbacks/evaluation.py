@@ -13,12 +13,12 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
-from tqdm.auto import tqdm
 
 from flywheel.reporting.evaluation import evaluate_sharded, shard
 from flywheel.io import atomic_write_json
 from flywheel.ports import PortClient
 from flywheel.reporting.report import write_run_report
+from flywheel.reporting.sample_bar import sample_bar
 
 from callbacks.round_scalars import log_round_scalars
 from callbacks.wall_time import EVAL, wall_section
@@ -132,11 +132,10 @@ class HeldOutEval(PortClient, Callback):
         port = self.port
         problems = port.eval_problems()
         mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
-        bar = tqdm(total=len(mine), desc=f"eval {label}", unit="problem", leave=False, disable=not trainer.is_global_zero)
-        with wall_section(trainer, EVAL):
+        with wall_section(trainer, EVAL), sample_bar(port.generator, len(mine), port.eval.samples, f"eval {label}",
+                                                     show=trainer.is_global_zero) as advance:
             result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
-                                      progress=lambda done: bar.update(done - bar.n), grade=port.grader.score)
-        bar.close()
+                                      progress=advance, grade=port.grader.score)
         out = {"k": float(port.eval.pass_k), "problems": float(len(problems)),
                "pass1": result.pass_at(1), "passk": result.pass_at(port.eval.pass_k)}
         log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], port.eval.pass_k, out["passk"], len(problems))

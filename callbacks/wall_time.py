@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
-from flywheel.reporting.wall_split import WallSplit, difference
+from flywheel.reporting.wall_split import WallSplit, difference, projected_finish
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,9 @@ class WallTime(Callback):
         self.epochs = [r for r in self.epochs if r["epoch"] != self._epoch] + [row]  # a resumed epoch again: replaced
         self._epoch_mark = now
         log_round_scalars(trainer, {f"compute/wall/{k}": v for k, v in row.items() if k != "epoch"}, self._epoch)
+        if trainer.is_global_zero and (line := projected_finish([r["wall_s"] for r in self.epochs], trainer.max_epochs,
+                                                                time.time())):
+            log.info("%s%s", line, " (sooner if --budget.max_tokens runs out)" if _has_budget(trainer) else "")
         evaluation = _evaluation(trainer)
         ended = [r for r in evaluation.rounds if r["epoch"] == self._epoch] if evaluation is not None else []
         for done in ended:  # the round this epoch ended, or its partial row where the run stopped inside it
@@ -191,6 +195,12 @@ def timed_rebuild(train_dataloader: Callable) -> Callable:
             return train_dataloader(self)
 
     return build
+
+
+def _has_budget(trainer: L.Trainer) -> bool:
+    from callbacks.budget import GenerationBudget
+
+    return any(isinstance(c, GenerationBudget) and c.max_tokens is not None for c in trainer.callbacks)
 
 
 def _evaluation(trainer: L.Trainer):

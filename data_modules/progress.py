@@ -8,13 +8,24 @@ from typing import Any, Callable, Iterator
 
 from tqdm.auto import tqdm
 
+from flywheel.reporting.sample_bar import sample_bar
 from flywheel.run.preemption import stop_point
 
 
 @contextmanager
-def progress(total: int, desc: str, trainer: Any, show: bool) -> Iterator[Callable[..., None]]:
+def progress(total: int, desc: str, trainer: Any, show: bool, generator: Any = None,
+             samples: int = 1) -> Iterator[Callable[..., None]]:
     """Yields `advance(problems_done, tokens=None)`: checks for SIGTERM, then moves the bar
-    (shown when `show`, i.e. on rank 0)."""
+    (shown when `show`, i.e. on rank 0). With `generator` (screening: `samples` per problem) the
+    bar counts samples as the generator finishes them (flywheel.reporting.sample_bar)."""
+    if generator is not None:
+        with sample_bar(generator, total, samples, desc, show) as floor:
+            def advance_samples(done: int, tokens: int | None = None) -> None:
+                stop_point(trainer)
+                floor(done)
+
+            yield advance_samples
+        return
     bar = tqdm(total=total, desc=desc, unit="problem", leave=False, disable=not show)
 
     def advance(done: int, tokens: int | None = None) -> None:

@@ -60,7 +60,8 @@ class Screening:
               tokenizer: Any) -> dict[str, float]:
         """Pass1@K of every rank's `shard` (each rank its own), the same on every rank."""
         cfg = self.curriculum.hard_set_config
-        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero) as advance, \
+        with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero, generator=generator,
+                      samples=cfg.k) as advance, \
                 wall_section(trainer, SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
                                    seed=self.curriculum.screening_seed(), progress=advance, grade=self.grade)

@@ -14,6 +14,8 @@ held-out evaluation and the value model.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 import math
 import time
@@ -246,7 +248,8 @@ class SearchDataModule(L.LightningDataModule):
         if self.async_search.enabled:  # logged per batch by the module (compute/staleness)
             for batch in batches:
                 batch["staleness"] = torch.full((len(batch["input_ids"]),), lag[0], dtype=torch.long)
-        write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees))
+        write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees,
+                                                                    functools.partial(tokenizer.decode, skip_special_tokens=False)))
         log.info(
             "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
             epoch, len(problems), sum(p.id in curriculum.buffer for p in problems), sum(len(g) for g in out.rows),

@@ -77,14 +77,14 @@ def main(args: list[str] | None = None, run: bool = True):
     with OutputWriteError naming the folder (flywheel.io)."""
     from flywheel.io import OutputWriteError, cannot_write_message, failed_write
     from flywheel.run.command_line import LOG_LEVEL_VARIABLE, check_log_level
-    from flywheel.run.errors import CheckpointReadError, PreflightError
+    from flywheel.run.errors import CheckpointReadError, GeneratorFailure, PreflightError
 
     level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     argv = sys.argv[1:] if args is None else list(args)
     try:
         return _dispatch(argv, args is None, run)
-    except (PreflightError, CheckpointReadError):
+    except (PreflightError, CheckpointReadError, GeneratorFailure):
         raise
     except Exception as err:
         failed = failed_write(err)
@@ -123,6 +123,9 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         return None
     if argv[:1] in (["--help"], ["-h"]):
         print(USAGE)
+    from flywheel.run.section_help import help_section
+
+    argv, section = help_section(argv)  # `fit --help data.search`: that section only
     argv = long_config_flags(argv)  # `-c FILE` is `--config FILE` for every check below
     check_command_line(argv)
     from flywheel.run.renames import rename_flags
@@ -158,6 +161,7 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
             args=parsed,
             run=run,
             argv=argv,
+            help_section=section,
         )
     except ArgumentError as err:
         from flywheel.run.command_line import parse_error_line
@@ -174,14 +178,14 @@ def cli() -> None:
     checkpoints) are printed as one line and exit 2, without a traceback; an output that
     cannot be written mid-run is one line too (exit 1)."""
     from flywheel.io import OutputWriteError
-    from flywheel.run.errors import CheckpointReadError, PreflightError
+    from flywheel.run.errors import CheckpointReadError, GeneratorFailure, PreflightError
 
     try:
         main(None if sys.argv[1:] else ["--help"])
     except (PreflightError, CheckpointReadError) as err:
         print(f"flywheel: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    except OutputWriteError as err:  # mid-run: the files written before are intact
+    except (OutputWriteError, GeneratorFailure) as err:  # mid-run: the files written before are intact
         print(f"flywheel: error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C before a fit started (or outside one): nothing to save

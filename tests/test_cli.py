@@ -223,3 +223,23 @@ def test_every_help_section_title_is_a_whole_sentence():
     for cls in (TreeGRPOModule, SearchDataModule, GenerationBudget, PRMUpdate):
         first = inspect.getdoc(cls).split("\n\n")[0]
         assert "\n" not in first and first.endswith("."), (cls.__name__, first)
+
+
+def test_help_of_one_section(capsys):
+    """`fit --help data.search` prints that section's options and no other section's; an unknown
+    section is one line listing the sections there are."""
+    from flywheel.run.errors import PreflightError
+    from flywheel.run.section_help import help_section
+
+    assert help_section(["fit", "--help", "data.search"]) == (["fit", "--help"], "data.search")
+    assert help_section(["fit", "--help=budget", "--config", "x.yaml"]) == (["fit", "--help", "--config", "x.yaml"], "budget")
+    assert help_section(["fit", "--help", "--config", "x.yaml"]) == (["fit", "--help", "--config", "x.yaml"], None)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "--help", "data.credit"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "--data.credit.advantage" in out and "--data.credit.path_weights.temperature" in out  # its subsections too
+    assert "--data.search.expansion_width" not in out and "--trainer.max_epochs" not in out
+    assert len(out.splitlines()) < 300  # the whole help is about 1,500 lines
+    with pytest.raises(PreflightError, match=r"no such section; the sections are: trainer, model, .*data\.search"):
+        main(["fit", "--help", "data.serch"])

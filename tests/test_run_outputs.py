@@ -77,8 +77,51 @@ def test_a_stopped_and_resumed_run_ends_with_its_own_last_checkpoint_and_evaluat
     assert [p.id for p in resumed.datamodule.eval_problems()] == [json.loads(line)["id"] for line in a.read_text().splitlines()[:2]]
     assert f"the first 2 problems of 2 files: 2 from {a}, none from {b}" in caplog.text
 
-    # Item 1: an unrelated second run into the same folder is refused, not versioned as last-v1.ckpt.
+    # Item 1: an unrelated second run into the same folder is refused, not versioned as last-v1.ckpt;
+    # the error names the settings that differ from the run there.
+    other = args + ["--data.search.trajectories_per_tree=3"]
     with pytest.raises(PreflightError, match=rf"checkpoint folder {checkpoints} already holds checkpoints .*"
+                                             r"run with other settings \(--data.search.trajectories_per_tree: 2 -> 3\).*"
                                              r"Resume that run with --ckpt_path last, or write elsewhere"):
-        main(args)
+        main(other)
     assert sorted(p.name for p in checkpoints.iterdir()) == ["epoch=0-step=1.ckpt", "last.ckpt"]
+
+    # The same command run again (README's quickstart, twice) is not an error: it resumes its
+    # finished run, which has nothing left to train, and leaves its checkpoints as they were.
+    before = {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()}
+    again = main(args)
+    assert again.trainer.global_step == 1 and again.trainer.ckpt_path == str(checkpoints / "last.ckpt")
+    assert "holds a run of this same command (the same settings): resuming it from last.ckpt; it had finished its " \
+           "1 epochs, so there is nothing left to train" in caplog.text
+    assert {p.name: p.stat().st_mtime_ns for p in checkpoints.iterdir()} == before
+
+
+def test_a_second_fit_into_a_folder_in_use_is_refused_and_a_killed_fit_leaves_no_lock(tmp_path):
+    """Two fits into one run folder at once (before: both wrote last.ckpt there, the folder's last
+    checkpoint whichever wrote last). Another process holds the folder as a running fit does; the
+    fit started beside it is refused before it writes anything; once that process is SIGKILLed
+    the folder is free again."""
+    import subprocess
+    import sys
+    import time
+
+    from flywheel.run.folder_lock import hold_folder, lock_file
+
+    checkpoints = tmp_path / "quickstart" / "checkpoints"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from flywheel.run.folder_lock import "
+         "hold_folder; h = hold_folder(Path(sys.argv[1])); print('held', flush=True); time.sleep(600)", str(checkpoints)],
+        stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        args = ["fit", "--config", QUICK, *TINY, f"--trainer.logger.init_args.save_dir={tmp_path}", "--trainer.max_epochs=1"]
+        with pytest.raises(PreflightError, match=rf"checkpoint folder {checkpoints} is in use by another fit \(pid "
+                                                 rf"{holder.pid}, started .*\): two runs in one folder would overwrite"):
+            main(args)
+        assert not checkpoints.exists() and not list((tmp_path / "quickstart").glob("version_*/summary.json"))
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    time.sleep(0.1)
+    hold_folder(checkpoints).close()  # the kernel released the killed process's lock: no stale lock to clear
+    assert lock_file(checkpoints).exists()

@@ -14,7 +14,7 @@ from flywheel.generation.hf import HFGenerator
 from flywheel.policies.load import load_policy
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem
 from flywheel.tasks.countdown import CountdownTask
-from flywheel.reporting.viewer import expansion_order, render_tree_html, value_colour
+from flywheel.reporting.viewer import LABELS, expansion_order, render_tree_html, value_colour
 
 
 def test_value_colour_scale():
@@ -58,6 +58,36 @@ def test_page_holds_every_node_and_trajectory(tree_json, tmp_path):
     assert out.read_text() == page
     with pytest.raises(ValueError, match="--epoch 7: no trees saved for that epoch .*saved epochs: 3"):
         main(["tree", str(tmp_path), "--epoch", "7"])
+
+
+def test_page_explains_its_labels_and_shows_the_prompt_as_the_policy_saw_it(tree_json):
+    seen = {**tree_json, "prompt_seen": "<s>" + tree_json["prompt_text"]}  # as the run writes it: special tokens kept
+    page = render_tree_html(seen)
+    assert '<span id="prompt">&lt;s&gt;' in page
+    for label in ("q~", "PRM V", "expansion #n", "mean NLL"):
+        assert f"<dt>{label}</dt>" in page
+    assert len(LABELS) == page.count("<dt>")
+
+
+def test_headless_chromium_shows_a_linked_nodes_whole_path_from_the_root(tree_json, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+    by_id = {n["id"]: n for n in tree_json["nodes"]}
+    deepest = max(tree_json["nodes"], key=lambda n: n["depth"])
+    steps, node = [], deepest
+    while node["parent"] is not None:
+        steps.insert(0, node["text"])
+        node = by_id[node["parent"]]
+    page = tmp_path / "tree.html"
+    page.write_text(render_tree_html(tree_json))
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu"]
+    dom = subprocess.run([*flags, "--dump-dom", page.as_uri() + f"#node={deepest['id']}"], capture_output=True,
+                         text=True, timeout=120).stdout
+    import html as html_lib
+
+    details = html_lib.unescape(dom.split('<div id="details">', 1)[1].split("</div>", 1)[0])
+    assert f"({deepest['depth']} steps, each after a ¦):\n" + tree_json["prompt_text"] + "".join("¦" + s for s in steps) in details
 
 
 def test_headless_chromium_loads_the_page_and_takes_a_screenshot(tree_json, tmp_path):

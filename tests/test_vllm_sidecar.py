@@ -308,6 +308,84 @@ def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
     assert not any(live_members(g) for g in groups), "vLLM processes outlived close()"
 
 
+def _kill(server, relaunch_fails: bool) -> None:
+    """SIGKILL a launched server's whole group; with `relaunch_fails` its next launch exits at once
+    (code 3), as a server that cannot come back (its port taken, its GPU gone) would."""
+    if relaunch_fails:
+        server.command = lambda port: [VLLM_PYTHON, "-c", "import sys; sys.exit(3)"]
+    os.killpg(server.process.pid, signal.SIGKILL)
+    server.process.wait()
+
+
+def test_a_weight_push_that_fails_halfway_is_refused_and_the_next_push_heals(sidecar):
+    """Server 1 dies during a push and cannot be relaunched: the push fails naming it (server 0
+    already holds the new weights: the two must not serve on as one policy), the version is not
+    stamped; once the server can start again the next push relaunches it with the weights."""
+    from flywheel.generation.vllm.client import SidecarError
+
+    backend, generator, model, tok = sidecar
+    victim, before = backend.servers[1], backend.weight_version
+    command = victim.command
+    _kill(victim, relaunch_fails=True)
+    try:
+        with pytest.raises(SidecarError, match=rf"the vLLM server at {victim.url} exited with code 3 while starting"):
+            backend.sync_weights(model, before + 1)
+        assert backend.weight_version == before
+    finally:
+        victim.command = command
+    backend.sync_weights(model, before + 2)
+    assert backend.weight_version == before + 2 and backend.probe(model) <= backend.logprob_tolerance
+
+
+def test_a_fit_whose_server_is_sigkilled_restarts_it_or_stops_with_the_resume_command(tmp_path, monkeypatch):
+    """conf/quickstart_vllm.yaml. Epoch 0: the server is SIGKILLed in the middle of the search: it
+    is restarted on its port and the search goes on. Epoch 1: killed again, and it cannot start:
+    the fit stops in one line naming the newest checkpoint and the command that resumes (never a
+    hang; nothing of epoch 1 kept); that command, with the server able to start, ends the run."""
+    _need_vllm()
+    from data_modules.search import SearchDataModule
+    from flywheel.__main__ import main
+    from flywheel.run.errors import GeneratorFailure
+
+    monkeypatch.setenv("FLYWHEEL_VLLM_PYTHON", VLLM_PYTHON)
+    args = ["fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"),
+            *SMALL_FIT, f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"]
+    search, seen = SearchDataModule.epoch_search, {}
+
+    def killed_in_the_search(self, tokenizer, epoch, *rest):
+        server = self.backend.servers[0]
+        seen[epoch] = server
+        calls = {"n": 0}
+        generator = self.backend._generator
+
+        def kill_on_second_call(requests, original=generator.sample):
+            calls["n"] += 1
+            if calls["n"] == 2:
+                _kill(server, relaunch_fails=epoch == 1)
+            return original(requests)
+
+        generator.sample = kill_on_second_call
+        try:
+            return search(self, tokenizer, epoch, *rest)
+        finally:
+            del generator.sample
+
+    monkeypatch.setattr(SearchDataModule, "epoch_search", killed_in_the_search)
+    with pytest.raises(GeneratorFailure) as failed:
+        main(args)
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    assert seen[0].restarts >= 1  # epoch 0 went on on the restarted server
+    message = str(failed.value)
+    assert message.startswith("the generator failed in epoch 1: ") and "exited with code 3 while starting" in message
+    assert message.endswith(f"Nothing of epoch 1 was kept; {last} (the newest checkpoint) resumes the run at its start, "
+                            "after fixing the cause: python -m flywheel " + " ".join(args) + " --ckpt_path last")
+    assert torch.load(last, weights_only=False)["epoch"] == 0
+    monkeypatch.setattr(SearchDataModule, "epoch_search", search)
+    resumed = main(args + ["--ckpt_path", "last"])
+    assert resumed.trainer.current_epoch == 2 and torch.load(last, weights_only=False)["epoch"] == 1
+
+
 def test_attaching_to_a_server_whose_control_routes_answer_without_a_secret_is_reported_loudly(tmp_path, caplog):
     """A server started by hand without flywheel's middleware (dev mode, no secret): the
     trainer still attaches, but says loudly that anyone who can reach it can drive it."""

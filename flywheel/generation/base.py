@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence, runtime_checkable
+from typing import Callable, Literal, Protocol, Sequence, runtime_checkable
 
 FinishReason = Literal["eos", "stop", "length"]
 """Why a completion ended: it emitted EOS ("eos"), it produced a stop token or stop string
@@ -104,6 +104,15 @@ class GenerationStats:
     cached_prompt_tokens: int = 0
     seconds: float = 0.0
     extra: dict[str, float] = field(default_factory=dict)
+    live: Callable[[int, int], None] | None = field(default=None, repr=False, compare=False)
+    """Set by a progress bar for the length of its work: the backend calls it during `sample`
+    with (tokens generated, samples finished) since its last call, per decode step in process,
+    per finished request from a server; a long call moves its bar before it returns."""
+
+    def tick(self, tokens: int, finished: int) -> None:
+        """Report progress to `live`, if a bar listens."""
+        if self.live is not None:
+            self.live(tokens, finished)
 
     def add(self, **counts: float) -> None:
         """Add to the backend's own counters in `extra` (e.g. decode_passes=3)."""

@@ -88,6 +88,9 @@ def decode_rows(
                                   tokenizer, first if t == 0 else None)  # [B], [B]
         if prefix_cache is not None:
             keep_stopped_kv(prefix_cache, rows, slots, reason, record.tokens, t, kv.reader(t))
+        if stats.live is not None:  # a bar listens: one sync per step, only then
+            emitted = int(active.sum())
+            stats.tick(emitted, emitted - int((active & (reason == ACTIVE)).sum()))
         active &= reason == ACTIVE
         if not bool(active.any()):
             break

@@ -41,6 +41,39 @@ def policy_folder_problem(folder: Path) -> str | None:
         return f"it holds no weights ({' or '.join(WEIGHT_FILES[::2])})"
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):
         return f"it holds no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}, with tokenizer_config.json)"
+    for weights in sorted(folder.glob("*.safetensors")):
+        if (problem := safetensors_problem(weights)) is not None:
+            return f"{weights.name} {problem}; copy or download the folder again"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a .safetensors file, read from its header alone (8 bytes of length,
+    then the JSON of every tensor's byte range): empty, truncated, longer than its tensors, or
+    not a safetensors file. None when the tensors' bytes are all there. (The library's own
+    error, "incomplete metadata, file not fully covered", came as a traceback, issue 49.)"""
+    size = path.stat().st_size
+    with path.open("rb") as handle:
+        head = handle.read(8)
+        if len(head) < 8:
+            return f"is empty or cut short ({size} bytes): truncated"
+        length = int.from_bytes(head, "little")
+        if length > size - 8:
+            return (f"is truncated or not a safetensors file: its header claims {length:,} bytes, the file has "
+                    f"{size:,}")
+        try:
+            header = json.loads(handle.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            return "is damaged: its header is not valid JSON"
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (TypeError, KeyError, IndexError, ValueError, AttributeError):
+        return "is damaged: its header does not list tensors with byte ranges"
+    expected = 8 + length + end
+    if size < expected:
+        return f"is truncated: {size:,} of its {expected:,} bytes are there"
+    if size > expected:
+        return f"is damaged: {size - expected:,} bytes more than its tensors take"
     return None
 
 
@@ -63,3 +96,25 @@ def load_checked_policy(policy: str, dtype: str, flag: str, dtype_flag: str) -> 
     except (OSError, ValueError) as err:
         detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise PreflightError(f"{flag}={policy}: {folder} cannot be loaded ({type(err).__name__}: {detail})") from None
+
+
+def chat_template_warning(task: Any, tokenizer: Any, policy: str, task_flag: str) -> str | None:
+    """The warning for a task that formats its prompts with the tokenizer's chat template
+    (`chat_template=True`, MathTask's and ChainTask's default) given a tokenizer without one:
+    its prompts are then plain text, which an instruct model whose folder lost its template
+    answers badly without a word (issue 49). flywheel's built-in tiny policies were trained on
+    plain prompts: no warning. None when nothing is wrong."""
+    from flywheel.policies.load import BUILTIN_POLICIES, resolve_policy
+    from flywheel.assets import asset_path
+
+    if not getattr(task, "chat_template", False) or getattr(tokenizer, "chat_template", None):
+        return None
+    try:
+        folder = resolve_policy(policy).resolve()
+    except FileNotFoundError:
+        return None
+    if any(folder == asset_path(*where).resolve() for where in BUILTIN_POLICIES.values()):
+        return None
+    return (f"{type(task).__name__} asks for the tokenizer's chat template ({task_flag}=true), but {folder} has "
+            "none (no chat_template in tokenizer_config.json or chat_template.jinja): its prompts are plain text. "
+            f"An instruct model needs its template back; for a base model say so with {task_flag}=false")

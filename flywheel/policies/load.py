@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -65,6 +66,22 @@ def same_policy(a: str, b: str) -> bool:
         return False
 
 
+def give_a_pad_token(tokenizer: Any, model: Any, path: Any) -> None:
+    """A tokenizer without a pad token pads with its end token (padding is masked everywhere,
+    so any id does), said once. Without an end token either, in the tokenizer or the model's
+    generation config, a response could never end: ValueError naming the file to fix."""
+    ends = model.generation_config.eos_token_id if getattr(model, "generation_config", None) is not None else None
+    end_ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else (
+        ends if isinstance(ends, list) else [ends] if ends is not None else [])
+    if not end_ids:
+        raise ValueError("its tokenizer names no eos_token and its generation_config.json no eos_token_id, so a "
+                         "response could never end; add the model's end token as \"eos_token\" to tokenizer_config.json")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.convert_ids_to_tokens(int(end_ids[0]))
+        log.info("%s: the tokenizer has no pad token; padding with its end token %r (padded positions are masked)",
+                 path, tokenizer.pad_token)
+
+
 def load_policy(policy: str, dtype: str = "float32"):
     """Load (model, tokenizer) from `policy`; the model is in train mode on CPU."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -73,8 +90,7 @@ def load_policy(policy: str, dtype: str = "float32"):
     torch_dtype = getattr(torch, dtype)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).train()  # from_pretrained returns eval mode
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    give_a_pad_token(tokenizer, model, path)
     if model.config.vocab_size < len(tokenizer):
         raise ValueError(
             f"{path}: the model's vocab_size {model.config.vocab_size} is smaller than the tokenizer's "

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
-from tqdm import tqdm
 
 from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
+from flywheel.reporting.sample_bar import sample_bar
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
 from flywheel.run.settings import SETTINGS_KEY
@@ -154,7 +154,7 @@ def run_eval(
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
-    from flywheel.policies.check import check_dtype, load_checked_policy
+    from flywheel.policies.check import chat_template_warning, check_dtype, load_checked_policy
     from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
@@ -182,6 +182,8 @@ def run_eval(
         model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
         model.eval()
         step = 0
+    if policy is not None and (warning := chat_template_warning(task, tokenizer, policy, "--task.init_args.chat_template")):
+        log.warning(warning)
     # Every source is read and every prompt checked against the policy's context before any sampling.
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
     loaded_sources = {}
@@ -204,10 +206,10 @@ def run_eval(
         for name, loaded in loaded_sources.items():
             problems = loaded.problems
             seconds, graded = generator_.stats.seconds, grader.counts()
-            with tqdm(total=len(shard(problems, rank, world)), desc=f"eval {name}", unit="problem", disable=rank != 0) as bar:
+            with sample_bar(generator_, len(shard(problems, rank, world)), samples, f"eval {name}", show=rank == 0) as advance:
                 with torch.no_grad():
                     result = evaluate_sharded(generator_, tokenizer, task, problems, config,
-                                              progress=lambda done: bar.update(done - bar.n), grade=grader.score)
+                                              progress=advance, grade=grader.score)
             scores = metrics(result, ks)
             report["results"][name] = {
                 "problems": len(problems), "skipped_rows": loaded.skipped, **scores,

@@ -10,7 +10,9 @@ by their soft-clipped value q~ (red -1, white 0, green +1), terminals are square
 their verdict, the K backed-up trajectories are drawn in blue with their backup order, and
 each expanded node carries its place in the expansion order (#1 = the root's expansion),
 which shows where the frontier selection went next. Hover a node for its step text; click
-it for every statistic. No network access: the page has no external resources.
+it for every statistic and the whole text of its path from the root. The prompt is shown as the
+policy saw it (chat template and special tokens included) and every label is explained under
+the tree. No network access: the page has no external resources.
 """
 
 from __future__ import annotations
@@ -125,10 +127,34 @@ def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
         f"{len(kinds)} trajectories ({kinds.count('correct')} correct), {stats.get('generated_tokens', '?')} generated tokens"
     )
     return _PAGE.format(
-        title=heading, summary=summary, prompt=html.escape(tree.get("prompt_text") or ""), width=f"{width:.0f}",
+        title=heading, summary=summary, prompt=html.escape(seen_prompt(tree)), width=f"{width:.0f}",
         height=f"{height:.0f}", edges="\n".join(edges), shapes="\n".join(shapes), data=data,
-        legend=_legend(),
+        legend=_legend(), labels=_labels(),
     )
+
+
+def seen_prompt(tree: dict[str, Any]) -> str:
+    """The prompt as the policy saw it: its tokens decoded with the special tokens and the chat
+    template (`prompt_seen`, written by the run), else the plain decoded text."""
+    return tree.get("prompt_seen") or tree.get("prompt_text") or ""
+
+
+LABELS = (
+    ("q~", "the node's soft-clipped value, tanh(q / eps) x q_max: the credit its steps get (colour: red -1, white 0, "
+           "green +1); a terminal's is its reward"),
+    ("q", "the node's backed-up value (the constrained backup of the rewards below it); Q: the mean over its visits"),
+    ("N", "how often the backups passed through the node"),
+    ("PRM V", "the value model's estimate of the node (ReST-MCTS*, --prm_update); - when the run has no value model"),
+    ("expansion #n", "the order in which the search expanded the node (#1 = the root, the first expansion); - "
+                     "for a node never expanded"),
+    ("mean NLL", "the policy's mean negative log-likelihood of the node's step tokens"),
+    ("K1, K2, ...", "the terminals backed up, in backup order (blue: their paths)"),
+)
+"""What each label of the page means (the legend under the tree)."""
+
+
+def _labels() -> str:
+    return "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>" for k, v in LABELS)
 
 
 def _legend() -> str:
@@ -156,23 +182,34 @@ body {{ font-family: sans-serif; margin: 12px; }}
 .node.selected {{ stroke: #000; stroke-width: 4; }}
 text.order {{ font-size: 10px; fill: #555; }}
 text.k {{ font-size: 10px; fill: {trajectory}; font-weight: bold; }}
+#labels {{ font-size: 13px; display: grid; grid-template-columns: max-content auto; gap: 2px 12px; }}
+#labels dd {{ margin: 0; }}
 #details {{ font-family: monospace; white-space: pre-wrap; background: #fafafa; border: 1px solid #ddd; padding: 8px; min-height: 3em; }}
 </style></head>
 <body>
 <h2>{title}</h2>
-<div>prompt: <span id="prompt">{prompt}</span></div>
+<div>prompt, as the policy saw it (special tokens and chat template included; a Countdown prompt is the
+numbers, then <code>|</code> and the target): <span id="prompt">{prompt}</span></div>
 <div id="summary">{summary}</div>
 <div id="legend">{legend}</div>
 <div id="canvas"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">
 {edges}
 {shapes}
 </svg></div>
-<p>Click a node for its statistics.</p>
+<p>Click a node for its statistics and its whole text from the root.</p>
 <div id="details"></div>
+<dl id="labels">{labels}</dl>
 <script id="tree-data" type="application/json">{data}</script>
 <script>
 const payload = JSON.parse(document.getElementById("tree-data").textContent);
 const nodes = new Map(payload.tree.nodes.map(n => [n.id, n]));
+const prompt = payload.tree.prompt_seen || payload.tree.prompt_text || "";
+const stepText = m => m.text ?? JSON.stringify(m.token_ids);
+function path(n) {{  // the root first
+  const out = [n];
+  while (out[0].parent !== null && out[0].parent !== undefined) out.unshift(nodes.get(out[0].parent));
+  return out;
+}}
 const fmt = v => (v === null || v === undefined) ? "-" : (typeof v === "number" ? Number(v.toFixed(4)) : v);
 function show(id) {{
   const n = nodes.get(id);
@@ -183,11 +220,14 @@ function show(id) {{
     `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}  PRM V ${{fmt(n.prm_value)}}`,
     n.terminal ? `terminal: ${{n.kind}}  reward ${{fmt(n.reward)}}  backup ${{n.backup_index === null ? "not backed up" : "K" + (n.backup_index + 1)}}` : `children ${{n.children.length}}`,
     n.verdict ? `verdict: ${{n.verdict.reason}}  answer ${{fmt(n.verdict.answer)}}` : "",
-    "step text:", n.id === 0 ? (payload.tree.prompt_text || "") : (n.text ?? JSON.stringify(n.token_ids)),
+    "", `the path's text from the root (${{path(n).length - 1}} steps, each after a ¦):`,
+    path(n).map(m => m.id === 0 ? prompt : "¦" + stepText(m)).join(""),
   ];
   document.getElementById("details").textContent = lines.filter(Boolean).join("\\n");
 }}
 document.querySelectorAll(".node").forEach(e => e.addEventListener("click", () => show(Number(e.dataset.id))));
+const linked = location.hash.match(/node=(\\d+)/);  // tree.html#node=12 opens with node 12 shown
+if (linked && nodes.has(Number(linked[1]))) show(Number(linked[1]));
 document.body.dataset.rendered = String(nodes.size);
 </script>
 </body></html>

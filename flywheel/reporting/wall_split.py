@@ -126,3 +126,33 @@ class WallSplit:
 def difference(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     """Component-wise `now - before` of two `totals()` (a section absent before counts 0)."""
     return {key: value - before.get(key, 0.0) for key, value in now.items()}
+
+
+def projected_finish(epoch_seconds: list[float], max_epochs: int | None, now: float) -> str | None:
+    """A line on when the fit ends at the pace of its closed epochs (each holds its epoch-end
+    work: weight push, a round's evaluation, the checkpoint), from `now` (a Unix time). None
+    when the number of epochs is open (`max_epochs` None or -1), when none has closed yet and
+    when none is left.
+
+    `projected_finish([40.0, 50.0], 4, now)`: 2 of 4 epochs done at 45 s each, 90 s to go.
+    """
+    done = len(epoch_seconds)
+    if not done or max_epochs is None or max_epochs < 0:
+        return None
+    left = max_epochs - done
+    if left <= 0:
+        return None
+    remaining = sum(epoch_seconds) / done * left
+    finish = time.strftime("%H:%M:%S", time.localtime(now + remaining))
+    return (f"{done} of {max_epochs} epochs done ({_duration(sum(epoch_seconds))}, {_duration(sum(epoch_seconds) / done)} "
+            f"an epoch); at that pace the fit ends in about {_duration(remaining)}, around {finish}")
+
+
+def _duration(seconds: float) -> str:
+    """`45 s`, `3 min 20 s`, `2 h 05 min`."""
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"

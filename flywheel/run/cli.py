@@ -32,9 +32,11 @@ class FlywheelCLI(LightningCLI):
     sections (`--budget.*`, `--prm_update.*`); the held-out evaluation's settings are the data
     module's (`--data.eval.*`), the hard-set refresh's too (`--data.hard_set.*`)."""
 
-    def __init__(self, *args, argv: list[str] | None = None, **kwargs) -> None:
+    def __init__(self, *args, argv: list[str] | None = None, help_section: str | None = None, **kwargs) -> None:
         self.argv = argv
         """The command line (for the resume hint of a run stopped by SIGTERM)."""
+        self.help_section = help_section
+        """`fit --help data.search`: print that section's options only (flywheel.run.section_help)."""
         super().__init__(*args, **kwargs)
 
     @staticmethod
@@ -47,11 +49,29 @@ class FlywheelCLI(LightningCLI):
 
         from flywheel.run.flags import option_strings
 
+        if self.help_section is not None:
+            self.print_section(parser, args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as err:  # the flags it knows, for the closest to an unknown one
             err.known_flags = option_strings(parser)
             raise
+
+    def print_section(self, parser, args) -> None:
+        """`fit --help SECTION`: that section's options, then exit 0; an unknown section is a
+        one-line error listing the sections."""
+        from flywheel.run.errors import PreflightError
+        from flywheel.run.section_help import section_help
+
+        command = next((a for a in args or () if a in SUBCOMMANDS), None)
+        if command is None:
+            raise PreflightError(f"--help {self.help_section}: name a command first, e.g. "
+                                 f"`python -m flywheel fit --help {self.help_section}`")
+        try:
+            print(section_help(parser._subcommands_action._name_parser_map[command], self.help_section, command))
+        except ValueError as err:
+            raise PreflightError(str(err)) from None
+        raise SystemExit(0)
 
     def add_arguments_to_parser(self, parser) -> None:
         from callbacks.budget import GenerationBudget
@@ -115,10 +135,46 @@ class FlywheelCLI(LightningCLI):
             trainer.strategy.checkpoint_io = AtomicCheckpointIO()
         return trainer
 
+    def _run_subcommand(self, subcommand: str) -> None:
+        from flywheel.generation.vllm.client import SidecarError
+        from flywheel.run.errors import GeneratorFailure
+
+        try:
+            super()._run_subcommand(subcommand)
+        except SidecarError as err:  # past the sidecar's retries and restarts: say what resumes the run
+            raise GeneratorFailure(generator_failure_message(err, self.trainer, self.argv or [])) from err
+        finally:  # however the fit ends; a killed process's locks go with it
+            for handle in self.held_folders:
+                handle.close()
+            self.held_folders = []
+
+    held_folders: list = []
+    """The open lock files of the checkpoint folders this fit holds (flywheel.run.folder_lock)."""
+
+    def hold_checkpoint_folders(self) -> None:
+        """A fit holds its checkpoint folders for its whole life: a second fit into one of them
+        is refused while this one runs (rank 0 holds them for every rank)."""
+        from lightning.pytorch.utilities import rank_zero_only
+
+        from flywheel.run.folder_lock import hold_folder
+        from flywheel.run.preflight import checkpoint_folders
+
+        # Both: a rank Lightning's launcher started reads its rank from the environment
+        # (rank_zero_only.rank) before the strategy has set the trainer's.
+        if self.trainer.global_rank != 0 or rank_zero_only.rank != 0:
+            return
+        for folder in checkpoint_folders(self.trainer):
+            try:
+                self.held_folders = [*self.held_folders, hold_folder(folder)]
+            except OSError:  # an unwritable folder: the preflight names it with its fix
+                continue
+
     def preflight(self) -> None:
         """flywheel.run.preflight's checks, before anything is searched, trained or evaluated."""
         from flywheel.run.preflight import preflight
 
+        if self.subcommand == "fit":
+            self.hold_checkpoint_folders()
         config = self.config[self.subcommand]
         from flywheel.run.settings import RunSettings
 
@@ -128,9 +184,11 @@ class FlywheelCLI(LightningCLI):
                              settings=saver.settings() if saver is not None else None)
         if saver is not None:
             saver.resuming = resolved is not None
-        if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
-            self.config_init[self.subcommand]["ckpt_path"] = None
-            config.ckpt_path = None
+        # "last" with nothing there (--last_missing_ok): a fresh run; no --ckpt_path but the same
+        # command as the run in the checkpoint folder: resumed (flywheel.run.preflight.rerun_to_resume)
+        if (resolved is None) != (config.ckpt_path is None):
+            self.config_init[self.subcommand]["ckpt_path"] = resolved
+            config.ckpt_path = resolved
 
     def before_validate(self) -> None:
         self.preflight()
@@ -156,6 +214,24 @@ class FlywheelCLI(LightningCLI):
         # configuration; a checkpoint restores state (weights, optimizer, loops, search
         # state), not settings.
         return
+
+
+def generator_failure_message(err: Exception, trainer, argv: list[str]) -> str:
+    """One line for a generator that failed mid-fit: nothing of the epoch under way is kept (its
+    search, or its steps before the weight push, are redone), and the run's newest checkpoint
+    resumes it with the same command and `--ckpt_path last`."""
+    from flywheel.run.preemption import last_checkpoint_path, resume_command
+
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    if getattr(trainer, "state", None) is None or trainer.state.fn != "fit":
+        return f"the generator failed: {first}"
+    epoch = trainer.current_epoch
+    last = last_checkpoint_path(trainer)
+    if not last.is_file():
+        return (f"the generator failed in epoch {epoch}: {first}. No checkpoint was written yet; after fixing the "
+                "cause, run the same command again")
+    return (f"the generator failed in epoch {epoch}: {first}. Nothing of epoch {epoch} was kept; {last} (the "
+            f"newest checkpoint) resumes the run at its start, after fixing the cause: {resume_command(argv)}")
 
 
 def trainer_error_line(err: Exception, trainer_config) -> str:

@@ -11,3 +11,9 @@ class PreflightError(ValueError):
 
 class CheckpointReadError(RuntimeError):
     """A checkpoint file exists but cannot be read (truncated, corrupt, or not a checkpoint)."""
+
+
+class GeneratorFailure(RuntimeError):
+    """The generator failed mid-run past its own retries (a vLLM server that died and could not be
+    restarted, a weight push that failed halfway): the message says what failed, which checkpoint
+    resumes the run, and the command. The command line prints it as one line (exit 1)."""

@@ -21,7 +21,7 @@ import torch
 
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.run.settings import SETTINGS_KEY
-from flywheel.run.errors import PreflightError  # noqa: F401  (raised here and imported from here)
+from flywheel.run.errors import CheckpointReadError, PreflightError  # noqa: F401  (PreflightError: raised here and imported from here)
 from flywheel.tasks import Problem, Task
 
 log = logging.getLogger("flywheel.run.preflight")
@@ -113,7 +113,14 @@ def prompt_fits(tokenizer: Any, task: Task, limit: int | None, budget_flag: str)
 def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
     """Read every problem file now (held-out, and training when `train`), each row checked
     against the policy's context, so a missing or corrupt file or an unusable row fails
-    before the first search; the data module keeps what it loaded."""
+    before the first search; the data module keeps what it loaded. A task that asks for a chat
+    template the tokenizer lacks is warned of (flywheel.policies.check.chat_template_warning)."""
+    from flywheel.policies.check import chat_template_warning
+
+    policy = getattr(getattr(model, "hparams", None), "policy", None)
+    if policy is not None and (warning := chat_template_warning(datamodule.task, model.tokenizer, str(policy),
+                                                                "--data.task.init_args.chat_template")):
+        log.warning(warning)
     try:
         datamodule.pool.row_check = prompt_fits(
             model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
@@ -262,26 +269,76 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
     return str(path)
 
 
-def check_one_run_per_folder(trainer: Any, resolved: str | None) -> None:
-    """A checkpoint folder holds one run: a new run (no checkpoint to resume) or a run resumed
-    from a checkpoint kept elsewhere must not write where another run's checkpoints are, or
-    its `last.ckpt` and the old run's would be mixed up (issue 37)."""
+def checkpoint_folders(trainer: Any) -> list[Path]:
+    """The local folders the run's ModelCheckpoints write to."""
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    for callback in trainer.checkpoint_callbacks:
-        if not isinstance(callback, ModelCheckpoint) or not callback.dirpath or "://" in str(callback.dirpath):
+    return [Path(c.dirpath).expanduser().resolve() for c in trainer.checkpoint_callbacks
+            if isinstance(c, ModelCheckpoint) and c.dirpath and "://" not in str(c.dirpath)]
+
+
+def rerun_to_resume(trainer: Any, settings: dict[str, Any] | None) -> str | None:
+    """A new fit whose checkpoint folder holds the last.ckpt of a run with exactly these settings
+    is the same command run again (the quickstart's first line, a second time): it resumes that
+    run (a finished run has nothing left to do and ends at once) instead of failing. Returns that
+    last.ckpt, or None (no such run, or one with other settings: check_one_run_per_folder)."""
+    from flywheel.run.renames import rename_settings
+    from flywheel.run.settings import changed_settings
+
+    if settings is None:
+        return None
+    for folder in checkpoint_folders(trainer):
+        last = folder / "last.ckpt"
+        if not last.is_file():
             continue
-        folder = Path(callback.dirpath).expanduser().resolve()
+        try:
+            meta = read_checkpoint_meta(str(last))
+        except CheckpointReadError:  # damaged: not resumed without being asked (the refusal names it)
+            continue
+        if not meta.get(SETTINGS_KEY) or changed_settings(rename_settings(meta[SETTINGS_KEY]), settings):
+            continue
+        epochs = int(meta.get("epoch", -1)) + 1
+        done = trainer.max_epochs is not None and trainer.max_epochs >= 0 and epochs >= trainer.max_epochs
+        log.info("%s holds a run of this same command (the same settings): resuming it from last.ckpt%s. To start "
+                 "afresh instead, write elsewhere: --trainer.logger.init_args.name=NEW_NAME", folder,
+                 f"; it had finished its {epochs} epochs, so there is nothing left to train" if done
+                 else f" after its {epochs} finished epochs")
+        return str(last)
+    return None
+
+
+def check_one_run_per_folder(trainer: Any, resolved: str | None, settings: dict[str, Any] | None = None) -> None:
+    """A checkpoint folder holds one run: a new run (no checkpoint to resume) or a run resumed
+    from a checkpoint kept elsewhere must not write where another run's checkpoints are, or
+    its `last.ckpt` and the old run's would be mixed up (issue 37). The error names the settings
+    that differ from that run's, when its last.ckpt records them."""
+    for folder in checkpoint_folders(trainer):
         present = sorted(p.name for p in folder.glob("*.ckpt")) if folder.is_dir() else []
         if not present or (resolved is not None and Path(str(resolved)).expanduser().resolve().parent == folder):
             continue
         what = "a new run" if resolved is None else f"a run resumed from {resolved}"
         raise PreflightError(
             f"checkpoint folder {folder} already holds checkpoints of an earlier run ({', '.join(present[:3])}"
-            f"{', ...' if len(present) > 3 else ''}); {what} would overwrite them. Resume that run with "
-            "--ckpt_path last, or write elsewhere: another --trainer.logger.init_args.name (or save_dir), or "
-            "--trainer.callbacks.init_args.dirpath=FOLDER"
+            f"{', ...' if len(present) > 3 else ''}){_other_settings(folder / 'last.ckpt', settings)}; {what} would "
+            "overwrite them. Resume that run with --ckpt_path last, or write elsewhere: another "
+            "--trainer.logger.init_args.name (or save_dir), or --trainer.callbacks.init_args.dirpath=FOLDER"
         )
+
+
+def _other_settings(last: Path, settings: dict[str, Any] | None) -> str:
+    """`, run with other settings (--flag: theirs -> now, ...)` when `last` records its settings."""
+    from flywheel.run.renames import rename_settings
+    from flywheel.run.settings import changed_settings
+
+    if settings is None or not last.is_file():
+        return ""
+    try:
+        recorded = read_checkpoint_meta(str(last)).get(SETTINGS_KEY)
+    except CheckpointReadError:  # a damaged last.ckpt: the refusal stands without the list
+        return ""
+    changes = changed_settings(rename_settings(recorded), settings) if recorded else []
+    shown = "; ".join(changes[:4]) + ("; ..." if len(changes) > 4 else "")
+    return f", run with other settings ({shown})" if changes else ""
 
 
 def read_checkpoint_meta(path: str) -> dict[str, Any]:
@@ -323,7 +380,9 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
     if subcommand == "fit":
-        check_one_run_per_folder(trainer, resolved)
+        if ckpt_path is None:  # the same command again resumes its run (README: running it twice)
+            resolved = rerun_to_resume(trainer, settings)
+        check_one_run_per_folder(trainer, resolved, settings)
     if resolved is not None and Path(str(resolved)).is_file():
         meta = read_checkpoint_meta(str(resolved))
         recorded = (meta.get("hyper_parameters") or {}).get("policy")

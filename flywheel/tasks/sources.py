@@ -60,6 +60,7 @@ def load_problems(
     if not files:
         problems = task.problems(split)
         return LoadedProblems(tuple(problems[:limit] if limit else problems), 0)
+    check_no_file_twice(files)
     problems: list[Problem] = []
     skipped = 0
     taken: dict[str, int] = {}  # problems per file, in order
@@ -89,6 +90,19 @@ def load_problems(
     if not problems:
         raise ValueError(f"no usable problems in {', '.join(files)}")
     return LoadedProblems(tuple(problems), skipped)
+
+
+def check_no_file_twice(files: Sequence[str]) -> None:
+    """A list that names one file twice (`[a.jsonl, ./a.jsonl]`, or through a link) would count
+    its problems twice: ValueError naming the file and both places in the list (before: "duplicate
+    problem id ..." blamed the ids)."""
+    first: dict[Path, int] = {}
+    for place, file in enumerate(files, start=1):
+        real = Path(file).expanduser().resolve()
+        if real in first:
+            raise ValueError(f"the list names {file} twice (entries {first[real]} and {place} are the same file "
+                             f"{real}): its problems would count twice; list it once")
+        first[real] = place
 
 
 def checked_rows(

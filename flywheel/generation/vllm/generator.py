@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from itertools import count
 from typing import Iterator, Sequence
 
@@ -85,8 +85,12 @@ class VLLMGenerator:
         if any(r.params.distinct_first_token for r in requests):
             raise ValueError(DISTINCT_REFUSAL)
         start = time.perf_counter()
-        results = list(self._pool.map(self._one, requests, route(self.servers, requests, self._round_robin)))
         stats = self._stats
+        futures = [self._pool.submit(self._one, r, s) for r, s in zip(requests, route(self.servers, requests, self._round_robin))]
+        for done in as_completed(futures):  # a listening bar moves per finished request
+            if done.exception() is None:
+                stats.tick(sum(len(c.token_ids) for c in done.result()), len(done.result()))
+        results = [f.result() for f in futures]
         stats.calls += 1
         stats.requests += len(requests)
         stats.prompt_tokens += sum(len(r.prompt_ids) * r.n for r in requests)
