@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 import urllib.error
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from contextlib import contextmanager, nullcontext
@@ -148,21 +150,39 @@ class SyncClient:
         self.servers = list(servers)
         self.workers = list(workers)
         self.timeout = timeout
+        self.failures: list[str] = []
+        """What each server that failed a call said, as soon as it said it (a failed transfer
+        reports them even while the other calls are still waiting)."""
+        self._in_flight = threading.Semaphore(0)
+        self._calls = 0
+
+    def settle(self, timeout: float) -> list[str]:
+        """Wait up to `timeout` seconds for the calls in flight; the failures so far."""
+        deadline = time.monotonic() + timeout
+        while self._calls and self._in_flight.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            self._calls -= 1
+        return list(self.failures)
 
     def _call(self, path: str, payloads: Sequence[dict | None]) -> None:
         def one(i: int) -> str | None:
-            server = self.servers[i]
+            server, failure = self.servers[i], None
             server.posts += 1
             try:
                 http_post(f"{server.url}{path}", payloads[i], timeout=self.timeout, token=server.token)
-                return None
             except urllib.error.HTTPError as err:
                 if err.code in (401, 403):
-                    return str(refused_secret(server.url, err))
-                return f"the vLLM server at {server.url} refused {path} ({err.code}): " \
-                       f"{err.read().decode(errors='replace')[:400]}"
+                    failure = str(refused_secret(server.url, err))
+                else:
+                    failure = f"the vLLM server at {server.url} refused {path} ({err.code}): " \
+                              f"{err.read().decode(errors='replace')[:400]}"
             except UNREACHABLE as err:
-                return f"the vLLM server at {server.url} did not answer {path}: {err}"
+                failure = f"the vLLM server at {server.url} did not answer {path}: {err}"
+            if failure is not None:
+                self.failures.append(failure)
+            self._in_flight.release()
+            return failure
+
+        self._calls += len(self.servers)
 
         with ThreadPoolExecutor(max_workers=len(self.servers)) as pool:
             errors = [e for e in pool.map(one, range(len(self.servers))) if e is not None]
@@ -340,13 +360,21 @@ def trainer_engine(init_info: Any, client: SyncClient, source: StreamedWeights) 
 
 def transfer_address(urls: Sequence[str]) -> str:
     """The address the servers reach the trainer's side of the transfer on: loopback when
-    they all run on this machine, else this machine's name as the network resolves it."""
+    they all run on this machine, else this machine's address on the route to the first
+    remote server (what the kernel would send from; a UDP connect sends nothing)."""
     from urllib.parse import urlparse
 
-    hosts = {urlparse(u).hostname for u in urls}
-    if hosts <= {"127.0.0.1", "localhost", "::1"}:
+    remote = [urlparse(u) for u in urls if urlparse(u).hostname not in ("127.0.0.1", "localhost", "::1")]
+    if not remote:
         return "127.0.0.1"
-    return socket.gethostbyname(socket.getfqdn())
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote[0].hostname, remote[0].port or 80))
+            return probe.getsockname()[0]
+    except OSError as err:
+        raise SidecarError(f"no route from this machine to the vLLM server at {remote[0].geturl()} ({err}); name the "
+                           "address the servers reach the trainer on with "
+                           "--data.generator.init_args.transfer_address") from err
 
 
 @contextmanager
@@ -405,18 +433,31 @@ class WeightTransfer:
     def push(self, model: torch.nn.Module, version: int, servers: Sequence[Server], dist: Any) -> None:
         device = "cpu" if self.backend == GLOO else next(model.parameters()).device
         source = StreamedWeights(model, self.dtype, device)
+        for attempt in (1, 2):
+            fresh, error = self._attempt(source, version, servers, dist)
+            if error is None:
+                return
+            if fresh or attempt == 2:
+                raise SidecarError(f"weight sync {version} through {self.backend} was refused, the servers keep the "
+                                   f"previous weights: {error}" if dist.global_rank == 0 else
+                                   f"weight sync failed on rank 0: {error}")
+            # A group opened at an earlier sync may be gone (another trainer took the servers
+            # over, a server restarted unnoticed): once more over a fresh one.
+            log.warning("weight sync %d through %s failed, retrying over a fresh group: %s", version, self.backend, error)
+
+    def _attempt(self, source: StreamedWeights, version: int, servers: Sequence[Server], dist: Any) -> tuple[bool, str | None]:
+        """One try: (whether the group was opened for it, the error or None), alike on every rank."""
         sender = dist.global_rank == 0
-        error = None
+        fresh, error = self.engine is None, None
         if sender:
             try:
-                self._open(servers, source)
+                fresh = self._open(servers, source)
             except Exception as err:
                 self._close(servers)
-                error = _describe(err)
-        error = dist.broadcast(error, src=0)
+                error = f"could not open the transfer: {_describe(err)}"
+        fresh, error = dist.broadcast((fresh, error), src=0)
         if error is not None:
-            raise SidecarError(f"could not open the {self.backend} weight transfer to the vLLM servers: {error}"
-                               if sender else f"rank 0 could not open the weight transfer: {error}")
+            return True, error
         if not sender and self.engine is None:
             info = trainer_init_info(self.backend, dist.global_rank, "127.0.0.1", 1, self.timeout_s)
             self.engine = trainer_engine(info, SyncClient([], [], self.timeout_s), source)
@@ -430,18 +471,19 @@ class WeightTransfer:
         except Exception as err:
             if dist.world_size > 1:
                 source.drain()  # the other ranks are still gathering
-            if sender:
-                self._close(servers)
             error = _describe(err)
-        error = dist.broadcast(error, src=0)
-        if error is not None:
-            raise SidecarError(f"weight sync {version} through {self.backend} was refused, the servers keep the "
-                               f"previous weights: {error}" if sender else f"weight sync failed on rank 0: {error}")
+            if sender:
+                client = getattr(self.engine, "client", None)
+                self._close(servers)
+                said = [f for f in (client.settle(10.0) if isinstance(client, SyncClient) else []) if f not in error]
+                error = "; ".join([*said, f"the trainer's side: {error}"])
+        return fresh, dist.broadcast(error, src=0)
 
-    def _open(self, servers: Sequence[Server], source: StreamedWeights) -> None:
+    def _open(self, servers: Sequence[Server], source: StreamedWeights) -> bool:
+        """Open the group unless the one open still holds every server; whether it opened one."""
         restarts = tuple(s.restarts for s in servers)
         if self.engine is not None and restarts == self._opened_at:
-            return
+            return False
         self._close(servers)
         workers = [worker_count(s) for s in servers]
         client = SyncClient(servers, workers, self.timeout_s)
@@ -451,6 +493,7 @@ class WeightTransfer:
                  self.backend, len(servers), sum(workers), address)
         self.engine = trainer_engine(info, client, source)
         self._opened_at = restarts
+        return True
 
     def _close(self, servers: Sequence[Server]) -> None:
         engine, self.engine, self._opened_at = self.engine, None, None
