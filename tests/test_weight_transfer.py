@@ -20,7 +20,8 @@ from flywheel.policies.load import load_policy
 def test_the_setting_is_checked_and_defaults_to_the_disk_without_cuda():
     with pytest.raises(ValueError, match="weight_transfer=rdma: choose one of"):
         VLLMSidecar(weight_transfer="rdma")
-    assert VLLMSidecar().weight_transfer == ("nccl" if torch.cuda.is_available() else "disk")
+    assert VLLMSidecar().weight_transfer == ("ipc" if torch.cuda.is_available() else "disk")
+    assert VLLMSidecar(url="http://gpu-node:8000").weight_transfer == ("nccl" if torch.cuda.is_available() else "disk")
     with pytest.raises(ValueError, match="cannot travel"):
         transfer.WeightTransfer("gloo", "float64", None, 10.0)
 
@@ -113,3 +114,14 @@ def test_the_servers_reach_the_trainer_on_loopback_only_when_all_are_local():
         assert "transfer_address" in str(err)
     else:
         assert address != "127.0.0.1" and all(part.isdigit() for part in address.split("."))
+
+
+def test_on_gpus_the_default_is_ipc_beside_the_trainer_and_nccl_elsewhere(monkeypatch):
+    from flywheel.generation.vllm.sidecar import default_transfer
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert default_transfer(attached=False, replica_devices=None) == "ipc"  # launched on the trainer's GPU
+    assert default_transfer(attached=False, replica_devices=["1", "2"]) == "nccl"
+    assert default_transfer(attached=True, replica_devices=None) == "nccl"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert default_transfer(attached=False, replica_devices=None) == "disk"

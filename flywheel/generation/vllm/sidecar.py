@@ -46,7 +46,7 @@ from flywheel.generation.vllm import middleware
 from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
 from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
 from flywheel.generation.vllm.server import Server
-from flywheel.generation.vllm.transfer import DISK, SETTING as TRANSFER_SETTING, TRANSFERS, WeightTransfer
+from flywheel.generation.vllm.transfer import DISK, SETTING as TRANSFER_SETTING, TRANSFERS, WeightTransfer, paused
 from flywheel.generation.vllm_plugin import BACKEND as GLOO, PLUGIN_GROUP
 from flywheel.generation.vllm.weights import check_private, full_state, staging_folder, write_weights
 from flywheel.objectives import token_logprobs
@@ -112,7 +112,9 @@ class VLLMSidecar(GeneratorBackend):
             engine), "ipc" (CUDA IPC, for a server on the trainer's own GPU), "gloo" (CPU
             tensors over a gloo group: this project's vLLM plugin, which must be installed in
             the servers' environment), or "disk" (safetensors in `staging_dir`, reloaded by
-            each server). None: "nccl" with CUDA, "disk" without. A LoRA policy always syncs
+            each server). None: with CUDA "ipc" for launched servers without
+            `replica_devices` (they share the trainer's GPU, where NCCL refuses a second
+            rank) and "nccl" otherwise; "disk" without CUDA. A LoRA policy always syncs
             its adapter through the disk. Attached servers must run with
             --weight-transfer-config '{"backend": "<the same>"}'. docs/scaling.md.
         transfer_address: the address the servers reach the trainer on for a weight transfer
@@ -183,7 +185,7 @@ class VLLMSidecar(GeneratorBackend):
             raise ValueError(f"the vLLM secret (--data.generator.init_args.token or ${TOKEN_ENV}) has {len(self.token)} "
                              f"characters; use at least {MIN_TOKEN_CHARS}, e.g. "
                              "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
-        chosen = weight_transfer or ("nccl" if torch.cuda.is_available() else DISK)
+        chosen = weight_transfer or default_transfer(attached=bool(self.urls), replica_devices=replica_devices)
         if chosen not in (DISK, *TRANSFERS):
             raise ValueError(f"{TRANSFER_SETTING}={weight_transfer}: choose one of {(DISK, *TRANSFERS)}")
         self.weight_transfer = chosen
@@ -395,12 +397,8 @@ class VLLMSidecar(GeneratorBackend):
         if self.lora_rank:
             self._load_adapter(server)
         else:
-            server.post("/pause?mode=wait", None)
-            try:
+            with paused([server]):
                 server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.staging)}})
-                server.post("/reset_prefix_cache", None)
-            finally:
-                server.post("/resume", None)
         try:
             server.post("/update_weight_version", {"new_version": str(version)})
         except SidecarError:
@@ -451,6 +449,13 @@ class VLLMSidecar(GeneratorBackend):
                 "trained policy"
             )
         return gaps[worst]
+
+
+def default_transfer(attached: bool, replica_devices: list[str] | None) -> str:
+    """The weight-transfer engine when none is named (see `VLLMSidecar`'s `weight_transfer`)."""
+    if not torch.cuda.is_available():
+        return DISK
+    return "ipc" if not attached and replica_devices is None else "nccl"
 
 
 def _describe(err: Exception) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 import urllib.error
@@ -388,11 +389,15 @@ def paused(servers: Sequence[Server]) -> Iterator[None]:
         for server in servers:
             server.post("/reset_prefix_cache", None)
     finally:
+        unresumed = []
         for server in servers:
             try:
                 server.post("/resume", None)
             except SidecarError as err:
                 log.warning("could not resume the vLLM server at %s: %s", server.url, err)
+                unresumed.append(err)
+        if unresumed and sys.exc_info()[0] is None:  # else the block's own error says more
+            raise unresumed[0]
 
 
 def dtype_of(name: str) -> torch.dtype:
