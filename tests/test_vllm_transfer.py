@@ -35,7 +35,7 @@ def sidecar(tmp_path_factory):
 
     model, tok = load_policy("tiny-countdown-h3")
     backend = VLLMSidecar(replicas=2, python=VLLM_PYTHON, log_dir=str(tmp_path_factory.mktemp("vllm")), max_num_seqs=16,
-                          startup_timeout=900, weight_transfer="gloo", request_timeout=60)
+                          startup_timeout=900, weight_transfer="gloo", request_timeout=30)
     generator = backend.build(model, tok)
     yield backend, generator, model, tok
     backend.close()

@@ -48,6 +48,8 @@ DISK = "disk"
 TRANSFERS = ("nccl", "ipc", GLOO)
 """The weight-transfer engines the sidecar drives (vLLM's `nccl` and `ipc`, this project's `gloo`)."""
 SETTING = "--data.generator.init_args.weight_transfer"
+ABANDON = "flywheel_abandon_open_sync"
+"""The field of the /update_weights a server refuses on purpose (`SyncClient.abandon_weight_update`)."""
 
 
 # ---------------------------------------------------------------------------- the weights
@@ -205,6 +207,17 @@ class SyncClient:
     def update_weights(self, update_info: dict[str, Any] | list[dict[str, Any]]) -> None:
         self._call("/update_weights", [{"update_info": _json_safe(update_info)}] * len(self.servers))
 
+    def abandon_weight_update(self) -> None:
+        """End any sync a server still holds open (one whose trainer died or timed out before
+        finishing it: vLLM refuses the next /start_weight_update until it ends). vLLM's worker
+        ends a sync whose /update_weights fails, so each server gets one that its engine
+        cannot parse, and the refusal is the expected answer."""
+        try:
+            self._call("/update_weights", [{"update_info": {ABANDON: True}}] * len(self.servers))
+        except SidecarError:
+            pass
+        self.failures.clear()
+
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         body = {"weight_version": weight_version} if weight_version is not None else None
         self._call("/finish_weight_update", [body] * len(self.servers))
@@ -273,7 +286,8 @@ class GlooTrainerWeightTransferEngine:
                                      init_info.timeout_s))
         # The workers join inside /init_weight_transfer_engine, which returns once the group
         # is complete: call it beside hosting the group, and stop at the first failure.
-        with ThreadPoolExecutor(max_workers=2) as pool:
+        pool = ThreadPoolExecutor(max_workers=2)
+        try:
             joined = pool.submit(client.init_weight_transfer_engine, worker)
             hosted = pool.submit(open_group, init_info.master_address, init_info.master_port, 0,
                                  init_info.world_size, init_info.timeout_s)
@@ -283,6 +297,8 @@ class GlooTrainerWeightTransferEngine:
                     raise future.exception()
             engine.group = hosted.result()
             joined.result()
+        finally:
+            pool.shutdown(wait=False)  # a side left waiting for a peer that failed times out on its own
         return engine
 
     def send_weights(self) -> None:
@@ -492,6 +508,7 @@ class WeightTransfer:
         self._close(servers)
         workers = [worker_count(s) for s in servers]
         client = SyncClient(servers, workers, self.timeout_s)
+        client.abandon_weight_update()
         address = self.address or transfer_address([s.url for s in servers])
         info = trainer_init_info(self.backend, 0, address, 1 + sum(workers), self.timeout_s)
         log.info("opening the %s weight transfer to %d vLLM server(s) (%d workers) via %s",

@@ -48,7 +48,12 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class ends with torch.accelerator.synchronize(), which has nothing to
         # wait for here: gloo's broadcast is done when `wait` returns.
-        self.receive_weights(self.parse_update_info(update_info))
+        try:
+            parsed = self.parse_update_info(update_info)
+        except ValueError:
+            self.received = None  # a payload that is not a sync's (the trainer abandoning one) voids it
+            raise
+        self.receive_weights(parsed)
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
         if self.group is None:
