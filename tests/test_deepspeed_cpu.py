@@ -95,10 +95,13 @@ def test_zero3_fit_syncs_gathered_weights_to_the_sidecar(tmp_path):
 
     _need_vllm()
     _fit(tmp_path, "--config", str(ROOT / "conf" / "quickstart_vllm.yaml"), STRATEGY, "--trainer.strategy.stage=3",
-         "--data.generator.init_args.access_log=true", "--model.optimizer.lr=1e-3", env={"FLYWHEEL_VLLM_PYTHON": VLLM_PYTHON}, timeout=900)
+         "--data.generator.init_args.access_log=true", "--model.optimizer.lr=1e-3",
+         "--data.generator.init_args.weight_transfer=gloo", env={"FLYWHEEL_VLLM_PYTHON": VLLM_PYTHON}, timeout=900)
     text = next(tmp_path.glob("quickstart_vllm/version_*/vllm_server.log")).read_text(errors="replace")
-    # Two syncs (after each epoch's 2 steps), each followed by the probe the run would have died on.
-    assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 2
+    # Two syncs (after each epoch's 2 steps) streamed over gloo, one layer gathered from the
+    # ZeRO-3 shards at a time, each followed by the probe the run would have died on.
+    assert len(re.findall(r"POST /finish_weight_update HTTP", text)) == 2
+    assert len(re.findall(r"POST /collective_rpc HTTP", text)) == 0
 
 
 @pytest.mark.vllm

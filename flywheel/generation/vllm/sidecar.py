@@ -8,12 +8,14 @@ secret per run, passed in the server's environment), and the client sends it on 
 request (`client`); an attached server is asked for the same secret, and one whose control
 routes answer without it is reported loudly.
 
-Weights are synced after each epoch's updates: the policy is written as safetensors to a
-staging folder only this user can write (`weights`; gathered parameter by parameter from
-DeepSpeed ZeRO-3 shards when the model is partitioned), then every server does pause ->
-reload_weights -> reset the prefix cache -> resume (shared/notes/vllm-cpu.md §4), and a
-probe compares each server's log-probs with the trainer's. With a LoRA policy only the
-adapter is written, and loaded in place.
+Weights are synced after each epoch's updates, by one of two paths (`weight_transfer`):
+through vLLM's weight-transfer API (`transfer`: the tensors streamed over nccl, CUDA IPC or,
+on CPU, this project's gloo engine, one layer gathered at a time), or through the disk: the
+policy written as safetensors to a staging folder only this user can write (`weights`;
+gathered parameter by parameter from DeepSpeed ZeRO-3 shards when the model is partitioned),
+then every server does pause -> reload_weights -> reset the prefix cache -> resume
+(shared/notes/vllm-cpu.md §4). Either way a probe then compares each server's log-probs with
+the trainer's. With a LoRA policy only the adapter is written, and loaded in place (disk).
 
 In a distributed run (DDP, DeepSpeed) rank 0 launches the servers and pushes the weights;
 every rank sends its own search traffic to them. Launch, sync and probe are collective: the
@@ -24,6 +26,8 @@ error as rank 0 when it fails, instead of waiting forever.
 from __future__ import annotations
 
 import atexit
+import json
+import logging
 import os
 import shutil
 import subprocess
@@ -42,8 +46,12 @@ from flywheel.generation.vllm import middleware
 from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
 from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
 from flywheel.generation.vllm.server import Server
+from flywheel.generation.vllm.transfer import DISK, SETTING as TRANSFER_SETTING, TRANSFERS, WeightTransfer, paused
+from flywheel.generation.vllm_plugin import BACKEND as GLOO, PLUGIN_GROUP
 from flywheel.generation.vllm.weights import check_private, full_state, staging_folder, write_weights
 from flywheel.objectives import token_logprobs
+
+log = logging.getLogger(__name__)
 
 SERVED_NAME = "policy"
 ADAPTER_NAME = "policy-lora"
@@ -100,6 +108,17 @@ class VLLMSidecar(GeneratorBackend):
             $FLYWHEEL_VLLM_TOKEN, which is better than this setting (a run saves its settings
             in config.yaml); launched servers get a fresh random one when neither is set.
             Attached servers must hold the same one in their $FLYWHEEL_VLLM_TOKEN.
+        weight_transfer: how a sync reaches the servers. "nccl" (GPU to GPU over NCCL, vLLM's
+            engine), "ipc" (CUDA IPC, for a server on the trainer's own GPU), "gloo" (CPU
+            tensors over a gloo group: this project's vLLM plugin, which must be installed in
+            the servers' environment), or "disk" (safetensors in `staging_dir`, reloaded by
+            each server). None: with CUDA "ipc" for launched servers without
+            `replica_devices` (they share the trainer's GPU, where NCCL refuses a second
+            rank) and "nccl" otherwise; "disk" without CUDA. A LoRA policy always syncs
+            its adapter through the disk. Attached servers must run with
+            --weight-transfer-config '{"backend": "<the same>"}'. docs/scaling.md.
+        transfer_address: the address the servers reach the trainer on for a weight transfer
+            (None: 127.0.0.1 when every server is on this machine, else this machine's name).
 
     When the policy carries LoRA adapters (`--model.lora.rank`), the servers launch with LoRA
     enabled on the frozen base, sample through the adapter, and each sync loads only the
@@ -130,6 +149,8 @@ class VLLMSidecar(GeneratorBackend):
         block_size: int | None = None,
         access_log: bool = False,
         token: str | None = None,
+        weight_transfer: str | None = None,
+        transfer_address: str | None = None,
     ) -> None:
         self.urls = [url] if isinstance(url, str) else list(url or [])
         self.attached = bool(self.urls)
@@ -164,6 +185,12 @@ class VLLMSidecar(GeneratorBackend):
             raise ValueError(f"the vLLM secret (--data.generator.init_args.token or ${TOKEN_ENV}) has {len(self.token)} "
                              f"characters; use at least {MIN_TOKEN_CHARS}, e.g. "
                              "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`")
+        chosen = weight_transfer or default_transfer(attached=bool(self.urls), replica_devices=replica_devices)
+        if chosen not in (DISK, *TRANSFERS):
+            raise ValueError(f"{TRANSFER_SETTING}={weight_transfer}: choose one of {(DISK, *TRANSFERS)}")
+        self.weight_transfer = chosen
+        self.transfer_address = transfer_address
+        self.transfer: WeightTransfer | None = None  # set by build() unless the sync goes through the disk
         self._rpc_dir: Path | None = None
         self.weight_version = 0
         self.dist: Collective = SingleProcess()
@@ -190,6 +217,12 @@ class VLLMSidecar(GeneratorBackend):
         self.dist = dist or SingleProcess()
         self._tokenizer = tokenizer
         self.lora_rank = int(model.peft_config["default"].r) if hasattr(model, "peft_config") else 0
+        if self.lora_rank and self.weight_transfer != DISK:
+            log.info("a LoRA policy syncs its adapter through the disk (%s=%s applies to full weights)",
+                     TRANSFER_SETTING, self.weight_transfer)
+            self.weight_transfer = DISK
+        if self.weight_transfer != DISK:
+            self.transfer = WeightTransfer(self.weight_transfer, self.dtype, self.transfer_address, self.request_timeout)
         if not self.attached:
             self._stage(model, adapter=False)
         if self.lora_rank:
@@ -199,6 +232,8 @@ class VLLMSidecar(GeneratorBackend):
             try:
                 if not self.attached and self.token is None:
                     self.token = new_token()  # per run; reaches the other ranks below, never a command line
+                if not self.attached and self.weight_transfer == GLOO:
+                    self._check_plugin()
                 self.servers = self._start_servers()
                 urls, token = [s.url for s in self.servers], self.token
             except Exception as err:  # every rank must hear of it, or they wait forever
@@ -222,6 +257,8 @@ class VLLMSidecar(GeneratorBackend):
                    "VLLM_CPU_KVCACHE_SPACE": str(max(1, int(self.kv_cache_gb))), **self._private_env()}
             if self.lora_rank:
                 env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            if self.weight_transfer == "ipc":
+                env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # vLLM's IPC handles travel pickled over HTTP
             if self.replica_devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.replica_devices[index]
             folder = self.log_dir or self.run_dir or Path(tempfile.mkdtemp(prefix="flywheel-vllm-log-"))
@@ -246,6 +283,8 @@ class VLLMSidecar(GeneratorBackend):
             "--max-model-len", str(self.max_model_len), "--max-num-seqs", str(self.max_num_seqs),
             "--max-logprobs", "20", "--enable-prefix-caching", "--seed", "0", "--middleware", middleware.MIDDLEWARE,
         ]
+        if self.weight_transfer != DISK:
+            cmd += ["--weight-transfer-config", json.dumps({"backend": self.weight_transfer})]
         if self.lora_rank:
             cap = min((r for r in VLLM_LORA_RANKS if r >= self.lora_rank), default=self.lora_rank)
             cmd += ["--enable-lora", "--max-lora-rank", str(cap), "--max-loras", "1"]
@@ -287,6 +326,8 @@ class VLLMSidecar(GeneratorBackend):
         """Stop the launched servers (their whole process groups) and the request threads."""
         if self._generator is not None:
             self._generator.close()
+        if self.transfer is not None and self.dist.global_rank == 0:
+            self.transfer.close(self.servers)
         for server in self.servers:
             server.stop()
         if self._rpc_dir is not None and all(s.process is None for s in self.servers):
@@ -310,6 +351,11 @@ class VLLMSidecar(GeneratorBackend):
     def sync_weights(self, model: Any, version: int) -> None:
         """Push `model`'s weights to every server, then check their log-probs against the
         trainer's. Collective: every rank calls it together."""
+        if self.transfer is not None:
+            self.transfer.push(model, version, self.servers, self.dist)
+            self.weight_version = version
+            self.probe(model)
+            return
         self._stage(model, adapter=bool(self.lora_rank))
         error = None
         if self.dist.global_rank == 0:
@@ -333,16 +379,26 @@ class VLLMSidecar(GeneratorBackend):
             self.staging = staging_folder(self.staging)
         write_weights(self.staging, model, state, self._tokenizer, adapter=adapter, lora=bool(self.lora_rank))
 
+    def _check_plugin(self) -> None:
+        """Refuse at once, with the fix, when the servers' interpreter cannot load the gloo
+        engine (this project installed there: its `vllm.general_plugins` entry point)."""
+        listing = (f"import importlib.metadata as m; print([e.value for e in m.entry_points(group={PLUGIN_GROUP!r})])")
+        try:
+            out = subprocess.run([self.python, "-c", listing], capture_output=True, text=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired) as err:
+            raise SidecarError(f"could not run the vLLM interpreter {self.python}: {err}") from err
+        if "flywheel.generation.vllm_plugin:register" not in out:
+            raise SidecarError(
+                f"{TRANSFER_SETTING}={GLOO} needs this project's vLLM plugin in the servers' environment, and "
+                f"{self.python} does not have it (its {PLUGIN_GROUP} entry points: {out.strip() or 'none'}): "
+                f"run `{self.python} -m pip install --no-deps -e <this repository>` or choose {TRANSFER_SETTING}={DISK}")
+
     def _reload(self, server: Server, version: int) -> None:
         if self.lora_rank:
             self._load_adapter(server)
         else:
-            server.post("/pause?mode=wait", None)
-            try:
+            with paused([server]):
                 server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(self.staging)}})
-                server.post("/reset_prefix_cache", None)
-            finally:
-                server.post("/resume", None)
         try:
             server.post("/update_weight_version", {"new_version": str(version)})
         except SidecarError:
@@ -393,6 +449,13 @@ class VLLMSidecar(GeneratorBackend):
                 "trained policy"
             )
         return gaps[worst]
+
+
+def default_transfer(attached: bool, replica_devices: list[str] | None) -> str:
+    """The weight-transfer engine when none is named (see `VLLMSidecar`'s `weight_transfer`)."""
+    if not torch.cuda.is_available():
+        return DISK
+    return "ipc" if not attached and replica_devices is None else "nccl"
 
 
 def _describe(err: Exception) -> str:
