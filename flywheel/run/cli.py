@@ -128,6 +128,10 @@ class FlywheelCLI(LightningCLI):
                              settings=saver.settings() if saver is not None else None)
         if saver is not None:
             saver.resuming = resolved is not None
+        from flywheel.run.zero_checkpoint import use_universal
+
+        if use_universal(self.trainer.strategy, resolved):  # tools/zero_to_universal.py's folder, on any world size
+            logging.getLogger("flywheel").info("resuming %s as a DeepSpeed universal checkpoint", resolved)
         if resolved is None and config.ckpt_path is not None:  # "last" with nothing there, --last_missing_ok
             self.config_init[self.subcommand]["ckpt_path"] = None
             config.ckpt_path = None

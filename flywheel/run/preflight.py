@@ -55,6 +55,14 @@ def check_overlap(trainer: Any, model: Any, datamodule: Any) -> None:
         raise PreflightError(message)
 
 
+def check_nodes(trainer: Any, datamodule: Any) -> None:
+    """A generator backend that cannot serve a run on several nodes (`--trainer.num_nodes`):
+    vLLM servers the other nodes cannot reach or the weight sync misses."""
+    message = datamodule.backend.node_refusal(trainer.num_nodes)
+    if message:
+        raise PreflightError(message)
+
+
 def check_epochs(trainer: Any) -> None:
     """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
     search) before it stops (issue 37)."""
@@ -266,6 +274,17 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
     return str(path)
 
 
+def check_deepspeed_resume(trainer: Any, resolved: str | None) -> None:
+    """A DeepSpeed checkpoint folder resumed on another number of processes than wrote it:
+    DeepSpeed would fail inside its engine, after the setup (flywheel.run.zero_checkpoint)."""
+    from flywheel.run.zero_checkpoint import world_size_refusal
+
+    if resolved is not None and Path(str(resolved)).is_dir():
+        message = world_size_refusal(resolved, trainer.world_size)
+        if message:
+            raise PreflightError(message)
+
+
 def check_one_run_per_folder(trainer: Any, resolved: str | None) -> None:
     """A checkpoint folder holds one run: a new run (no checkpoint to resume) or a run resumed
     from a checkpoint kept elsewhere must not write where another run's checkpoints are, or
@@ -320,11 +339,13 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     """Every check, in the order a user fixes things; returns the checkpoint to resume from
     (None = fresh). Raises PreflightError."""
     check_settings(datamodule)
+    check_nodes(trainer, datamodule)
     if subcommand == "fit":
         check_epochs(trainer)
         check_overlap(trainer, model, datamodule)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
+    check_deepspeed_resume(trainer, resolved)
     if subcommand == "fit":
         check_one_run_per_folder(trainer, resolved)
     if resolved is not None and Path(str(resolved)).is_file():
