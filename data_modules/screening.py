@@ -54,7 +54,7 @@ class Screening:
                  grade: Callable[..., Verdict] | None = None) -> None:
         self.pool, self.curriculum, self.task, self.grade = pool, curriculum, task, grade
         self.tokens = 0
-        """Tokens generated for screening over the run, this rank (checkpointed by the data module)."""
+        """Tokens generated for screening over the run, all ranks (checkpointed by the data module)."""
 
     def rates(self, shard: Sequence[Problem], label: str, *, trainer: Any, generator: Generator,
               tokenizer: Any) -> dict[str, float]:
@@ -65,8 +65,9 @@ class Screening:
                 wall_section(trainer, SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
                                    seed=self.curriculum.screening_seed(), progress=advance, grade=self.grade)
+        tokens = all_sum(tokens)  # every rank's: the same count on every rank, so any rank's checkpoint holds the run's
         self.tokens += tokens
-        self.curriculum.count_tokens(TokenSplit(screening=all_sum(tokens)))
+        self.curriculum.count_tokens(TokenSplit(screening=tokens))
         return rates
 
     def of_ids(self, ids: Sequence[str], label: str, **run: Any) -> dict[str, float]:

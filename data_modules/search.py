@@ -299,8 +299,12 @@ class SearchDataModule(L.LightningDataModule):
 
     def grading_counts(self) -> dict[str, int]:
         """The run's grading-guard verdicts so far, all ranks: {"grading_timeouts": n, "grading_errors": m}."""
+        return {f"grading_{key}": count for key, count in self.grading_totals().items()}
+
+    def grading_totals(self) -> dict[str, int]:
+        """The grader's counts summed over the ranks: {"timeouts": n, "errors": m}. Collective."""
         mine = self.grader.counts()
-        return {f"grading_{key}": int(sum(part[key] for part in all_gather(mine))) for key in mine}
+        return {key: int(sum(part[key] for part in all_gather(mine))) for key in mine}
 
     # ------------------------------------------------------------------ searching ahead
     def epoch_search(self, tokenizer: Any, epoch: int, rank: int, world: int, start: float) -> Searched:
@@ -395,7 +399,7 @@ class SearchDataModule(L.LightningDataModule):
     # ------------------------------------------------------------------ hard set
     @property
     def screening_tokens(self) -> int:
-        """Tokens generated for Pass1@K screening over the run, this rank."""
+        """Tokens generated for Pass1@K screening over the run, all ranks."""
         return self.screening.tokens
 
     def end_round(self, tokenizer: Any) -> dict[str, float]:
@@ -423,12 +427,19 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:
+        """The checkpointed state. Collective (Lightning writes a checkpoint on every rank
+        together): the grading guard's counts are every rank's, summed."""
         return data_state(self.curriculum, self.generated_tokens, self.screening.tokens, self.pool.stream_position(),
-                          self.ahead.state(), self.grader.counts())
+                          self.ahead.state(), self.grading_totals())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         source = getattr(self.trainer, "ckpt_path", None)
         self.generated_tokens, self.screening.tokens, stream = restore_data_state(state, self.curriculum, source, self.ahead,
                                                                                   self.grader)
+        if getattr(self.trainer, "global_rank", 0) != 0:
+            # The checkpoint holds every rank's counts summed: rank 0 carries them on, so their
+            # sum over the ranks continues on any world size (each rank restoring them counted
+            # them once per rank: 6 raising verdicts after a 2-node resume of a run that had 3).
+            self.grader.restore({})
         self._graded = self.grader.counts()
         self.pool.load_stream_position(stream)

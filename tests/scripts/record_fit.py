@@ -4,8 +4,10 @@ steps the rank took, as JSON in $FLYWHEEL_TEST_RECORD/rank_<R>.json (for the DDP
     FLYWHEEL_TEST_RECORD=DIR python tests/scripts/record_fit.py fit-arguments...
 
 Recorded per epoch: the epoch's whole problem list (drawn identically on every rank), the
-problems this rank searched and those its rollouts solved; at teardown: the rank's global step,
-world size and solved-problems ledger (data_modules.solved).
+problems this rank searched and those its rollouts solved; after each round's end the
+curriculum's state (hard set, replay buffer, round, cursor, token and solved ledgers); the
+curriculum's state right after a checkpoint restored it; the checkpoint files this rank wrote;
+at teardown: the rank's global step, world size and solved-problems ledger (data_modules.solved).
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from data_modules.search import SearchDataModule  # noqa: E402
 from flywheel.__main__ import main  # noqa: E402
+from flywheel.run.checkpoint import AtomicCheckpointIO  # noqa: E402
 
 RECORD = Path(os.environ["FLYWHEEL_TEST_RECORD"])
 epochs: list[dict] = []
+rounds: list[dict] = []
+restored: list[dict] = []
+saved: list[str] = []
 next_problems, rollouts, teardown = SearchDataModule.next_problems, SearchDataModule.rollouts, SearchDataModule.teardown
+end_round, load_state_dict, save_checkpoint = SearchDataModule.end_round, SearchDataModule.load_state_dict, AtomicCheckpointIO.save_checkpoint
 
 
 def _next_problems(self, count):
@@ -38,17 +45,37 @@ def _rollouts(self, problems, tokenizer, epoch, rank):
     return out
 
 
+def _end_round(self, tokenizer):
+    out = end_round(self, tokenizer)
+    rounds.append({"epoch": self.trainer.current_epoch, "curriculum": self.curriculum.state_dict()})
+    return out
+
+
+def _load_state_dict(self, state):
+    load_state_dict(self, state)
+    restored.append({"curriculum": self.curriculum.state_dict(), "grading": self.grader.counts()})
+
+
+def _save_checkpoint(self, checkpoint, path, storage_options=None):
+    saved.append(Path(str(path)).name)
+    return save_checkpoint(self, checkpoint, path, storage_options)
+
+
 def _teardown(self, stage):
     trainer = self.trainer
     if stage == "fit" and trainer is not None:
         RECORD.mkdir(parents=True, exist_ok=True)
         record = {"rank": trainer.global_rank, "world": trainer.world_size, "global_step": trainer.global_step,
-                  "epochs": epochs, "solved": self.curriculum.solved.to_json()}
+                  "epochs": epochs, "solved": self.curriculum.solved.to_json(), "rounds": rounds, "restored": restored,
+                  "saved": saved, "grading": self.grader.counts(),
+                  "cluster": type(trainer.strategy.cluster_environment).__name__}
         (RECORD / f"rank_{trainer.global_rank}.json").write_text(json.dumps(record))
     return teardown(self, stage)
 
 
 SearchDataModule.next_problems, SearchDataModule.rollouts, SearchDataModule.teardown = _next_problems, _rollouts, _teardown
+SearchDataModule.end_round, SearchDataModule.load_state_dict = _end_round, _load_state_dict
+AtomicCheckpointIO.save_checkpoint = _save_checkpoint
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -45,6 +45,7 @@ from flywheel.generation.base import GenerationRequest
 from flywheel.generation.vllm import middleware
 from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
 from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
+from flywheel.generation.vllm.nodes import node_refusal
 from flywheel.generation.vllm.server import Server
 from flywheel.generation.vllm.transfer import DISK, SETTING as TRANSFER_SETTING, TRANSFERS, WeightTransfer, paused
 from flywheel.generation.vllm_plugin import BACKEND as GLOO, PLUGIN_GROUP
@@ -210,6 +211,9 @@ class VLLMSidecar(GeneratorBackend):
     def process(self) -> subprocess.Popen | None:
         """The first launched server's process (None when attached or stopped)."""
         return self.servers[0].process if self.servers else None
+
+    def node_refusal(self, num_nodes: int) -> str | None:
+        return node_refusal(self.urls, num_nodes)
 
     # ------------------------------------------------------------------ lifecycle
     def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> VLLMGenerator:
