@@ -29,7 +29,12 @@ def hold_folder(folder: Path) -> IO[str]:
     as long as the lock is meant to be held. A folder another live process holds raises
     PreflightError naming it."""
     folder.parent.mkdir(parents=True, exist_ok=True)
-    handle = open(lock_file(folder), "a+", encoding="utf-8")
+    path = lock_file(folder)
+    path.touch(exist_ok=True)
+    # Held through a read-only handle: no file stays open for writing on the run's disk (a
+    # writable one would keep that file system from being remounted read-only, and flock does
+    # not need write access).
+    handle = open(path, encoding="utf-8")
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -40,9 +45,6 @@ def hold_folder(folder: Path) -> IO[str]:
             f"checkpoint folder {folder} is in use by another fit ({holder}): two runs in one folder would overwrite "
             "each other's checkpoints. Wait for it to end, or write elsewhere: --trainer.logger.init_args.name=NEW_NAME"
         ) from None
-    handle.seek(0)
-    handle.truncate()
     started = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
-    handle.write(f"pid {os.getpid()}, started {started}")
-    handle.flush()
+    path.write_text(f"pid {os.getpid()}, started {started}", encoding="utf-8")  # closed at once; the lock stays
     return handle
