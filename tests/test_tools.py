@@ -218,7 +218,7 @@ def test_bench_generation_profiles_the_decode_batches():
                            "--width", "2", "--k", "2", "--max-expansions", "4", "--profile")
     assert "1 torch thread(s)" in out and 0.0 < float(fields["batch_efficiency"]) < 10.0
     # One line per phase: decode passes, mean batch (at most 2 trees x 2 samples in the search), KV width.
-    search, flat = (re.search(rf"in-process {phase}: +(\d+) decode passes, mean batch (\d+) rows, KV width "
+    search, flat = (re.search(rf"in-process {phase} \(float32\): +(\d+) decode passes, mean batch (\d+) rows, KV width "
                               rf"([\d.]+) \(([\d.]+) real\)", out) for phase in ("search", "flat"))
     assert search and flat, out
     assert int(search[1]) > 0 and 1 <= int(search[2]) <= 4 and float(search[3]) >= float(search[4]) > 0
