@@ -18,7 +18,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.mo
 
 
 def check_dtype(dtype: str, flag: str) -> None:
-    from flywheel.run.preflight import PreflightError
+    from flywheel.run.errors import PreflightError
 
     if dtype not in DTYPES:
         raise PreflightError(f"{flag}={dtype}: not a parameter dtype; choose one of {', '.join(DTYPES)}")
@@ -81,7 +81,7 @@ def load_checked_policy(policy: str, dtype: str, flag: str, dtype_flag: str) -> 
     """flywheel.policies.load.load_policy, after checking the dtype and the folder; any problem is a
     PreflightError naming `flag` (or `dtype_flag`), the folder and the file."""
     from flywheel.policies.load import load_policy, resolve_policy
-    from flywheel.run.preflight import PreflightError
+    from flywheel.run.errors import PreflightError
 
     check_dtype(dtype, dtype_flag)
     try:

@@ -96,7 +96,7 @@ def rename_config_file(path: str) -> str:
 
 
 def _refuse(what: str, where: str) -> None:
-    from flywheel.run.preflight import PreflightError
+    from flywheel.run.errors import PreflightError
 
     section = next(key for key in REMOVED if key in what)
     raise PreflightError(f"{where}: {what} the `{section}` section was removed ({REMOVED[section]}); delete it")
