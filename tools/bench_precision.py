@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train import tree_rows  # noqa: E402
+from bench_train import mean_context, tree_rows  # noqa: E402
 from flywheel.objectives import policy_loss  # noqa: E402
 from flywheel.policies.load import load_policy  # noqa: E402
 from flywheel.reporting.roofline import flops_per_token, matmul_peak  # noqa: E402
@@ -61,7 +61,7 @@ def batches(model, args) -> list[dict]:
         with torch.no_grad():
             old = packed_logprobs(model, packed, ids.shape)
         out.append({"packed": packed, "shape": ids.shape, "old": old, "advantages": advantages, "mask": loss_mask,
-                    "context": float(mask.sum(-1).float().mean()) / 2})
+                    "context": mean_context(mask)})
     return out
 
 

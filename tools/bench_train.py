@@ -186,7 +186,12 @@ def measure(model, depth: int, trees: int, args, repeats: int) -> dict:
     flat_tok, tree_tok = int(mask.sum()), packed.tokens
     return {"flat_tokens": flat_tok, "packed_tokens": tree_tok, "token_ratio": flat_tok / tree_tok,
             "trained_tokens": int(loss_mask.sum()), "flat_s": f, "packed_s": t, "flat_cpu": fc, "packed_cpu": tc,
-            "dloss": diff, "layout_s": layout_s, "context": float(mask.sum(-1).float().mean()) / 2}
+            "dloss": diff, "layout_s": layout_s, "context": mean_context(mask)}
+
+
+def mean_context(mask: torch.Tensor) -> float:
+    """The columns a trained token attends to on average: half of a row's mean length."""
+    return float(mask.sum(-1).float().mean()) / 2
 
 
 def roofline_fraction(model, r: dict) -> float:
