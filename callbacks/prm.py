@@ -22,6 +22,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
+from callbacks.run_summary import RunSummary
 from callbacks.wall_time import VALUE_MODEL, wall_section
 from flywheel.run.distributed import all_gather
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
@@ -67,6 +68,8 @@ class PRMUpdate(Callback):
         self.model: ValueModel | None = None
         self.optimizer: torch.optim.Optimizer | None = None
         self._restored: dict[str, Any] | None = None
+        self.summary: RunSummary | None = None
+        """Where a round's value-model numbers go (the run's one summary, set by the CLI wiring)."""
 
     # ------------------------------------------------------------------ round steps
     def collect(self, results) -> None:
@@ -93,7 +96,8 @@ class PRMUpdate(Callback):
             metrics = {"round/prm_loss": loss, "round/prm_samples": float(len(self.samples))}
             metrics.update(self.quality(pl_module))
         log_round_scalars(trainer, metrics, round_index)
-        _summary_record(trainer, round_index, metrics)
+        if self.summary is not None:  # the round's value-model numbers beside its held-out pass@k
+            self.summary.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})
         pl_module.log_dict({k.replace("round/prm_", "prm/"): v for k, v in metrics.items()})
         log.info("PRM round %d: %s", round_index, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
         return True
@@ -163,12 +167,3 @@ class PRMUpdate(Callback):
         self.samples = [(tuple(s), float(t), bool(r)) for s, t, r in state["samples"]]
         self.heldout = [(tuple(s), float(t), bool(r)) for s, t, r in state["heldout"]]
         self._restored = state
-
-
-def _summary_record(trainer: L.Trainer, round_index: int, metrics: dict[str, float]) -> None:
-    """The round's value-model numbers into summary.json, beside its held-out pass@k."""
-    from callbacks.evaluation import HeldOutEval
-
-    for callback in trainer.callbacks:
-        if isinstance(callback, HeldOutEval):
-            callback.record(trainer, round_index, {k.replace("round/", ""): float(v) for k, v in metrics.items()})

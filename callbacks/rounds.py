@@ -38,6 +38,7 @@ from callbacks.budget import GenerationBudget
 from callbacks.evaluation import HeldOutEval
 from callbacks.prm import PRMUpdate
 from callbacks.round_scalars import log_round_scalars
+from callbacks.run_summary import RunSummary
 from callbacks.wall_time import WEIGHT_SYNC, wall_section
 from flywheel.ports import DataPort
 from flywheel.run.preemption import stop_requested
@@ -52,14 +53,16 @@ class RoundProtocol(Callback):
         port: the data module.
         evaluation: the held-out evaluation.
         value_model: the ReST-MCTS* value model (does nothing unless enabled).
+        summary: the run's summary (summary.json), where a round's staleness goes.
         budget: the token budget that may end the run inside a round (None: only max_epochs).
     """
 
-    def __init__(self, port: DataPort, evaluation: HeldOutEval, value_model: PRMUpdate,
+    def __init__(self, port: DataPort, evaluation: HeldOutEval, value_model: PRMUpdate, summary: RunSummary,
                  budget: GenerationBudget | None = None) -> None:
         self.port = port
         self.evaluation = evaluation
         self.value_model = value_model
+        self.summary = summary
         self.budget = budget
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -91,8 +94,8 @@ class RoundProtocol(Callback):
         the round's row of summary.json."""
         metrics = self.port.epoch_metrics
         if "search/staleness" in metrics:
-            self.evaluation.record(trainer, round_index, {"staleness": int(metrics["search/staleness"]),
-                                                          "staleness_steps": int(metrics["search/staleness_steps"])})
+            self.summary.record(trainer, round_index, {"staleness": int(metrics["search/staleness"]),
+                                                       "staleness_steps": int(metrics["search/staleness_steps"])})
 
     def sync_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Step 1: the generator samples from the weights of the latest optimizer step, stamped

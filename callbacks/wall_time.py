@@ -35,6 +35,7 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
+from callbacks.run_summary import RunSummary
 from flywheel.reporting.wall_split import WallSplit, difference, projected_finish
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,10 @@ class WallTime(Callback):
     generator's clock add their sections through `wall_section`; this callback times the
     training batches and the checkpoint saves itself and closes the epochs and rounds."""
 
-    def __init__(self) -> None:
+    def __init__(self, summary: RunSummary | None = None) -> None:
+        self.summary = summary
+        """Where the rounds' and the run's splits go (the run's one summary, from the CLI wiring;
+        None: TensorBoard and the log only)."""
         self._reset()
         self._timed_save: Callable | None = None
         """The trainer's save_checkpoint, timed (set up for a fit, removed at its teardown)."""
@@ -97,8 +101,8 @@ class WallTime(Callback):
         self._timed_save = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.epochs:  # resumed: summary.json's totals come back before the next epoch closes
-            _record_run(trainer, self._run_summary(self.split.totals()))
+        if self.epochs and self.summary is not None:  # resumed: summary.json's totals come back before the next epoch closes
+            self.summary.record_run(trainer, self._run_summary(self.split.totals()))
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         self.split.enter(TRAIN)
@@ -133,13 +137,14 @@ class WallTime(Callback):
         if trainer.is_global_zero and (line := projected_finish([r["wall_s"] for r in self.epochs], trainer.max_epochs,
                                                                 time.time())):
             log.info("%s%s", line, " (sooner if --budget.max_tokens runs out)" if _has_budget(trainer) else "")
-        evaluation = _evaluation(trainer)
-        ended = [r for r in evaluation.rounds if r["epoch"] == self._epoch] if evaluation is not None else []
-        for done in ended:  # the round this epoch ended, or its partial row where the run stopped inside it
-            evaluation.record(trainer, done["round"], {"wall_split": split_of(difference(now, self._round_mark))})
+        if self.summary is None:
+            return
+        for done in [r for r in self.summary.rounds if r["epoch"] == self._epoch]:
+            # the round this epoch ended, or its partial row where the run stopped inside it
+            self.summary.record(trainer, done["round"], {"wall_split": split_of(difference(now, self._round_mark))})
             if not done.get("partial"):  # a partial round goes on when the run is resumed
                 self._round_mark = now
-        _record_run(trainer, self._run_summary(now))
+        self.summary.record_run(trainer, self._run_summary(now))
 
     def _run_summary(self, totals: dict[str, float]) -> dict[str, Any]:
         return {"wall_split": {"total": split_of(totals), "epochs": self.epochs}}
@@ -201,15 +206,3 @@ def _has_budget(trainer: L.Trainer) -> bool:
     from callbacks.budget import GenerationBudget
 
     return any(isinstance(c, GenerationBudget) and c.max_tokens is not None for c in trainer.callbacks)
-
-
-def _evaluation(trainer: L.Trainer):
-    from callbacks.evaluation import HeldOutEval
-
-    return next((c for c in trainer.callbacks if isinstance(c, HeldOutEval)), None)
-
-
-def _record_run(trainer: L.Trainer, metrics: dict[str, Any]) -> None:
-    evaluation = _evaluation(trainer)
-    if evaluation is not None:
-        evaluation.record_run(trainer, metrics)

@@ -25,6 +25,7 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_responses, flat_rollouts
 from flywheel.search.outputs import TreeResult
+from flywheel.search.rule_table import SELECTION
 from flywheel.tasks import Problem, Task
 
 Rollout = Literal["search", "flat", "best_of_n"]
@@ -81,7 +82,7 @@ def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem],
 
 def value_head_fn(module: Any, config: SearchConfig) -> ValueFn | None:
     """The policy's own value head as the search's value function (search.selection=puct_agents)."""
-    if config.selection == "puct_agents" and getattr(module, "value_head", None) is not None:
+    if SELECTION[config.selection].uses_value_head and getattr(module, "value_head", None) is not None:
         return module.search_values
     return None
 
@@ -191,7 +192,7 @@ def check_flat_first(m: int, kind: str, search: SearchConfig) -> None:
     if kind != "search":
         raise ValueError(f"--data.batching.flat_first={m} builds trees where flat samples fail, but --data.rollout={kind} "
                          "builds none: set --data.rollout=search, or --data.batching.flat_first=0")
-    if search.expansion != "rollout":
+    if not search.whole_rollouts:
         raise ValueError(f"--data.batching.flat_first={m} starts each tree from whole flat responses, which only rollout "
                          "expansion takes in: set --data.search.expansion=rollout, or --data.batching.flat_first=0")
     if m >= search.trajectories_per_tree:

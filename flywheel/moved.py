@@ -1,6 +1,8 @@
-"""Import paths of modules that moved into packages keep working for one release: importing
-`flywheel.checkpoint` (say) warns and hands back `flywheel.run.checkpoint` itself, so old
-imports, old configs' class paths and pickles naming the old path still resolve."""
+"""Import paths of modules that moved into packages keep working until release `REMOVED_IN`:
+importing `flywheel.checkpoint` (say) warns and hands back `flywheel.run.checkpoint` itself, so
+old imports, old configs' class paths and pickles naming the old path still resolve. In
+REMOVED_IN this module, its `install()` in flywheel/__init__.py and the meta-path hook go
+(tests/test_moved_modules.py fails once the package's version reaches it)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,9 @@ import importlib.abc
 import importlib.machinery
 import sys
 import warnings
+
+REMOVED_IN = "0.2.0"
+"""The release that drops the old paths (README, "Layout")."""
 
 MOVED = {
     "flywheel.checkpoint": "flywheel.run.checkpoint",
@@ -31,6 +36,7 @@ MOVED = {
     "flywheel.metrics": "flywheel.reporting.metrics",
     "flywheel.report": "flywheel.reporting.report",
     "flywheel.viewer": "flywheel.reporting.viewer",
+    "flywheel.objectives.logprobs": "flywheel.logprobs",
 }
 
 
@@ -44,7 +50,7 @@ class MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def create_module(self, spec):
         new = MOVED[spec.name]
-        warnings.warn(f"{spec.name} moved to {new}; the old path goes in the next release",
+        warnings.warn(f"{spec.name} moved to {new}; the old path goes in release {REMOVED_IN}",
                       DeprecationWarning, stacklevel=2)
         return importlib.import_module(new)
 

@@ -79,16 +79,25 @@ def test_the_parts_read_only_members_of_the_port():
 def test_the_cli_connects_the_data_module_to_every_part(tmp_path):
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
+    from callbacks.prm import PRMUpdate
+    from callbacks.run_summary import RunSummary
+    from callbacks.wall_time import WallTime
     from flywheel.__main__ import main
 
     cli = main(["--config", str(QUICKSTART), "--budget.max_tokens=1000", f"--trainer.default_root_dir={tmp_path}"],
                run=False)
     dm, callbacks = cli.datamodule, cli.trainer.callbacks
     assert cli.model.port is dm
-    for kind in (HeldOutEval, GenerationBudget, RoundProtocol):
+    for kind in (RunSummary, HeldOutEval, GenerationBudget, RoundProtocol):
         (part,) = [c for c in callbacks if isinstance(c, kind)]
         assert part.port is dm, kind
+    # One run summary, handed to every part that writes to it (none looks for another).
+    (summary,) = [c for c in callbacks if isinstance(c, RunSummary)]
+    for kind in (HeldOutEval, PRMUpdate, RoundProtocol, WallTime):
+        (part,) = [c for c in callbacks if isinstance(c, kind)]
+        assert part.summary is summary, kind
     names = [type(c).__name__ for c in callbacks]
+    assert names.index("RunSummary") < names.index("HeldOutEval")  # its clock starts before the base evaluation
     assert "WeightSync" not in names and "HardSetRefresh" not in names  # folded into the round protocol
     assert names.index("RoundProtocol") < names.index("ModelCheckpoint")  # the round ends before the save
 
@@ -127,7 +136,7 @@ def test_each_epoch_end_pushes_the_weights_once_and_a_round_end_refreshes_once()
     ended = []
     evaluation = SimpleNamespace(end_round=lambda trainer, module, index, facts, **kw: ended.append((index, facts, kw)))
     value_model = SimpleNamespace(collect=lambda results: None, end_round=lambda *a: False)
-    protocol = RoundProtocol(port, evaluation, value_model)
+    protocol = RoundProtocol(port, evaluation, value_model, summary=SimpleNamespace())
     module = SimpleNamespace(policy="policy", tokenizer="tok", log_dict=lambda metrics: None)
     for epoch, step in [(0, 4), (1, 8), (2, 12)]:
         trainer = SimpleNamespace(current_epoch=epoch, global_step=step, max_epochs=3, max_steps=-1,

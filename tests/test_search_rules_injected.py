@@ -1,6 +1,7 @@
-"""The search's rules are injected functions looked up once by their config names
-(flywheel/search/rules.py): a rule registered from this file alone, without touching the
-search package, is a valid `selection` and drives a search.
+"""The search's rules are injected functions looked up once by their config names in the rule
+tables (flywheel/search/rule_table.py): a rule registered from this file alone, without touching
+the search package, is a valid `selection` (in SearchConfig and on the command line) and drives
+a search.
 
 Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
 answer "W", 5.. = filler "x"; toy_score grades the last answer letter.
@@ -8,14 +9,13 @@ answer "W", 5.. = filler "x"; toy_score grades the last answer letter.
 
 from __future__ import annotations
 
-from typing import get_args
+from pathlib import Path
 
 import pytest
 
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
-from flywheel.search.config import Expansion, ForkRule, Selection
-from flywheel.search.rules import AGENT_RULES, EXPANSION_MODES, FORK_RULES, SELECTION_RULES
+from flywheel.search.rule_table import EXPANSION, FORK, SELECTION, TABLES, SearchRule
 from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
@@ -59,7 +59,7 @@ def test_a_rule_registered_from_a_test_drives_the_search(monkeypatch):
              the correct one is backed up: K = 2, the tree is complete (no more asking).
     """
     calls.clear()
-    monkeypatch.setitem(SELECTION_RULES, "breadth_first", breadth_first)
+    monkeypatch.setitem(SELECTION, "breadth_first", SearchRule("breadth_first", breadth_first))
     cfg = SearchConfig(selection="breadth_first", expansion_width=2, trajectories_per_tree=2, max_depth=3,
                        overlong_penalty=False)
     gen = ScriptedGenerator(SCRIPT)
@@ -85,15 +85,33 @@ def test_a_name_is_valid_exactly_while_a_rule_is_registered_under_it(monkeypatch
     with pytest.raises(ValueError, match=r"--data.search.selection must be one of \('frontier', 'vanilla_uct', "
                                          r"'puct', 'puct_agents'\), got 'breadth_first'"):
         SearchConfig(selection="breadth_first")
-    monkeypatch.setitem(SELECTION_RULES, "breadth_first", breadth_first)
+    monkeypatch.setitem(SELECTION, "breadth_first", SearchRule("breadth_first", breadth_first))
     assert SearchConfig(selection="breadth_first").selection == "breadth_first"
-    monkeypatch.setitem(FORK_RULES, "deepest", lambda tree, config, rng: None)
+    monkeypatch.setitem(FORK, "deepest", SearchRule("deepest", lambda tree, config, rng: None))
     assert SearchConfig(expansion="rollout", fork_rule="deepest").fork_rule == "deepest"
 
 
-def test_the_built_in_rules_are_the_config_choices():
-    """The command line's type check reads the config's Literals; the registries serve the same
-    names, so every choice the CLI accepts has a rule and every built-in rule can be chosen."""
-    assert (*SELECTION_RULES, *AGENT_RULES) == get_args(Selection)
-    assert tuple(FORK_RULES) == get_args(ForkRule)
-    assert tuple(EXPANSION_MODES) == get_args(Expansion)
+def test_a_registered_rule_is_accepted_by_the_command_line(monkeypatch):
+    """One registration and nothing else: `fit`'s parser takes the new name, and the refusal of
+    an unregistered one lists the table's names (the command line reads the same table)."""
+    from flywheel.__main__ import main
+
+    quickstart = ["--config", str(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml")]
+    monkeypatch.setitem(SELECTION, "breadth_first", SearchRule("breadth_first", breadth_first))
+    cli = main(quickstart + ["--data.search.selection=breadth_first"], run=False)
+    assert cli.datamodule.search.selection == "breadth_first"
+    with pytest.raises(Exception, match=r"selection must be one of \('frontier', 'vanilla_uct', 'puct', "
+                                        r"'puct_agents', 'breadth_first'\), got 'depth_first'"):
+        main(quickstart + ["--data.search.selection=depth_first"], run=False)
+
+
+def test_a_rule_declares_what_it_needs():
+    """Capabilities, not names, decide: the agents rule's expansion mode and value head, the
+    entropy fork's entropies and cut, rollout expansion's whole continuations."""
+    assert [name for name, rule in SELECTION.items() if rule.agents] == ["puct_agents"]
+    with pytest.raises(ValueError, match="grows the tree by step expansion"):
+        SearchConfig(selection="puct_agents", expansion="rollout")
+    assert SearchConfig(expansion="rollout", fork_rule="entropy").needs_entropy
+    assert not SearchConfig(expansion="rollout").needs_entropy
+    assert [name for name, rule in EXPANSION.items() if rule.whole_rollouts] == ["rollout"]
+    assert set(TABLES) == {"selection", "fork_rule", "expansion"}

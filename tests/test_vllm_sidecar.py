@@ -266,48 +266,6 @@ def test_an_attached_sidecar_without_the_secret_is_refused_saying_how_to_fix_it(
             VLLMSidecar(url=owner.servers[0].url, token=token, startup_timeout=30).build(model, tok)
 
 
-def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
-    from flywheel.reporting.evaluation import encode_prompt
-    from flywheel.search import SearchConfig, SearchDriver, SearchProblem
-    from flywheel.tasks.countdown import CountdownTask
-
-    backend, generator, model, tok = sidecar
-    task = CountdownTask(numbers_count=3)
-    problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
-                for p in task.problems("test")[:6]]
-    config = SearchConfig(max_depth=8, expansion_width=4, trajectories_per_tree=4, max_expansions_per_tree=24)
-    victim = backend.servers[1]
-    calls = {"n": 0}
-    sample = generator.sample
-
-    def kill_on_second_round(requests):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            os.killpg(victim.process.pid, signal.SIGKILL)
-            victim.process.wait()
-        return sample(requests)
-
-    generator.sample = kill_on_second_round
-    try:
-        driver = SearchDriver(generator, config, step=task.step, decode=functools.partial(tok.decode, skip_special_tokens=True),
-                              eos_token_ids=[tok.eos_token_id])
-        results = driver.run(problems)
-    finally:
-        generator.sample = sample
-    assert (backend.servers[0].restarts, victim.restarts) == (0, 1)
-    assert [r.problem_id for r in results] == [p.id for p in problems]  # nothing lost or duplicated
-    assert all(len(r.trajectories) >= 1 for r in results)
-    # The restarted server has the weights of the last sync (it relaunches from the staging folder).
-    assert backend.probe(model) <= backend.logprob_tolerance
-    groups = [s.process.pid for s in backend.servers]
-    assert all(live_members(g) for g in groups)
-    backend.close()
-    deadline = time.monotonic() + 30
-    while any(live_members(g) for g in groups) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert not any(live_members(g) for g in groups), "vLLM processes outlived close()"
-
-
 def _kill(server, relaunch_fails: bool) -> None:
     """SIGKILL a launched server's whole group; with `relaunch_fails` its next launch exits at once
     (code 3), as a server that cannot come back (its port taken, its GPU gone) would."""
@@ -335,6 +293,50 @@ def test_a_weight_push_that_fails_halfway_is_refused_and_the_next_push_heals(sid
         victim.command = command
     backend.sync_weights(model, before + 2)
     assert backend.weight_version == before + 2 and backend.probe(model) <= backend.logprob_tolerance
+
+
+def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
+    """Closes the module's sidecar: the last test that uses it (pytest runs a file in order)."""
+    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.search import SearchConfig, SearchDriver, SearchProblem
+    from flywheel.tasks.countdown import CountdownTask
+
+    backend, generator, model, tok = sidecar
+    task = CountdownTask(numbers_count=3)
+    problems = [SearchProblem(encode_prompt(tok, task, p), functools.partial(task.score, p), p.id)
+                for p in task.problems("test")[:6]]
+    config = SearchConfig(max_depth=8, expansion_width=4, trajectories_per_tree=4, max_expansions_per_tree=24)
+    victim = backend.servers[1]
+    restarts = (backend.servers[0].restarts, victim.restarts)  # the push test above restarted server 1
+    calls = {"n": 0}
+    sample = generator.sample
+
+    def kill_on_second_round(requests):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            os.killpg(victim.process.pid, signal.SIGKILL)
+            victim.process.wait()
+        return sample(requests)
+
+    generator.sample = kill_on_second_round
+    try:
+        driver = SearchDriver(generator, config, step=task.step, decode=functools.partial(tok.decode, skip_special_tokens=True),
+                              eos_token_ids=[tok.eos_token_id])
+        results = driver.run(problems)
+    finally:
+        generator.sample = sample
+    assert (backend.servers[0].restarts, victim.restarts) == (restarts[0], restarts[1] + 1)
+    assert [r.problem_id for r in results] == [p.id for p in problems]  # nothing lost or duplicated
+    assert all(len(r.trajectories) >= 1 for r in results)
+    # The restarted server has the weights of the last sync (it relaunches from the staging folder).
+    assert backend.probe(model) <= backend.logprob_tolerance
+    groups = [s.process.pid for s in backend.servers]
+    assert all(live_members(g) for g in groups)
+    backend.close()
+    deadline = time.monotonic() + 30
+    while any(live_members(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(live_members(g) for g in groups), "vLLM processes outlived close()"
 
 
 def test_a_fit_whose_server_is_sigkilled_restarts_it_or_stops_with_the_resume_command(tmp_path, monkeypatch):

@@ -21,7 +21,7 @@ from flywheel.objectives.advantages import (
 from flywheel.objectives.aggregation import aggregate, masked_mean
 from flywheel.objectives.config import Aggregation, KLEstimator, ObjectiveConfig
 from flywheel.objectives.kl import kl_penalty, kl_per_token
-from flywheel.objectives.logprobs import entropy_from_logits, token_logprobs
+from flywheel.logprobs import entropy_from_logits, token_logprobs
 from flywheel.objectives.policy_loss import policy_loss, truncated_importance_weight
 from flywheel.objectives.self_training import path_weights, self_training_loss
 

@@ -19,14 +19,12 @@ Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by the "node" rule 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Callable, Hashable, Literal, Sequence
+from typing import Callable, Hashable, Literal, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
 from flywheel.objectives.advantages import pass_at_k_advantages, per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives.paths import SearchedGroup, SearchedPath, TrainingRow
 from flywheel.objectives.self_training import PathWeighting, ValueFn, weight_paths
-
-if TYPE_CHECKING:
-    from flywheel.search.outputs import Trajectory, TreeResult
 
 
 @dataclass(frozen=True)
@@ -175,7 +173,7 @@ class Credit:
             raise ValueError(f"--data.credit.positive_weight={self.positive_weight} scales advantages, but "
                              f"--data.credit.advantage={self.advantage} trains on path weights: remove one")
 
-    def drops(self, trajectory: Trajectory) -> bool:
+    def drops(self, trajectory: SearchedPath) -> bool:
         """Whether a trajectory stays out of training: an incorrect, degenerate one."""
         return not trajectory.verdict.correct and self.degenerate_filter(trajectory.response_text, trajectory.response_ids) is not None
 
@@ -230,42 +228,18 @@ def check_loss(advantage: str, loss_type: str) -> None:
 
 
 @dataclass(frozen=True)
-class TrainingRow:
-    """One trajectory ready for the objective."""
-
-    problem_id: str
-    group: int
-    """Index of its tree (or flat group) within the epoch."""
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
-    advantages: tuple[float, ...]
-    """[len(response_ids)] per-token advantage."""
-    behaviour_logprobs: tuple[float, ...]
-    """[len(response_ids)] the generator's log-probs; NaN where unknown (a cached solution,
-    or a backend that gave none): the data module fills those with the trainer's own."""
-    step_ids: tuple[int, ...]
-    """[len(response_ids)] index of the step each token belongs to."""
-    reward: float
-    correct: bool = False
-    """Verified correct (a cached solution is)."""
-    weight_version: int | None = None
-    """The optimizer step of the generator's weights when its search started (stamped by the
-    data module; None: not stamped). Under `--data.async_search` it lags the trained weights."""
-
-
-@dataclass(frozen=True)
 class Group:
     """One problem's responses: a tree or flat group (`result`), or with `cached` solutions a
     mixed rollout of `n` (`result` then holds its direct samples, None when none were needed)."""
 
     problem_id: str
     prompt_ids: tuple[int, ...]
-    result: TreeResult | None
+    result: SearchedGroup | None
     cached: tuple[CachedSolution, ...] = ()
     n: int = 0
 
     @classmethod
-    def of(cls, result: TreeResult) -> Group:
+    def of(cls, result: SearchedGroup) -> Group:
         return cls(result.problem_id, result.prompt_ids, result)
 
 
@@ -339,7 +313,7 @@ def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Trainin
 def _mixed_rows(group: Group, rule: CreditRule, settings: Credit) -> list[TrainingRow]:
     """A replay-buffer problem's mixed rollout: one step per response (a cached one correct, +1)."""
     direct = group.result.trajectories if group.result is not None else ()
-    items: list[Trajectory | CachedSolution] = mixed_rollout(list(group.cached), list(direct), group.n)
+    items: list[SearchedPath | CachedSolution] = mixed_rollout(list(group.cached), list(direct), group.n)
     scores = [1.0 if isinstance(item, CachedSolution) else item.final_score for item in items]
     correct = [isinstance(item, CachedSolution) or item.verdict.correct for item in items]
     scored = [Scored((score,), (i,), score, ok) for i, (score, ok) in enumerate(zip(scores, correct))]

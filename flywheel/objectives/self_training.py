@@ -28,7 +28,7 @@ from flywheel.objectives.config import ObjectiveConfig
 from flywheel.objectives.kl import kl_per_token
 
 if TYPE_CHECKING:
-    from flywheel.objectives.credit import TrainingRow
+    from flywheel.objectives.paths import TrainingRow
 
 _D = ObjectiveConfig
 ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]

@@ -273,14 +273,17 @@ def checkpoints_beside_the_run(trainer) -> None:
 
 def add_round_protocol(trainer, port, module) -> None:
     """The RoundProtocol that drives the end of every epoch and round (weight sync, hard-set
-    refresh, evaluation, value model), and the port wiring: the data module `port`
-    (flywheel.ports.DataPort) is handed to the round protocol, the held-out evaluation, the
-    budget and the LightningModule `module`, the one place that connects them. WallTime (the
-    run's wall split, callbacks.wall_time) follows the round protocol."""
+    refresh, evaluation, value model), and the wiring, the one place that connects the parts:
+    the data module `port` (flywheel.ports.DataPort) is handed to the run summary, the held-out
+    evaluation, the budget and the LightningModule `module`; the run's one RunSummary
+    (summary.json, solved problems, the report) to the evaluation, the value model, the round
+    protocol and WallTime (the run's wall split, callbacks.wall_time), which follows the round
+    protocol."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.prm import PRMUpdate
     from callbacks.rounds import RoundProtocol
+    from callbacks.run_summary import RunSummary
     from callbacks.wall_time import WallTime
 
     from lightning.pytorch.callbacks import Checkpoint
@@ -296,9 +299,11 @@ def add_round_protocol(trainer, port, module) -> None:
         return callbacks[before]
 
     evaluation, value_model = one(HeldOutEval), one(PRMUpdate)
+    summary = one(RunSummary)  # inserted before both: its clock starts before the base evaluation
+    evaluation.summary = value_model.summary = summary
     budget = next((c for c in callbacks if isinstance(c, GenerationBudget)), None)
-    for part in (evaluation, budget, module):
+    for part in (summary, evaluation, budget, module):
         if part is not None:
             part.connect(port)
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, budget=budget), WallTime()]
+    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, summary, budget=budget), WallTime(summary)]

@@ -12,12 +12,13 @@ Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selec
 overlong), expansion (what every expansion rule shares: seeds, sampling, grading), live (one
 tree between rounds, grown by an expansion mode), step_expansion (the paper's mode: n steps of
 a node), rollout (rollout expansion and its fork rules), agents and live_agents (several agents
-per tree, pUCT with virtual loss), rules (every rule by its config name, resolved once: a new
-rule is a registered function), lockstep (the batching loop and DriverStats), driver (the
+per tree, pUCT with virtual loss), rule_table (every rule family's table, by config name: a
+new rule is one registration), rules (the built-in rules, registered on import), lockstep (the batching loop and DriverStats), driver (the
 batched multi-tree driver), flat (baseline rollouts), outputs (records and the JSON dump),
 scripted (fake generators for tests and benchmarks).
 """
 
+import flywheel.search.rules  # noqa: F401  (registers the built-in rules in the rule tables)
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import (
     DriverStats,

@@ -11,18 +11,17 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from flywheel.finite import check_finite_fields
+from flywheel.search.rule_table import EXPANSION, FORK, SELECTION
 
-Selection = Literal["frontier", "vanilla_uct", "puct", "puct_agents"]
 DepthBonus = Literal["sqrt", "linear", "log"]
 BackupRule = Literal["constrained", "vanilla"]
 GammaRule = Literal["paper", "code"]
 TerminalChoice = Literal["mean_nll", "entropy", "random"]
 UctSampling = Literal["argmax", "softmax"]
-Expansion = Literal["step", "rollout"]
-ForkRule = Literal["uct", "random", "root", "entropy"]
-"""Each choice is written once, in its Literal: SearchConfig checks a value against the
-Literal's arguments, and `selection` / `fork_rule` against the rules registered under those
-names (flywheel.search.rules, where a test or a plugin may add one)."""
+"""Each choice is written once: a value-only choice in its Literal, which SearchConfig and the
+command line check; a rule (`selection`, `fork_rule`, `expansion`) in its rule table
+(flywheel.search.rule_table), where a test or a plugin may register one and the command line
+then accepts it."""
 
 MAX_CONCURRENT_TREES = 64
 """Trees searched at once (= requests per generator call) unless set: the default of
@@ -143,7 +142,7 @@ class SearchConfig:
     max_depth: int = 64
     trajectories_per_tree: int = 8
     max_expansions_per_tree: int = 1024
-    selection: Selection = "frontier"
+    selection: str = "frontier"
     uct_lambda: float = 2.0
     uct_sampling: UctSampling = "argmax"
     frontier_lambda1: float = 0.4
@@ -168,8 +167,8 @@ class SearchConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
-    expansion: Expansion = "step"
-    fork_rule: ForkRule = "uct"
+    expansion: str = "step"
+    fork_rule: str = "uct"
     entropy_forks_per_chain: int = 2
     fork_width: int = 0
     distinct_children: bool = False
@@ -181,16 +180,13 @@ class SearchConfig:
     virtual_loss: float = 1.0
 
     def __post_init__(self) -> None:
-        # The rule names are the registries' keys, so a rule registered in flywheel.search.rules
-        # is a valid choice; imported here, not at the top, because the rules read SearchConfig.
-        from flywheel.search.rules import AGENT_RULES, FORK_RULES, SELECTION_RULES
-
         check_finite_fields(self, "data.search")
-        choices = {**_LITERAL_CHOICES, "selection": (*SELECTION_RULES, *AGENT_RULES), "fork_rule": tuple(FORK_RULES)}
-        for name, allowed in choices.items():
+        for name, allowed in _LITERAL_CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--data.search.{name} must be one of {allowed}, got {value!r}; pick one of those")
+        selection, fork = SELECTION.check(self.selection), FORK.check(self.fork_rule)
+        expansion = EXPANSION.check(self.expansion)
         for name in ("expansion_width", "max_depth", "trajectories_per_tree", "max_expansions_per_tree"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--data.search.{name} must be >= 1, got {getattr(self, name)}; set it to 1 or more")
@@ -233,24 +229,37 @@ class SearchConfig:
                 raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
         if self.virtual_loss < 0:
             raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
-        if self.selection in AGENT_RULES and self.expansion != "step":
-            raise ValueError(f"search.selection={self.selection!r} grows the tree one step per child; it cannot be "
-                             "combined with --data.search.expansion=rollout (set --data.search.expansion=step)")
-        if self.fork_rule == "entropy" and (self.entropy_forks_per_chain < 1 or self.entropy_top_k < 1):
+        if selection.expansion is not None and self.expansion != selection.expansion:
+            raise ValueError(f"search.selection={self.selection!r} grows the tree by {selection.expansion} expansion; it "
+                             f"cannot be combined with --data.search.expansion={self.expansion} (set "
+                             f"--data.search.expansion={selection.expansion})")
+        if fork.cut is not None and self.entropy_forks_per_chain < 1 or fork.needs_entropy and self.entropy_top_k < 1:
             raise ValueError(
-                "--data.search.fork_rule='entropy' cuts every rollout at its highest-entropy tokens: it needs "
+                f"--data.search.fork_rule={self.fork_rule!r} cuts every rollout at its highest-entropy tokens: it needs "
                 f"--data.search.entropy_forks_per_chain >= 1 (got {self.entropy_forks_per_chain}) and "
                 f"--data.search.entropy_top_k >= 1 (got {self.entropy_top_k}); set both to 1 or more"
             )
         if not 0 <= self.fork_width <= MAX_EXPANSION_WIDTH:
             raise ValueError(f"--data.search.fork_width must be in [0, {MAX_EXPANSION_WIDTH}] (0 = expansion_width), "
                              f"got {self.fork_width}; set it to 0 or a width")
-        if self.fork_width and self.expansion != "rollout":
+        if self.fork_width and not expansion.whole_rollouts:
             raise ValueError(f"--data.search.fork_width={self.fork_width} sets the width of rollout forks; it needs "
                              "--data.search.expansion=rollout (or set --data.search.fork_width=0)")
         for name in ("max_children", "stop_when_solved"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
+
+    @property
+    def whole_rollouts(self) -> bool:
+        """Does an expansion sample whole continuations (rollout expansion: fork rules, fork
+        widths and first rollouts apply) rather than single steps?"""
+        return EXPANSION[self.expansion].whole_rollouts
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Does a rule read per-token entropies from the generator (terminal_choice "entropy",
+        or a fork rule that needs them under rollout expansion)?"""
+        return self.terminal_choice == "entropy" or FORK[self.fork_rule].needs_entropy
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

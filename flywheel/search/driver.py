@@ -29,7 +29,7 @@ from flywheel.search.live import LiveTree
 from flywheel.search.live_agents import AgentTree
 from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult
-from flywheel.search.rules import AGENT_RULES, EXPANSION_MODES
+from flywheel.search.rule_table import EXPANSION, SELECTION
 from flywheel.tasks.base import StepSpec
 
 log = logging.getLogger(__name__)
@@ -104,13 +104,13 @@ class SearchDriver:
         self.new_tree = self._tree_factory()
 
     def _tree_factory(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
-        """The config's rules, resolved once (flywheel.search.rules): a tree searched by several
-        agents (an AGENT_RULES selection), else a LiveTree grown by the config's expansion mode."""
+        """The config's rules, resolved once (flywheel.search.rule_table): a tree searched by several
+        agents (a selection rule with `agents`), else a LiveTree grown by the config's expansion mode."""
         config = self.config
-        descend = AGENT_RULES.get(config.selection)
-        if descend is not None:
-            return lambda index, problem: AgentTree(index, problem, config, descend)
-        mode = EXPANSION_MODES[config.expansion](config, self.step, self.ends_step)
+        selection = SELECTION[config.selection]
+        if selection.agents:
+            return lambda index, problem: AgentTree(index, problem, config, selection.run)
+        mode = EXPANSION[config.expansion].run(config, self.step, self.ends_step)
         return lambda index, problem: LiveTree(index, problem, config, mode)
 
     def join(self, index: int, problem: SearchProblem) -> LiveTree | AgentTree:
@@ -119,7 +119,7 @@ class SearchDriver:
         steps scored by the value model (if any), then its first fork chosen."""
         tree = self.new_tree(index, problem)
         if problem.first_rollouts:
-            if self.config.expansion != "rollout" or not isinstance(tree, LiveTree):
+            if not self.config.whole_rollouts or not isinstance(tree, LiveTree):
                 raise ValueError(f"problem {problem.id!r} comes with first rollouts, which only a rollout-expansion tree "
                                  "can start from: set --data.search.expansion=rollout")
             tree.start_from(problem.first_rollouts, self.decode, self.eos_token_ids)

@@ -70,13 +70,12 @@ def step_sampling_params(step: StepSpec, config: SearchConfig) -> SamplingParams
 def rollout_sampling_params(step: StepSpec, config: SearchConfig, depth: int, open_tokens: int = 0) -> SamplingParams:
     """A rollout expansion's request: a whole continuation (no stop string), room for every step
     left above max depth (`open_tokens`: tokens already in the step it starts inside). Entropies
-    when a rule reads them (terminal_choice or fork_rule "entropy")."""
-    wants_entropy = config.terminal_choice == "entropy" or config.fork_rule == "entropy"
+    when a rule reads them (`config.needs_entropy`)."""
     return SamplingParams(
         max_new_tokens=step.max_tokens * (config.max_depth - depth) - open_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
-        top_logprobs=config.entropy_top_k if wants_entropy else 0,
+        top_logprobs=config.entropy_top_k if config.needs_entropy else 0,
     )
 
 

@@ -9,7 +9,7 @@ become the leaf's children, terminals are graded, a value model scores the new n
 nodes (one call per round for every tree, in the driver), and the leaf's own value is backed
 up along its path while its virtual loss is removed. After `iterations_per_agent` rounds the
 most-visited path to a terminal is the tree's one training trajectory. An agent's descent is
-injected (flywheel.search.rules.AGENT_RULES).
+injected (a SELECTION rule with `agents`, flywheel.search.rule_table).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ segment trees): whole rollouts, branch points chosen among their steps.
 
 Pure functions over SearchTree and Completion records, and `RolloutExpansion`, the
 ExpansionMode of a LiveTree (flywheel.search.live) that uses them; the fork rule is injected
-(flywheel.search.rules.FORK_RULES).
+(flywheel.search.rule_table.FORK).
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""The rules a search runs by, looked up once by their config names (mctx-style: a rule is an
-injected function; no tree branches on a rule's name).
+"""The search's built-in rules, registered once in the rule tables (flywheel.search.rule_table)
+under their config names (mctx-style: a rule is an injected function; no tree branches on a
+rule's name).
 
-    SELECTION_RULES[config.selection]   step expansion: the node to expand next (§5)
-    AGENT_RULES[config.selection]       several agents per tree and round: one agent's descent
-    FORK_RULES[config.fork_rule]        rollout expansion: where the next rollouts start
-    FORK_CUTS[config.fork_rule]         rollout expansion: where a new rollout is cut besides its steps
-    EXPANSION_MODES[config.expansion]   how an expansion grows a tree, with its rule resolved
+    SELECTION[config.selection]   step expansion: the node to expand next (§5); `agents`: one
+                                  agent's descent per round (several agents per tree)
+    FORK[config.fork_rule]        rollout expansion: where the next rollouts start (`cut`: where
+                                  a new rollout is cut besides its steps)
+    EXPANSION[config.expansion]   how an expansion grows a tree, its rule resolved
 
-SearchConfig accepts exactly the names registered here, so a new rule is a function with its
-kind's signature (`SelectionRule`, `AgentDescent`, `ForkSelection`) registered under a new
-name: one file and its test (docs/search.md; tests/test_search_rules_injected.py registers one
-from the test alone). Choosing it from the command line also needs its name in the config's
-Literal (flywheel/search/config.py), which is what the CLI's type check reads.
+A new rule is a function with its kind's signature (`SelectionRule`, `AgentDescent`,
+`ForkSelection`) registered under a new name with `SearchRule` and what it needs: one
+registration, which SearchConfig, the command line and the docs read (docs/search.md;
+tests/test_search_rules_injected.py registers one from the test alone).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.live import ExpansionMode
 from flywheel.search.live_agents import AgentDescent
 from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy
-from flywheel.search.rollout import ForkCut, ForkSelection, RolloutExpansion, fork_random, fork_root, fork_uct
+from flywheel.search.rollout import RolloutExpansion, fork_random, fork_root, fork_uct
+from flywheel.search.rule_table import EXPANSION, FORK, SELECTION, SearchRule
 from flywheel.search.selection import descend_puct, descend_uct, local_uct_select, select_frontier
 from flywheel.search.step_expansion import SelectionRule, StepExpansion
 from flywheel.search.tree import SearchTree
@@ -63,29 +64,35 @@ def puct_agent(tree: SearchTree, pending: Sequence[int], config: SearchConfig) -
     return agent_descend(tree, pending, config.puct_c, config.virtual_loss)
 
 
-SELECTION_RULES: dict[str, SelectionRule] = {"frontier": frontier, "vanilla_uct": vanilla_uct, "puct": puct}
-AGENT_RULES: dict[str, AgentDescent] = {"puct_agents": puct_agent}
-FORK_RULES: dict[str, ForkSelection] = {"uct": fork_uct, "random": fork_random, "root": fork_root,
-                                        "entropy": fork_entropy}
-FORK_CUTS: dict[str, ForkCut] = {"entropy": cut_at_entropy}
-"""Fork rules that also cut every new rollout at fork points of their own (inside steps too)."""
+SELECTION.register(SearchRule("frontier", frontier, "local UCT until a terminal, then the global frontier score (§5)"))
+SELECTION.register(SearchRule("vanilla_uct", vanilla_uct, "local UCT until a terminal, then UCT from the root (Table 3)"))
+SELECTION.register(SearchRule("puct", puct, "pUCT from the root with sequence-level priors"))
+SELECTION.register(SearchRule("puct_agents", puct_agent, "agents sharing one pUCT tree with virtual loss",
+                              agents=True, expansion="step", uses_value_head=True))
+FORK.register(SearchRule("uct", fork_uct, "argmax of Q + UCT bonus (+ value) over the open nodes"))
+FORK.register(SearchRule("random", fork_random, "uniform over the open nodes"))
+FORK.register(SearchRule("root", fork_root, "always the root: flat sampling with the tree's stopping rules"))
+FORK.register(SearchRule("entropy", fork_entropy, "TreeRL's EPTree: the untried highest-entropy cut",
+                         needs_entropy=True, cut=cut_at_entropy))
 
 EndsStep = Callable[[Sequence[int]], bool]
 
 
 def step_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> StepExpansion:
     """n steps of a node per expansion, the next node by the selection rule (§1, §5)."""
-    return StepExpansion(SELECTION_RULES[config.selection])
+    return StepExpansion(SELECTION[config.selection].run)
 
 
 def rollout_mode(config: SearchConfig, step: StepSpec, ends_step: EndsStep) -> RolloutExpansion:
     """n whole continuations of a node per expansion, the next node by the fork rule."""
-    return RolloutExpansion(FORK_RULES[config.fork_rule], step, ends_step, FORK_CUTS.get(config.fork_rule))
+    fork = FORK[config.fork_rule]
+    return RolloutExpansion(fork.run, step, ends_step, fork.cut)
 
 
-EXPANSION_MODES: dict[str, Callable[[SearchConfig, StepSpec, EndsStep], ExpansionMode]] = {
-    "step": step_mode,
-    "rollout": rollout_mode,
-}
-"""config.expansion -> the ExpansionMode of a LiveTree, built once per driver (`ends_step`: does
-a step end with its last token; rollout expansion cuts continuations into steps with it)."""
+ExpansionModeBuilder = Callable[[SearchConfig, StepSpec, EndsStep], ExpansionMode]
+"""config, the task's step, `ends_step` (does a step end with its last token; rollout expansion
+cuts continuations into steps with it) -> the ExpansionMode of a LiveTree, built once per driver."""
+
+EXPANSION.register(SearchRule("step", step_mode, "n single steps of a leaf per expansion (§1, the paper)"))
+EXPANSION.register(SearchRule("rollout", rollout_mode, "n whole continuations of any open node per expansion",
+                              whole_rollouts=True))

@@ -1,7 +1,7 @@
 """Step expansion, the paper's (deepsearch.md §1-5): an expansion samples n single steps of a
 node and adds them all; a new terminal is graded and one of them (or every one) is backed up;
 the next node is the selection rule's choice (§5). The rule is injected
-(flywheel.search.rules.SELECTION_RULES), never named here.
+(flywheel.search.rule_table.SELECTION), never named here.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from flywheel.objectives.logprobs import row_logsumexp
+from flywheel.logprobs import row_logsumexp
 from flywheel.training.tree_attention import TreeLayout, ancestor_mask, tree_layout, uses_tree_attention
 
 PACKABLE_MODEL_TYPES = frozenset({"llama", "qwen2"})

@@ -50,7 +50,7 @@ from flywheel.generation.vllm.server import Server
 from flywheel.generation.vllm.transfer import DISK, SETTING as TRANSFER_SETTING, TRANSFERS, WeightTransfer, paused
 from flywheel.generation.vllm_plugin import BACKEND as GLOO, PLUGIN_GROUP
 from flywheel.generation.vllm.weights import check_private, full_state, staging_folder, write_weights
-from flywheel.objectives import token_logprobs
+from flywheel.logprobs import token_logprobs
 
 log = logging.getLogger(__name__)
 
