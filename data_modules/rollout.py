@@ -18,7 +18,7 @@ from data_modules.token_split import TokenSplit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
-from flywheel.objectives.credit import Credit, Group, TrainingRow, credit_groups
+from flywheel.objectives.credit import ROLLOUTS, Credit, Group, TrainingRow, credit_groups
 from flywheel.objectives.self_training import ValueFn
 from flywheel.rewards import Verdict
 from flywheel.search.config import SearchConfig
@@ -28,7 +28,7 @@ from flywheel.search.outputs import TreeResult
 from flywheel.search.rule_table import SELECTION
 from flywheel.tasks import Problem, Task
 
-Rollout = Literal["search", "flat", "best_of_n"]
+Rollout = Literal[tuple(ROLLOUTS)]  # the kinds of flywheel.objectives.credit.ROLLOUTS, for the command line
 
 
 @dataclass(frozen=True)

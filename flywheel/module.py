@@ -26,6 +26,7 @@ from flywheel.objectives import (
     truncated_importance_weight,
 )
 from flywheel.objectives.credit import check_loss
+from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.ports import PortClient
 from flywheel.training.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
@@ -229,7 +230,7 @@ class TreeGRPOModule(PortClient, L.LightningModule):
             n = len(batch["input_ids"])
             self.log("compute/staleness", batch["staleness"].float().mean(), batch_size=n)
             self.log("compute/staleness_steps", (self.global_step - batch["weight_version"]).float().mean(), batch_size=n)
-        if self.objective.loss_type == "self_training":
+        if LOSSES[self.objective.loss_type].weights_paths:
             loss, stats = self._self_training_loss(batch, logprobs)
         else:
             loss, stats = self._policy_loss(batch, logprobs, advantages)

@@ -332,3 +332,14 @@ def test_a_rule_registered_in_the_table_alone_is_checked_and_computed(monkeypatc
         check(Credit(advantage="subtree", normalize_std=True))
     with pytest.raises(ValueError, match=r"or 'halved_node'$"):
         Credit(advantage="tree")
+
+
+def test_every_rollout_kind_names_a_credit_rule_and_the_command_line_reads_the_same_table():
+    import typing
+
+    from data_modules.rollout import Rollout
+    from flywheel.objectives.credit import ROLLOUTS, RULES
+
+    assert typing.get_args(Rollout) == tuple(ROLLOUTS)
+    assert all(rule is None or rule in RULES for rule in ROLLOUTS.values())
+    assert next(iter(ROLLOUTS)) == "search" and ROLLOUTS["search"] is None  # trees get the chosen rule

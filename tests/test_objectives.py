@@ -508,3 +508,23 @@ def test_cispo_keeps_the_gradient_ppo_clips_away():
     assert logp.grad[0, 0].item() == 0.0
     with pytest.raises(ValueError, match="loss_type"):
         ObjectiveConfig(loss_type="reinforce")
+
+
+def test_the_loss_table_is_what_the_settings_and_policy_loss_read(monkeypatch):
+    """Every loss in LOSSES is a valid loss_type; a surrogate added to the table is taken by
+    ObjectiveConfig and policy_loss with no other change; a path-weighting loss is refused by
+    policy_loss, naming the function that computes it."""
+    from flywheel.objectives.losses import LOSSES, LossRule
+
+    assert all(ObjectiveConfig(loss_type=name).loss_type == name for name in LOSSES)
+    with pytest.raises(ValueError, match="weights paths: flywheel.objectives.self_training_loss"):
+        policy_loss(torch.zeros(1, 1), torch.zeros(1, 1), torch.ones(1, 1), torch.ones(1, 1), loss_type="self_training")
+
+    def reinforce(ratio, adv, logprobs, clip_low, clip_high, dual_clip):
+        return -adv * logprobs
+
+    monkeypatch.setitem(LOSSES, "reinforce", LossRule("reinforce", "plain REINFORCE", reinforce))
+    ObjectiveConfig(loss_type="reinforce")
+    logp = torch.log(torch.tensor([[0.5, 0.25]]))
+    loss, _ = policy_loss(logp, logp, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2), loss_type="reinforce")
+    assert loss.item() == pytest.approx((-math.log(0.5) + math.log(0.25)) / 2)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Literal, NoReturn, get_args
 
 from flywheel.finite import check_finite_fields
+from flywheel.objectives.losses import LOSSES
 
 Aggregation = Literal["token_mean", "step_mean", "sequence_mean"]
 """How per-token losses become one scalar (see `flywheel.objectives.aggregation`)."""
@@ -19,13 +20,6 @@ KLEstimator = Literal["k1", "k2", "k3"]
 
 AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 KL_ESTIMATORS: tuple[str, ...] = get_args(KLEstimator)
-
-LossType = Literal["ppo", "cispo", "self_training"]
-"""The per-token surrogate: PPO's clipped ratio (the paper), CISPO's clipped, stop-gradient
-importance weight on the log-prob (MiniMax-M1; the Countdown MCTS reference's loss), or
-ReST-MCTS*'s reward-weighted log-likelihood of the tree's paths (`self_training_loss`)."""
-
-LOSS_TYPES: tuple[str, ...] = get_args(LossType)
 
 KLReference = Literal["base", "round"]
 """The frozen policy the KL term compares with: the base policy, or the policy as it was at
@@ -53,7 +47,7 @@ class ObjectiveConfig:
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
-        loss_type: "ppo" = max(-A * rho, -A * clip(rho)) with the dual clip (the paper);
+        loss_type: a name in `flywheel.objectives.losses.LOSSES`: "ppo" = max(-A * rho, -A * clip(rho)) with the dual clip (the paper);
             "cispo" = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) * A * log pi_theta: the
             clipped ratio only weights the gradient, so no token's gradient is dropped
             (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it);
@@ -85,7 +79,7 @@ class ObjectiveConfig:
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     tis_cap: float = 2.0
-    loss_type: LossType = "ppo"
+    loss_type: str = "ppo"
     kl_reference: KLReference = "base"
     value_coef: float = 0.0
     value_baseline: bool = False
@@ -124,8 +118,8 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             fail("kl_estimator", f"it must be one of {KL_ESTIMATORS}",
                  "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
-        if self.loss_type not in LOSS_TYPES:
-            fail("loss_type", f"it must be one of {LOSS_TYPES}",
+        if self.loss_type not in LOSSES:
+            fail("loss_type", f"it must be one of {tuple(LOSSES)} (flywheel.objectives.losses.LOSSES)",
                  "Set `loss_type` to 'ppo' (the paper's), 'cispo' or 'self_training'.")
         if self.kl_reference not in KL_REFERENCES:
             fail("kl_reference", f"it must be one of {KL_REFERENCES}",

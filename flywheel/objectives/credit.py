@@ -23,6 +23,7 @@ from typing import Callable, Hashable, Literal, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
 from flywheel.objectives.advantages import pass_at_k_advantages, per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.paths import SearchedGroup, SearchedPath, TrainingRow
 from flywheel.objectives.self_training import PathWeighting, ValueFn, weight_paths
 
@@ -58,6 +59,10 @@ class CreditRule:
     """Its rows' advantages become ReST-MCTS* path weights (the self-training loss reads them)."""
     keywords: tuple[str, ...] = ()
     """`Credit` settings handed to `credit` by name, after the group and `normalize_std`."""
+    keeps_only_correct: bool = False
+    """Trains the correct responses only (best-of-N): no path weighting can replace it."""
+    warnings: Callable[[Credit, int], list[str]] | None = None
+    """(settings, trajectories per tree) -> what the rule cannot use as given, on trees."""
 
     def __call__(self, group: Sequence[Scored], settings: Credit) -> list:
         return self.credit(group, settings.normalize_std, **{name: getattr(settings, name) for name in self.keywords})
@@ -94,6 +99,14 @@ def self_training_credit(group: Sequence[Scored], normalize_std: bool) -> list[l
     return [[0.0] * len(r.step_scores) for r in group]
 
 
+def pass_k_warnings(settings: Credit, n: int) -> list[str]:
+    """A pass_k that n trajectories per tree cannot use as given: the rule caps k at n - 1."""
+    if settings.pass_k < n:
+        return []
+    return [f"--data.credit.pass_k={settings.pass_k} is not below --data.search.trajectories_per_tree={n}: each "
+            f"tree's pass@k uses k = {n - 1}, the largest at which a solved tree still has failing subsets"]
+
+
 RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
     CreditRule("node", "Tree-GRPO: each step's q~ + overlong minus the group's mean final score", node_credit,
                frozenset({"normalize_std", "degenerate_filter"})),
@@ -101,9 +114,10 @@ RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
                frozenset({"normalize_std", "degenerate_filter"})),
     CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
                subtree_credit, frozenset({"degenerate_filter"})),
-    CreditRule("best_of_n", "the correct responses only, every token +1", best_of_n_credit),
+    CreditRule("best_of_n", "the correct responses only, every token +1", best_of_n_credit, keeps_only_correct=True),
     CreditRule("pass_at_k", "Pass@k training: each response's share in the group's pass@k, on every token",
-               pass_at_k_credit, frozenset({"normalize_std", "degenerate_filter", "pass_k"}), keywords=("pass_k",)),
+               pass_at_k_credit, frozenset({"normalize_std", "degenerate_filter", "pass_k"}), keywords=("pass_k",),
+               warnings=pass_k_warnings),
     CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward", self_training_credit,
                frozenset({"degenerate_filter", "path_weights"}), weights_paths=True),
 )}
@@ -183,13 +197,19 @@ class Credit:
         return [name for name in OPTIONAL if getattr(self, name) != defaults[name]]
 
 
+ROLLOUTS: dict[str, str | None] = {"search": None, "flat": "node", "best_of_n": "best_of_n"}
+"""Every `--data.rollout` kind and the credit rule its groups get whatever the chosen one (None:
+the chosen rule, as trees are; a rule that weights paths credits flat groups too). The first is
+the default; the data module's choices read this table."""
+
+
 def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:
-    """The rule that credits each group under `--data.rollout`: the chosen one for trees and
-    for one that weights paths; "best_of_n" for best-of-N samples; "node" (DAPO) for flat ones."""
-    chosen = RULES[settings.advantage]
-    if rollout == "search" or (chosen.weights_paths and rollout != "best_of_n"):
+    """The rule that credits each group under `--data.rollout` (`ROLLOUTS`): the chosen one for
+    trees and for one that weights paths; the kind's own rule otherwise."""
+    chosen, own = RULES[settings.advantage], ROLLOUTS[rollout]
+    if own is None or (chosen.weights_paths and not RULES[own].keeps_only_correct):
         return chosen
-    return RULES["best_of_n" if rollout == "best_of_n" else "node"]
+    return RULES[own]
 
 
 def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int | None = None) -> list[str]:
@@ -210,16 +230,14 @@ def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int 
     if rule is not chosen and not chosen.weights_paths and chosen.name != default:
         return [f"--data.credit.advantage={chosen.name} is not used with --data.rollout={rollout}: its groups are credited "
                 f"by the {rule.name!r} rule ({rule.summary}); remove --data.credit.advantage or use --data.rollout=search"]
-    n = trajectories_per_tree
-    if rule.name == "pass_at_k" and rollout == "search" and n is not None and settings.pass_k >= n:
-        return [f"--data.credit.pass_k={settings.pass_k} is not below --data.search.trajectories_per_tree={n}: each "
-                f"tree's pass@k uses k = {n - 1}, the largest at which a solved tree still has failing subsets"]
+    if rule.warnings is not None and ROLLOUTS[rollout] is None and trajectories_per_tree is not None:
+        return rule.warnings(settings, trajectories_per_tree)
     return []
 
 
 def check_loss(advantage: str, loss_type: str) -> None:
     """A rule that weights paths needs the self-training loss, and only it does."""
-    if RULES[advantage].weights_paths != (loss_type == "self_training"):
+    if RULES[advantage].weights_paths != LOSSES[loss_type].weights_paths:
         raise ValueError(
             f"--data.credit.advantage={advantage!r} and --model.objective.loss_type={loss_type!r} do not "
             "go together: the self-training loss needs path weights, not advantages, and the other losses need "

@@ -6,6 +6,7 @@ import torch
 
 from flywheel.objectives.aggregation import aggregate, masked_mean
 from flywheel.objectives.config import ObjectiveConfig
+from flywheel.objectives.losses import LOSSES, Surrogate
 
 _D = ObjectiveConfig
 
@@ -28,7 +29,7 @@ def policy_loss(
     denominator: float | torch.Tensor | None = None,
     loss_type: str = _D.loss_type,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """PPO clipped surrogate with DAPO clip-higher and dual clip (DeepSearch Eq. 14), or CISPO.
+    """A clipped surrogate of `LOSSES` (PPO with DAPO clip-higher and dual clip, DeepSearch Eq. 14, or CISPO).
 
     Per token, rho = exp(logprobs - old_logprobs):
         "ppo":   L = max(-A * rho, -A * clip(rho, 1 - clip_low, 1 + clip_high))
@@ -71,17 +72,8 @@ def policy_loss(
     ratio = torch.exp(log_ratio)  # [B, T]
     adv = torch.where(valid, advantages, zeros).detach()  # [B, T]
 
-    if loss_type == "cispo":
-        weight = ratio.detach().clamp(1.0 - clip_low, 1.0 + clip_high)
-        loss = -adv * weight * torch.where(valid, logprobs, zeros)  # [B, T]
-    elif loss_type == "ppo":
-        unclipped = -adv * ratio
-        clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
-        loss = torch.maximum(unclipped, clipped)
-        loss = torch.where(adv < 0, torch.minimum(loss, -adv * dual_clip), loss)  # [B, T]
-    else:
-        raise ValueError(f"policy_loss takes loss_type 'ppo' or 'cispo', got {loss_type!r} "
-                         "('self_training' is flywheel.objectives.self_training_loss)")
+    surrogate = _surrogate(loss_type)
+    loss = surrogate(ratio, adv, torch.where(valid, logprobs, zeros), clip_low, clip_high, dual_clip)  # [B, T]
     if weights is not None:
         loss = loss * torch.where(valid, weights, zeros).detach()
     total = aggregate(loss, valid, aggregation, step_ids, denominator)
@@ -96,6 +88,15 @@ def policy_loss(
             "approx_kl": masked_mean(ratio_d - 1.0 - log_ratio_d, valid),
         }
     return total, stats
+
+
+def _surrogate(loss_type: str) -> Surrogate:
+    rule = LOSSES.get(loss_type)
+    if rule is None or rule.surrogate is None:
+        clipped = [name for name, r in LOSSES.items() if r.surrogate is not None]
+        raise ValueError(f"policy_loss takes a loss_type with a clipped surrogate, one of {clipped}, got {loss_type!r}"
+                         + (" (it weights paths: flywheel.objectives.self_training_loss)" if rule else ""))
+    return rule.surrogate
 
 
 def truncated_importance_weight(

@@ -1,0 +1,153 @@
+"""The layering the docs describe (docs/architecture.md), checked from the source: no import
+circles, counting imports inside functions and under `if TYPE_CHECKING` (a lazy import hides a
+circle, it does not remove one), and the edges that must never exist: the pure core (search,
+objectives, rewards) imports no Lightning, no HTTP and none of the glue; objectives and
+generation stay out of each other's way and out of search's."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from test_package_seams import PACKAGES, imported_from, module_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sources() -> dict[str, Path]:
+    """Every first-party module by its dotted name."""
+    return {module_name(p): p for package in PACKAGES for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imports_of(text: str, importer: str, is_package: bool, known: set[str] | frozenset = frozenset()) -> set[str]:
+    """Every module `importer` imports anywhere in its source: top level, inside functions,
+    under TYPE_CHECKING. `from package import name` counts as an import of the submodule
+    `package.name` where that is a module in `known`, else of `package` itself."""
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = imported_from(node, importer, is_package)
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.add(sub if sub in known else source)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """First-party module -> the first-party modules it imports."""
+    modules = sources()
+    known = set(modules)
+    graph = {}
+    for name, path in modules.items():
+        edges = imports_of(path.read_text(), name, path.name == "__init__.py", known)
+        graph[name] = {e for e in edges if e in known and e != name}
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[node])
+            if low[node] == index[node]:
+                component = set()
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.add(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(component)
+    return found
+
+
+def test_the_scan_sees_lazy_type_only_and_relative_imports():
+    text = ("from typing import TYPE_CHECKING\n"
+            "import flywheel.io\n"
+            "if TYPE_CHECKING:\n    from flywheel.search.outputs import SearchResult\n"
+            "def f():\n    from .tree import Node\n    from flywheel.search import tree\n")
+    known = {"flywheel.io", "flywheel.search", "flywheel.search.outputs", "flywheel.search.tree"}
+    assert imports_of(text, "flywheel.search.driver", False, known) >= {
+        "flywheel.io", "flywheel.search.outputs", "flywheel.search.tree"}
+    assert "flywheel.search" not in imports_of(text, "flywheel.search.driver", False, known)
+
+
+def test_the_circle_finder_finds_a_circle_and_only_one():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a", "d"}, "d": {"e"}, "e": set()}
+    assert circles(graph) == [{"a", "b", "c"}]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_circles():
+    found = [sorted(c) for c in circles(import_graph())]
+    assert found == [], "import circles (each needs one module split or one edge removed): " + repr(found)
+
+
+def _reaches(graph: dict[str, set[str]], module: str, prefixes: tuple[str, ...]) -> list[str]:
+    """The direct imports of `module` (first-party and third-party) that start with one of `prefixes`."""
+    return sorted(e for e in graph[module] if any(e == p or e.startswith(p + ".") for p in prefixes))
+
+
+def _all_imports() -> dict[str, set[str]]:
+    modules = sources()
+    return {name: imports_of(path.read_text(), name, path.name == "__init__.py", set(modules))
+            for name, path in modules.items()}
+
+
+GLUE = ("data_modules", "callbacks", "flywheel.run", "flywheel.module", "flywheel.reporting", "flywheel.__main__")
+FRAMEWORKS = ("lightning", "pytorch_lightning", "urllib", "http", "requests", "aiohttp", "fastapi", "httpx")
+NEVER = {
+    # package: the imports it must never make (directly; anywhere in its source)
+    "flywheel.search": GLUE + FRAMEWORKS + ("flywheel.objectives",),
+    "flywheel.objectives": GLUE + FRAMEWORKS + ("flywheel.search", "flywheel.generation"),
+    "flywheel.rewards": GLUE + FRAMEWORKS + ("flywheel.search", "flywheel.objectives", "flywheel.generation",
+                                             "flywheel.tasks", "flywheel.training", "flywheel.policies", "flywheel.prm"),
+    "flywheel.generation": GLUE + ("flywheel.objectives", "flywheel.search"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(NEVER))
+def test_a_package_never_makes_the_imports_its_layer_forbids(package):
+    graph = _all_imports()
+    broken = {m: _reaches(graph, m, NEVER[package]) for m in graph if m == package or m.startswith(package + ".")}
+    assert {m: e for m, e in broken.items() if e} == {}
+
+
+@pytest.mark.parametrize("flag", ["selection", "expansion", "fork_rule"])
+def test_the_docs_list_exactly_the_registered_rules_of_each_family(flag):
+    """docs/running.md names every search rule family's choices; they are the table's names, in order."""
+    import re
+
+    from flywheel.search.rule_table import TABLES
+
+    table = TABLES[flag]
+    listed = re.findall(rf"`--data\.search\.{flag}=([a-z_|]+)`", (ROOT / "docs" / "running.md").read_text())
+    assert listed == ["|".join(table.names())]
