@@ -17,14 +17,13 @@ so the result equals the single-process one.
 from __future__ import annotations
 
 import logging
-import math
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 
-from flywheel.reporting.evaluation import EvalConfig, EvalResult, evaluate_sharded, shard
+from flywheel.reporting.evaluation import EvalConfig, EvalResult, check_sampling, evaluate_sharded, shard
 from flywheel.reporting.sample_bar import sample_bar
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
@@ -233,20 +232,16 @@ def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top
     """The eval command's settings, in its own flags' names."""
     from flywheel.run.preflight import PreflightError
 
-    if samples < 1:
-        raise PreflightError(f"--samples={samples}: must be >= 1 (responses per problem)")
+    try:
+        check_sampling(samples, temperature, top_p, problems_per_batch, "--")
+    except ValueError as err:
+        raise PreflightError(str(err)) from None
     bad = [k for k in ks if not 1 <= k <= samples]
     if bad:
         raise PreflightError(f"--k={list(ks)}: every k must be between 1 and --samples={samples}; "
                              f"e.g. --samples {max(bad)} to report pass@{max(bad)}")
-    if not 0 <= temperature < math.inf:  # NaN and .inf too
-        raise PreflightError(f"--temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
-    if not 0 < top_p <= 1:
-        raise PreflightError(f"--top_p={top_p}: must be in (0, 1]")
     if max_problems is not None and max_problems < 1:
         raise PreflightError(f"--max_problems={max_problems}: must be >= 1, or left out to evaluate every problem")
-    if problems_per_batch < 1:
-        raise PreflightError(f"--problems_per_batch={problems_per_batch}: must be >= 1")
 
 
 def write_report(report: dict[str, Any], out: Path) -> None:

@@ -10,6 +10,7 @@ counts in problem order. `fit`'s held-out evaluation (callbacks.evaluation), `va
 from __future__ import annotations
 
 import logging
+import math
 import zlib
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +25,20 @@ from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 
 log = logging.getLogger(__name__)
+
+
+def check_sampling(samples: int, temperature: float, top_p: float, problems_per_batch: int, prefix: str) -> None:
+    """The evaluation's sampling settings, named by their flags (`prefix` + field: `fit`'s
+    `--data.eval.`, the eval command's `--`). Raises ValueError."""
+    if samples < 1:
+        raise ValueError(f"{prefix}samples={samples}: must be >= 1 (responses per problem)")
+    if not 0 <= temperature < math.inf:  # NaN and .inf too
+        raise ValueError(f"{prefix}temperature={temperature}: must be a finite number >= 0 (0 = greedy, 1.0 = the "
+                         "policy's own distribution)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"{prefix}top_p={top_p}: must be in (0, 1]")
+    if problems_per_batch < 1:
+        raise ValueError(f"{prefix}problems_per_batch={problems_per_batch}: must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -59,21 +74,14 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.eval")
-        if self.samples < 1:
-            raise ValueError(f"--data.eval.samples must be >= 1, got {self.samples}")
+        check_sampling(self.samples, self.temperature, self.top_p, self.problems_per_batch, "--data.eval.")
         if self.k is not None and self.k < 1:
             raise ValueError(f"--data.eval.k={self.k} must be >= 1")
         if self.k is not None and self.k > self.samples:  # e.g. a recipe's k = 4 under --data.eval.samples=2
             log.warning("--data.eval.k=%d is above --data.eval.samples=%d: pass@%d is reported instead (pass@k needs k "
                         "samples per problem); raise --data.eval.samples for pass@%d", self.k, self.samples, self.samples, self.k)
-        if not self.temperature >= 0:
-            raise ValueError(f"--data.eval.temperature={self.temperature} must be >= 0 (0 = greedy, 1.0 = the policy's own distribution)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--data.eval.top_p={self.top_p} must be in (0, 1]")
         if self.every_tokens < 0:
             raise ValueError(f"--data.eval.every_tokens={self.every_tokens} must be >= 0 (0 = evaluate every round)")
-        if self.problems_per_batch < 1:
-            raise ValueError(f"--data.eval.problems_per_batch={self.problems_per_batch} must be >= 1")
 
     @property
     def pass_k(self) -> int:

@@ -32,21 +32,6 @@ data module's and callbacks' state, the pickle's framing)."""
 
 
 # ---------------------------------------------------------------------- settings
-def check_settings(datamodule: Any) -> None:
-    """Ranges of data-module settings that are only used once the search starts."""
-    batching, problems = datamodule.batching, datamodule.pool.config
-    if batching.max_concurrent_trees < 1:
-        raise PreflightError(
-            f"--data.batching.max_concurrent_trees={batching.max_concurrent_trees}: must be >= 1 (trees searched "
-            "together per generator call); e.g. --data.batching.max_concurrent_trees=64"
-        )
-    if problems.max_eval_problems is not None and problems.max_eval_problems < 1:
-        raise PreflightError(
-            f"--data.problems.max_eval_problems={problems.max_eval_problems}: must be >= 1, or null to evaluate "
-            "every held-out problem"
-        )
-
-
 def check_overlap(trainer: Any, model: Any, datamodule: Any) -> None:
     """`--data.async_search` where it cannot work: the in-process generator, several processes,
     a loss that would not correct the lag (the data module's `overlap_refusal`)."""
@@ -391,7 +376,6 @@ def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_p
               missing_ok: bool = False, settings: dict[str, Any] | None = None) -> str | None:
     """Every check, in the order a user fixes things; returns the checkpoint to resume from
     (None = fresh). Raises PreflightError."""
-    check_settings(datamodule)
     check_nodes(trainer, datamodule)
     if subcommand == "fit":
         check_epochs(trainer)
