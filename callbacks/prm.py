@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any, Callable
+from typing import Any
 
 import lightning as L
 import torch
@@ -25,6 +25,7 @@ from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import RunSummary
 from callbacks.wall_time import VALUE_MODEL, wall_section
 from flywheel.run.distributed import all_gather
+from flywheel.prm import ValueFn
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
 from flywheel.prm.targets import tree_samples
 
@@ -102,7 +103,7 @@ class PRMUpdate(Callback):
         log.info("PRM round %d: %s", round_index, ", ".join(f"{k.split('/')[1]} {v:.4f}" for k, v in metrics.items()))
         return True
 
-    def value_fn(self, pl_module: L.LightningModule) -> Callable[[list[tuple[int, ...]]], list[float]] | None:
+    def value_fn(self, pl_module: L.LightningModule) -> ValueFn | None:
         """V(s) of the current value model for the search (None while there is none); a model
         restored from a checkpoint is rebuilt on the policy's architecture first."""
         if not self.enabled:

@@ -19,7 +19,7 @@ from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import ROLLOUTS, Credit, Group, TrainingRow, credit_groups
-from flywheel.objectives.self_training import ValueFn
+from flywheel.prm import ValueFn
 from flywheel.rewards import Verdict
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed

@@ -34,8 +34,7 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import (Rollout, Rollouts, ValueFn, check_flat_first, decoder, rollout, search_outcomes,
-                                  value_head_fn)
+from data_modules.rollout import Rollout, Rollouts, check_flat_first, decoder, rollout, search_outcomes, value_head_fn
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -47,6 +46,7 @@ from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, check as check_credit
+from flywheel.prm import ValueFn
 from flywheel.run.preemption import SIGTERMException, stop_requested
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed

@@ -10,7 +10,9 @@ The CLI hands the data module to each of them when it builds them
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flywheel.prm import ValueFn
 
 if TYPE_CHECKING:
     from flywheel.reporting.evaluation import EvalConfig
@@ -19,8 +21,6 @@ if TYPE_CHECKING:
     from flywheel.search.outputs import TreeResult
     from flywheel.tasks import Problem, Task
     from flywheel.tasks.grading import Grader
-
-ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
 
 
 class DataPort(Protocol):

@@ -17,7 +17,6 @@ same rate). Per run one line; the last line
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import statistics
 import sys

@@ -25,7 +25,8 @@ from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
 from flywheel.objectives.advantages import pass_at_k_advantages, per_token, subtree_advantages, tree_grpo_advantages
 from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.paths import SearchedGroup, SearchedPath, TrainingRow
-from flywheel.objectives.self_training import PathWeighting, ValueFn, weight_paths
+from flywheel.objectives.self_training import PathWeighting, weight_paths
+from flywheel.prm import ValueFn
 
 
 @dataclass(frozen=True)

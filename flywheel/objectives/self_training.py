@@ -18,7 +18,7 @@ model scores >= 0.2) is the same loss with the weights of the paths under a thre
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Callable, Literal, Sequence
+from typing import TYPE_CHECKING, Literal, Sequence
 
 import torch
 
@@ -26,13 +26,12 @@ from flywheel.finite import check_finite_fields
 from flywheel.objectives.aggregation import aggregate, masked_mean
 from flywheel.objectives.config import ObjectiveConfig
 from flywheel.objectives.kl import kl_per_token
+from flywheel.prm import ValueFn
 
 if TYPE_CHECKING:
     from flywheel.objectives.paths import TrainingRow
 
 _D = ObjectiveConfig
-ValueFn = Callable[[list[tuple[int, ...]]], Sequence[float]]
-"""Prompt + response token ids of each path -> its value V in [0, 1]."""
 
 
 @dataclass(frozen=True)

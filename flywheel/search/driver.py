@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Iterable, Iterator, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator
+from flywheel.prm import ValueFn
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
@@ -83,7 +84,7 @@ class SearchDriver:
         eos_token_ids: Iterable[int] = (),
         progress: Callable[[SearchProgress], None] | None = None,
         log_every_seconds: float = 30.0,
-        value_fn: Callable[[list[tuple[int, ...]]], Sequence[float]] | None = None,
+        value_fn: ValueFn | None = None,
     ) -> None:
         if max_concurrent_trees < 1:
             raise ValueError(f"max_concurrent_trees must be >= 1, got {max_concurrent_trees}")

@@ -22,12 +22,11 @@ from typing import Callable, Sequence
 from flywheel.search.agents import agent_descend
 from flywheel.search.config import SearchConfig
 from flywheel.search.live import ExpansionMode
-from flywheel.search.live_agents import AgentDescent
 from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy
 from flywheel.search.rollout import RolloutExpansion, fork_random, fork_root, fork_uct
 from flywheel.search.rule_table import EXPANSION, FORK, SELECTION, SearchRule
 from flywheel.search.selection import descend_puct, descend_uct, local_uct_select, select_frontier
-from flywheel.search.step_expansion import SelectionRule, StepExpansion
+from flywheel.search.step_expansion import StepExpansion
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
 
