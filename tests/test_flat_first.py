@@ -135,6 +135,8 @@ class ToyTask:
 
     step: StepSpec = STEP
     answer_rules: tuple[str, ...] = ()
+    chat_template: bool = False
+    system_prompt: str | None = None
 
     def prompt(self, problem: Problem) -> str:
         return problem.question

@@ -107,7 +107,7 @@ def chat_template_warning(task: Any, tokenizer: Any, policy: str, task_flag: str
     from flywheel.policies.load import BUILTIN_POLICIES, resolve_policy
     from flywheel.assets import asset_path
 
-    if not getattr(task, "chat_template", False) or getattr(tokenizer, "chat_template", None):
+    if not task.chat_template or getattr(tokenizer, "chat_template", None):
         return None
     try:
         folder = resolve_policy(policy).resolve()

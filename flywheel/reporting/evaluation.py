@@ -113,8 +113,8 @@ def encode_prompt(tokenizer: Any, task: Task, problem: Problem) -> tuple[int, ..
     for it and the tokenizer has one, else the plain text (the tokenizer adds BOS / its own
     special tokens)."""
     text = task.prompt(problem)
-    if getattr(task, "chat_template", False) and getattr(tokenizer, "chat_template", None):
-        system = getattr(task, "system_prompt", None)
+    if task.chat_template and getattr(tokenizer, "chat_template", None):
+        system = task.system_prompt
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding in newer transformers

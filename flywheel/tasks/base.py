@@ -56,6 +56,13 @@ class Task(ABC):
     def prompt(self, problem: Problem) -> str:
         """The prompt text for `problem` (before tokenisation; BOS is the tokenizer's job)."""
 
+    chat_template: bool = False
+    """Whether the prompt is a user turn of the tokenizer's chat template (when it has one;
+    `flywheel.reporting.evaluation.encode_prompt`), or plain text."""
+
+    system_prompt: str | None = None
+    """The chat's system turn with `chat_template` (None: the template's default)."""
+
     answer_rules: tuple[str, ...] = ()
     """The names of the rules the task's verifier reads an answer by (a verdict's reason
     "<outcome>:<rule>"); the search logs the share of each as `reward/answer_rule/<rule>`."""
