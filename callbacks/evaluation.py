@@ -12,12 +12,12 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from flywheel.reporting.evaluation import evaluate_sharded, shard
-from flywheel.ports import PortClient
+from flywheel.ports import PortClient, WallClock
+from flywheel.reporting.wall_split import EVAL, UNTIMED
 from flywheel.reporting.sample_bar import sample_bar
 
 from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import CURRICULUM_FACTS, RunSummary
-from callbacks.wall_time import EVAL, wall_section
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,8 @@ class HeldOutEval(PortClient, Callback):
         self.summary = summary
         """Where the results go: the run's one summary, handed in by the CLI wiring
         (flywheel.run.cli.add_round_protocol) before the fit starts."""
+        self.wall: WallClock = UNTIMED
+        """The run's wall clock (callbacks.wall_time.WallTime, set by the CLI wiring)."""
 
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -91,7 +93,7 @@ class HeldOutEval(PortClient, Callback):
         port = self.port
         problems = port.eval_problems()
         mine = shard(problems, trainer.global_rank, trainer.world_size)  # uneven shards, no padding
-        with wall_section(trainer, EVAL), sample_bar(port.generator, len(mine), port.eval.samples, f"eval {label}",
+        with self.wall.section(EVAL), sample_bar(port.generator, len(mine), port.eval.samples, f"eval {label}",
                                                      show=trainer.is_global_zero) as advance:
             result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
                                       progress=advance, grade=port.grader.score)

@@ -23,7 +23,8 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import RunSummary
-from callbacks.wall_time import VALUE_MODEL, wall_section
+from flywheel.ports import WallClock
+from flywheel.reporting.wall_split import UNTIMED, VALUE_MODEL
 from flywheel.run.distributed import all_gather
 from flywheel.prm import ValueFn
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, calibration_error, fit_value_model
@@ -71,6 +72,8 @@ class PRMUpdate(Callback):
         self._restored: dict[str, Any] | None = None
         self.summary: RunSummary | None = None
         """Where a round's value-model numbers go (the run's one summary, set by the CLI wiring)."""
+        self.wall: WallClock = UNTIMED
+        """The run's wall clock (callbacks.wall_time.WallTime, set by the CLI wiring)."""
 
     # ------------------------------------------------------------------ round steps
     def collect(self, results) -> None:
@@ -89,7 +92,7 @@ class PRMUpdate(Callback):
         if self.model is None or self.init == "policy":
             self.model = ValueModel.from_policy(pl_module.policy)
             self.optimizer = None
-        with wall_section(trainer, VALUE_MODEL):
+        with self.wall.section(VALUE_MODEL):
             loss, self.optimizer = fit_value_model(
                 self.model, [(s, t) for s, t, _ in self.samples], self.train_config, pad_id=pl_module.tokenizer.pad_token_id or 0,
                 seed=trainer.current_epoch, optimizer=self.optimizer,

@@ -39,8 +39,8 @@ from callbacks.evaluation import HeldOutEval
 from callbacks.prm import PRMUpdate
 from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import RunSummary
-from callbacks.wall_time import WEIGHT_SYNC, wall_section
-from flywheel.ports import DataPort
+from flywheel.ports import DataPort, WallClock
+from flywheel.reporting.wall_split import UNTIMED, WEIGHT_SYNC
 from flywheel.run.preemption import stop_requested
 
 log = logging.getLogger(__name__)
@@ -58,12 +58,13 @@ class RoundProtocol(Callback):
     """
 
     def __init__(self, port: DataPort, evaluation: HeldOutEval, value_model: PRMUpdate, summary: RunSummary,
-                 budget: GenerationBudget | None = None) -> None:
+                 budget: GenerationBudget | None = None, wall: WallClock = UNTIMED) -> None:
         self.port = port
         self.evaluation = evaluation
         self.value_model = value_model
         self.summary = summary
         self.budget = budget
+        self.wall = wall
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # A resumed run's value model (restored from the checkpoint) scores the next search.
@@ -100,7 +101,7 @@ class RoundProtocol(Callback):
     def sync_weights(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Step 1: the generator samples from the weights of the latest optimizer step, stamped
         with it as the weight version (collective: every rank pushes together)."""
-        with wall_section(trainer, WEIGHT_SYNC):
+        with self.wall.section(WEIGHT_SYNC):
             pushed = self.port.push_weights(pl_module.policy, version=trainer.global_step)
         if pushed:
             log.debug("weights of step %d pushed to the generator", trainer.global_step)

@@ -25,25 +25,23 @@ holds its own epoch-end work and checkpoint. TensorBoard: `compute/wall/<part>_s
 
 from __future__ import annotations
 
-import functools
 import logging
 import time
-from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Callable
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Callable, Iterator
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import RunSummary
-from flywheel.reporting.wall_split import WallSplit, difference, projected_finish
+from flywheel.reporting.wall_split import (CHECKPOINT, PARTS, REBUILD, SEARCH, SEARCH_GENERATOR, TRAIN, WallSplit,
+                                           difference, projected_finish, timed)
+
+__all__ = ["PARTS", "WallTime", "split_of"]
 
 log = logging.getLogger(__name__)
 
-SEARCH, SEARCH_GENERATOR, TRAIN, EVAL, SCREENING = "search", "search_generator", "train", "eval", "screening"
-WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD = "weight_sync", "value_model", "checkpoint", "rebuild"
-PARTS = (SEARCH_GENERATOR, "search_bookkeeping", TRAIN, EVAL, SCREENING, WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD)
-"""The reported parts, in order; `other` follows them."""
 
 
 def split_of(totals: dict[str, float]) -> dict[str, float]:
@@ -63,17 +61,23 @@ def split_of(totals: dict[str, float]) -> dict[str, float]:
 
 
 class WallTime(Callback):
-    """Splits the fit's wall time (above). The data module, the round's callbacks and the
-    generator's clock add their sections through `wall_section`; this callback times the
-    training batches and the checkpoint saves itself and closes the epochs and rounds."""
+    """Splits the fit's wall time (above). It is the run's wall clock (flywheel.ports.WallClock),
+    handed by the CLI wiring to the data module and the round's callbacks, which time their
+    sections through `section`; the data module's `rebuild` marks each epoch's start. This
+    callback times the training batches and the checkpoint saves itself and closes the epochs
+    and rounds."""
 
-    def __init__(self, summary: RunSummary | None = None) -> None:
+    def __init__(self, summary: RunSummary | None = None, budgeted: bool = False) -> None:
         self.summary = summary
         """Where the rounds' and the run's splits go (the run's one summary, from the CLI wiring;
         None: TensorBoard and the log only)."""
+        self.budgeted = budgeted
+        """The run has a token budget (--budget.max_tokens) that may end it before max_epochs."""
         self._reset()
         self._timed_save: Callable | None = None
         """The trainer's save_checkpoint, timed (set up for a fit, removed at its teardown)."""
+        self._trainer: L.Trainer | None = None
+        """The fitting trainer (from setup), whose epoch `rebuild` reads."""
 
     def _reset(self) -> None:
         self.split = WallSplit()
@@ -90,15 +94,16 @@ class WallTime(Callback):
         if stage != "fit":
             return
         self._reset()
+        self._trainer = trainer
         # Lightning has no hook after a checkpoint is written: time the trainer's own save,
         # which every saver calls (ModelCheckpoint, flywheel.run.preemption).
         if "save_checkpoint" not in vars(trainer):
-            trainer.save_checkpoint = self._timed_save = timed(trainer, CHECKPOINT, trainer.save_checkpoint)
+            trainer.save_checkpoint = self._timed_save = timed(self, CHECKPOINT, trainer.save_checkpoint)
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._timed_save is not None and vars(trainer).get("save_checkpoint") is self._timed_save:
             del trainer.save_checkpoint
-        self._timed_save = None
+        self._timed_save = self._trainer = None
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.epochs and self.summary is not None:  # resumed: summary.json's totals come back before the next epoch closes
@@ -119,6 +124,24 @@ class WallTime(Callback):
         total = split_of(self.split.totals())
         log.info("wall split of the run: %s", ", ".join(f"{k} {v}" for k, v in total.items()))
 
+    # ------------------------------------------------------------------ the clock (flywheel.ports.WallClock)
+    def section(self, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
+        """Count the block's time as section `name` of the split (WallSplit.section)."""
+        return self.split.section(name, part)
+
+    @contextmanager
+    def rebuild(self) -> Iterator[None]:
+        """An epoch's data loader being built: the epoch boundary of the split (closes the
+        epoch before, see `next_epoch`), the block counted as `rebuild`."""
+        if self._trainer is not None:
+            self.next_epoch(self._trainer)
+        with self.split.section(REBUILD):
+            yield
+
+    def add_overlapped(self, name: str, seconds: float) -> None:
+        """Seconds of work that ran beside this thread (the search ahead), outside the split's sum."""
+        self.split.add_overlapped(name, seconds)
+
     # ------------------------------------------------------------------ epochs and rounds
     def next_epoch(self, trainer: L.Trainer) -> None:
         """An epoch's data loader is being built: close the epoch before it, if it is a later one
@@ -136,7 +159,7 @@ class WallTime(Callback):
         log_round_scalars(trainer, {f"compute/wall/{k}": v for k, v in row.items() if k != "epoch"}, self._epoch)
         if trainer.is_global_zero and (line := projected_finish([r["wall_s"] for r in self.epochs], trainer.max_epochs,
                                                                 time.time())):
-            log.info("%s%s", line, " (sooner if --budget.max_tokens runs out)" if _has_budget(trainer) else "")
+            log.info("%s%s", line, " (sooner if --budget.max_tokens runs out)" if self.budgeted else "")
         if self.summary is None:
             return
         for done in [r for r in self.summary.rounds if r["epoch"] == self._epoch]:
@@ -159,50 +182,3 @@ class WallTime(Callback):
         self.epochs = [dict(r) for r in state["epochs"]]
         self._epoch = int(state["epoch"])
         self._epoch_mark, self._round_mark = dict(state["epoch_mark"]), dict(state["round_mark"])
-
-
-# ---------------------------------------------------------------------- for the parts that add sections
-def wall_time_of(trainer: Any) -> WallTime | None:
-    """The run's WallTime callback; None for a trainer without one (built by hand, or no trainer)."""
-    return next((c for c in getattr(trainer, "callbacks", None) or () if isinstance(c, WallTime)), None)
-
-
-def wall_section(trainer: Any, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
-    """Count the block's time as section `name` of the run's split (flywheel.reporting.wall_split.WallSplit.section)."""
-    timer = wall_time_of(trainer)
-    return timer.split.section(name, part) if timer is not None else nullcontext()
-
-
-def search_section(trainer: Any, generator: Any) -> AbstractContextManager:
-    """The epoch's rollouts: `generator`'s own seconds in them are search_generator, the rest bookkeeping."""
-    return wall_section(trainer, SEARCH, (SEARCH_GENERATOR, lambda: generator.stats.seconds))
-
-
-def timed(trainer: Any, name: str, fn: Callable) -> Callable:
-    """`fn` with each call counted as section `name`."""
-    @functools.wraps(fn)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        with wall_section(trainer, name):
-            return fn(*args, **kwargs)
-
-    return call
-
-
-def timed_rebuild(train_dataloader: Callable) -> Callable:
-    """A data module's `train_dataloader` counted as `rebuild`, and the epoch boundary of the split."""
-    @functools.wraps(train_dataloader)
-    def build(self: Any) -> Any:
-        timer = wall_time_of(self.trainer)
-        if timer is None:
-            return train_dataloader(self)
-        timer.next_epoch(self.trainer)
-        with timer.split.section(REBUILD):
-            return train_dataloader(self)
-
-    return build
-
-
-def _has_budget(trainer: L.Trainer) -> bool:
-    from callbacks.budget import GenerationBudget
-
-    return any(isinstance(c, GenerationBudget) and c.max_tokens is not None for c in trainer.callbacks)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-from callbacks.wall_time import SCREENING, wall_section
 from data_modules.curriculum import Curriculum, RoundChange
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
@@ -17,6 +16,8 @@ from flywheel.adaptive import HardSetConfig, pass1_rates
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Generator
+from flywheel.ports import WallClock
+from flywheel.reporting.wall_split import SCREENING, UNTIMED
 from flywheel.rewards import Verdict
 from flywheel.tasks import Problem, Task
 
@@ -47,7 +48,8 @@ class Screening:
     stream (`--data.problems.stream`) each epoch's draw. Counts the tokens it generates.
 
     Every method is collective: every rank calls it with the same `trainer` (ranks, progress,
-    SIGTERM stop points), `generator` and `tokenizer`.
+    SIGTERM stop points), `generator` and `tokenizer`, and the run's wall clock `wall` (the
+    screening's section of the wall split).
     """
 
     def __init__(self, pool: ProblemPool, curriculum: Curriculum, task: Task,
@@ -57,12 +59,12 @@ class Screening:
         """Tokens generated for screening over the run, all ranks (checkpointed by the data module)."""
 
     def rates(self, shard: Sequence[Problem], label: str, *, trainer: Any, generator: Generator,
-              tokenizer: Any) -> dict[str, float]:
+              tokenizer: Any, wall: WallClock = UNTIMED) -> dict[str, float]:
         """Pass1@K of every rank's `shard` (each rank its own), the same on every rank."""
         cfg = self.curriculum.hard_set_config
         with progress(len(shard), f"screen {label}", trainer, show=trainer.is_global_zero, generator=generator,
                       samples=cfg.k) as advance, \
-                wall_section(trainer, SCREENING):
+                wall.section(SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
                                    seed=self.curriculum.screening_seed(), progress=advance, grade=self.grade)
         tokens = all_sum(tokens)  # every rank's: the same count on every rank, so any rank's checkpoint holds the run's

@@ -27,7 +27,6 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from callbacks.wall_time import TRAIN, search_section, timed, timed_rebuild, wall_section, wall_time_of
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
 from data_modules.examples import empty_batch, mini_batches
@@ -46,6 +45,7 @@ from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, check as check_credit
+from flywheel.ports import WallClock
 from flywheel.prm import ValueFn
 from flywheel.run.preemption import SIGTERMException, stop_requested
 from flywheel.search.config import SearchConfig
@@ -53,12 +53,9 @@ from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.grading import Grader, GradingConfig
+from flywheel.reporting.wall_split import SEARCH_WAIT, TRAIN, UNTIMED, search_section, timed
 
 log = logging.getLogger(__name__)
-
-SEARCH_WAIT = "search_wait"
-"""The wall split's section (callbacks.wall_time) of an epoch's end waiting for the search ahead."""
-
 
 class SearchDataModule(L.LightningDataModule):
     """Regenerates the training data every epoch with the current policy.
@@ -143,6 +140,9 @@ class SearchDataModule(L.LightningDataModule):
         self.live = LiveGenerator(self.backend)
         self.value_fn: ValueFn | None = None
         """The value model scoring new search nodes (handed over by the round protocol)."""
+        self.wall: WallClock = UNTIMED
+        """The run's wall clock (callbacks.wall_time.WallTime, handed over by the CLI wiring): the
+        epoch's sections are timed on it; untimed without one."""
         self.screening = Screening(self.pool, self.curriculum, self.task, self.grader.score)
         """Pass1@K screening: the hard set, its refresh, a stream's draws."""
         self.generated_tokens = 0
@@ -203,8 +203,11 @@ class SearchDataModule(L.LightningDataModule):
                        value_head_search=value_head_fn(model, self.search) is not None)
 
     # ------------------------------------------------------------------ the epoch
-    @timed_rebuild  # the epoch boundary of the run's wall split (callbacks.wall_time)
     def train_dataloader(self) -> DataLoader:
+        with self.wall.rebuild():  # the epoch boundary of the run's wall split
+            return self.epoch_loader()
+
+    def epoch_loader(self) -> DataLoader:
         trainer, module = self.trainer, self.trainer.lightning_module
         tokenizer = module.tokenizer
         done = trainer.fit_loop.epoch_progress.current
@@ -244,7 +247,7 @@ class SearchDataModule(L.LightningDataModule):
         rows = [[replace(row, weight_version=searched.version) for row in group] for group in out.rows]
         batches = mini_batches(rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
                                problems_per_batch=self.batching.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
-                               score=timed(trainer, TRAIN, module.score_batch))
+                               score=timed(self.wall, TRAIN, module.score_batch))
         if self.async_search.enabled:  # logged per batch by the module (compute/staleness)
             for batch in batches:
                 batch["staleness"] = torch.full((len(batch["input_ids"]),), lag[0], dtype=torch.long)
@@ -262,7 +265,7 @@ class SearchDataModule(L.LightningDataModule):
     def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
         """This rank's problems of the epoch: its share of the round's hard-set stream, or with
         `--data.problems.stream` its screened draw from the file stream (collective)."""
-        run = {"trainer": self.trainer, "generator": self.generator, "tokenizer": tokenizer}
+        run = {"trainer": self.trainer, "generator": self.generator, "tokenizer": tokenizer, "wall": self.wall}
         if self.pool.config.stream:
             return self.screening.draw(self.batching.problems_per_epoch, **run)
         self.screening.start(**run)
@@ -271,7 +274,7 @@ class SearchDataModule(L.LightningDataModule):
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:
         """This data module's `rollout` of `problems` with the search seed of (epoch, rank), now."""
         with progress(len(problems), f"epoch {epoch} {self.rollout}", self.trainer, show=rank == 0) as advance, \
-                search_section(self.trainer, self.generator):
+                search_section(self.wall, self.generator):
             return self.rollout_of(problems, tokenizer, epoch, rank, advance)
 
     def rollout_of(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int,
@@ -313,9 +316,7 @@ class SearchDataModule(L.LightningDataModule):
         stop, a resume: data_modules.search_ahead), else on this epoch's draw."""
         taken = self.ahead.take(epoch)
         if taken is not None:
-            timer = wall_time_of(self.trainer)
-            if timer is not None:  # it ran beside the last epoch's training: outside this thread's split
-                timer.split.add_overlapped("search_ahead", taken.seconds)
+            self.wall.add_overlapped("search_ahead", taken.seconds)  # it ran beside the last epoch's training
             return taken
         version, pushes = self.live.version, self.live.pushes
         problems = self.drawn_problems(tokenizer, epoch, rank, world)
@@ -354,7 +355,7 @@ class SearchDataModule(L.LightningDataModule):
         is in flight."""
         if not self.ahead.running:
             return
-        with wall_section(self.trainer, SEARCH_WAIT):
+        with self.wall.section(SEARCH_WAIT):
             waited = self.ahead.finish(abandon=abandon)
         self.epoch_metrics["search/ahead_wait_s"] = waited
 
@@ -405,7 +406,7 @@ class SearchDataModule(L.LightningDataModule):
     def end_round(self, tokenizer: Any) -> dict[str, float]:
         """A flywheel round's end: re-screen with the trained policy (the hard set, Eq. 9, or
         with rescreen=all the pool); settle the replay buffer's candidates against the same rates."""
-        change = self.screening.end_round(trainer=self.trainer, generator=self.generator, tokenizer=tokenizer)
+        change = self.screening.end_round(trainer=self.trainer, generator=self.generator, tokenizer=tokenizer, wall=self.wall)
         curriculum = self.curriculum
         write_run_files(self.trainer, curriculum.hard, curriculum.buffer)
         return {"round/hard_set_size": float(change.after), "round/cached": float(curriculum.cached_count)}

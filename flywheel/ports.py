@@ -5,12 +5,14 @@
 the data module, and all they read: `data_modules.search.SearchDataModule` implements it.
 The CLI hands the data module to each of them when it builds them
 (`flywheel.run.cli.add_round_protocol`); none reaches it through `trainer.datamodule`
-(tests/test_port.py scans for that).
+(tests/test_port.py scans for that). `WallClock` is the run's wall split as the parts that
+time their work see it, handed to them by the same wiring.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from flywheel.prm import ValueFn
 
@@ -21,6 +23,21 @@ if TYPE_CHECKING:
     from flywheel.search.outputs import TreeResult
     from flywheel.tasks import Problem, Task
     from flywheel.tasks.grading import Grader
+
+
+class WallClock(Protocol):
+    """The run's wall split as the parts that time their work see it (callbacks.wall_time.WallTime;
+    flywheel.reporting.wall_split.UNTIMED where a run keeps none). The CLI wiring hands it to
+    the data module and the round's callbacks; none finds it by scanning the trainer's callbacks."""
+
+    def section(self, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
+        """Count the block's time as section `name` (flywheel.reporting.wall_split names them)."""
+
+    def rebuild(self) -> AbstractContextManager:
+        """An epoch's data loader being built: the split's epoch boundary, then section `rebuild`."""
+
+    def add_overlapped(self, name: str, seconds: float) -> None:
+        """Seconds of work that ran beside the training thread (the search ahead)."""
 
 
 class DataPort(Protocol):
@@ -41,6 +58,8 @@ class DataPort(Protocol):
     """This epoch's search and compute scalars, logged at the epoch's end."""
     epoch_results: list[TreeResult]
     """This epoch's finished trees on this rank (the value model learns from them)."""
+    wall: WallClock
+    """The run's wall clock, set by the CLI wiring: the epoch's sections are timed on it."""
 
     @property
     def generator(self) -> Generator:

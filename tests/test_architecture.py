@@ -151,3 +151,41 @@ def test_the_docs_list_exactly_the_registered_rules_of_each_family(flag):
     table = TABLES[flag]
     listed = re.findall(rf"`--data\.search\.{flag}=([a-z_|]+)`", (ROOT / "docs" / "running.md").read_text())
     assert listed == ["|".join(table.names())]
+
+
+def callback_scans(text: str) -> int:
+    """How often a source reads a trainer's callback list: `<...>trainer.callbacks` or
+    `getattr(<...>trainer, "callbacks", ...)`."""
+    def is_trainer(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id.endswith("trainer")) or (
+            isinstance(node, ast.Attribute) and node.attr.endswith("trainer"))
+
+    count = 0
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Attribute) and node.attr == "callbacks" and is_trainer(node.value):
+            count += 1
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) >= 2 and is_trainer(node.args[0]) and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value == "callbacks"):
+            count += 1
+    return count
+
+
+def test_the_callback_scan_finder_sees_both_spellings_and_not_a_flag():
+    assert callback_scans("x = [c for c in trainer.callbacks]\ny = getattr(self.trainer, 'callbacks', None)\n") == 2
+    assert callback_scans("flag = '--trainer.callbacks.init_args.dirpath'\n") == 0
+
+
+SCANS_ALLOWED = {
+    "flywheel.run.cli": "the wiring: it builds the callbacks and hands each part its peers",
+    "callbacks.evaluation": "reads Lightning's own SaveConfigCallback for the config file's name",
+    "flywheel.run.preemption": "a stop the Preemption callback deferred is the trainer's state, like Lightning's "
+                               "received_sigterm, read by the search-ahead thread",
+}
+
+
+def test_no_part_finds_a_peer_by_scanning_the_trainer_s_callbacks():
+    """The wiring (flywheel.run.cli) hands every part what it needs (the port, the run summary,
+    the wall clock, the budget); a part that searches `trainer.callbacks` for a peer hides that seam."""
+    readers = sorted(name for name, path in sources().items() if callback_scans(path.read_text()) and name not in SCANS_ALLOWED)
+    assert readers == [], readers

@@ -30,7 +30,7 @@ def test_the_port_members():
     assert MEMBERS == sorted([
         "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "finish_search_ahead",
         "generated_tokens", "generator", "grader", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed",
-        "solved_problems", "task", "use_value_model"])
+        "solved_problems", "task", "use_value_model", "wall"])
 
 
 def test_the_data_module_has_every_member_of_the_port():
@@ -96,6 +96,10 @@ def test_the_cli_connects_the_data_module_to_every_part(tmp_path):
     for kind in (HeldOutEval, PRMUpdate, RoundProtocol, WallTime):
         (part,) = [c for c in callbacks if isinstance(c, kind)]
         assert part.summary is summary, kind
+    # One wall clock, handed to the data module and every callback that times its work.
+    (wall,) = [c for c in callbacks if isinstance(c, WallTime)]
+    for part in [dm, *(c for c in callbacks if isinstance(c, (HeldOutEval, PRMUpdate, RoundProtocol)))]:
+        assert part.wall is wall, type(part)
     names = [type(c).__name__ for c in callbacks]
     assert names.index("RunSummary") < names.index("HeldOutEval")  # its clock starts before the base evaluation
     assert "WeightSync" not in names and "HardSetRefresh" not in names  # folded into the round protocol

@@ -299,3 +299,30 @@ def test_a_weight_sync_or_probe_that_fails_on_rank_0_is_raised_on_every_rank(sta
     zero, one = on_both_ranks(sync)
     for err in (zero, one):
         assert isinstance(err, SidecarError) and "differ from the trainer's" in str(err), err
+
+
+def test_every_request_failing_beside_a_failed_restart_reports_its_cause(tmp_path):
+    """A launched server dies and cannot come back (its relaunch exits with code 3): the request
+    that restarts it fails with that cause, and so do the requests that failed at the same time
+    (they do not retry on and end with their own connection errors)."""
+    import sys
+
+    server = Server(None, command=lambda port: [sys.executable, "-c", "import sys; sys.exit(3)"],
+                    log_path=tmp_path / "server.log", startup_timeout=30, max_retries=3)
+    server.launch()
+    server.process.wait()  # it died
+    gate = threading.Barrier(4)
+
+    def post(_):
+        gate.wait()
+        try:
+            server.post("/v1/completions", {"prompt": [1]})
+        except SidecarError as err:
+            return str(err)
+        return "answered"
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(post, range(4)))
+    assert all("exited with code 3 while starting" in o for o in outcomes), outcomes
+    server.stop()
+    assert isinstance(server.restart_failure, SidecarError) and server.restarts >= 1

@@ -14,11 +14,19 @@ feeds it and reports it is callbacks.wall_time.
 
 from __future__ import annotations
 
+import functools
 import time
-from contextlib import contextmanager
-from typing import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from typing import Any, Callable, Iterator
 
 Clock = Callable[[], float]
+
+SEARCH, SEARCH_GENERATOR, TRAIN, EVAL, SCREENING = "search", "search_generator", "train", "eval", "screening"
+WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD = "weight_sync", "value_model", "checkpoint", "rebuild"
+SEARCH_WAIT = "search_wait"
+"""An epoch's end waiting for the search ahead (`--data.async_search`)."""
+PARTS = (SEARCH_GENERATOR, "search_bookkeeping", TRAIN, EVAL, SCREENING, WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD)
+"""The reported parts, in order; `other` follows them."""
 
 
 class WallSplit:
@@ -156,3 +164,36 @@ def _duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{seconds // 60} min {seconds % 60:02d} s"
     return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+class Untimed:
+    """The wall clock of a run that keeps no split (a data module or callback used without
+    callbacks.wall_time.WallTime): every section runs untimed. The same methods as WallTime's
+    (flywheel.ports.WallClock)."""
+
+    def section(self, name: str, part: tuple[str, Callable[[], float]] | None = None) -> AbstractContextManager:
+        return nullcontext()
+
+    def rebuild(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def add_overlapped(self, name: str, seconds: float) -> None:
+        pass
+
+
+UNTIMED = Untimed()
+
+
+def timed(clock: Any, name: str, fn: Callable) -> Callable:
+    """`fn` with each call counted as section `name` of `clock` (a flywheel.ports.WallClock)."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with clock.section(name):
+            return fn(*args, **kwargs)
+
+    return call
+
+
+def search_section(clock: Any, generator: Any) -> AbstractContextManager:
+    """The epoch's rollouts on `clock`: `generator`'s own seconds in them are search_generator, the rest bookkeeping."""
+    return clock.section(SEARCH, (SEARCH_GENERATOR, lambda: generator.stats.seconds))

@@ -278,7 +278,7 @@ def add_round_protocol(trainer, port, module) -> None:
     evaluation, the budget and the LightningModule `module`; the run's one RunSummary
     (summary.json, solved problems, the report) to the evaluation, the value model, the round
     protocol and WallTime (the run's wall split, callbacks.wall_time), which follows the round
-    protocol."""
+    protocol; that WallTime, the run's wall clock, to the data module and the round's callbacks."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.prm import PRMUpdate
@@ -305,5 +305,7 @@ def add_round_protocol(trainer, port, module) -> None:
     for part in (summary, evaluation, budget, module):
         if part is not None:
             part.connect(port)
+    wall = WallTime(summary, budgeted=budget is not None and budget.max_tokens is not None)  # the run's wall clock, handed to every part that times its work
+    port.wall = evaluation.wall = value_model.wall = wall
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
-    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, summary, budget=budget), WallTime(summary)]
+    callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, summary, budget=budget, wall=wall), wall]

@@ -84,6 +84,9 @@ class Server:
         self.posts = 0
         """Requests sent so far: what moves the server's counters (see `VLLMGenerator.stats`)."""
         self._lock = threading.RLock()  # a restart's after_start posts, and may retry
+        self.restart_failure: SidecarError | None = None
+        """Why the last restart failed (None: it succeeded, or there was none): the requests that
+        failed beside the one that restarted report this cause, not their own connection errors."""
 
     @property
     def launched(self) -> bool:
@@ -166,6 +169,8 @@ class Server:
                         self._restart()
                     elif not self.launched:
                         self.wait_healthy()
+                elif self.restart_failure is not None:  # another request restarted it, and that failed
+                    raise SidecarError(f"vLLM request {self.url}{path} failed: {self.restart_failure}") from last
             if self.restarts == seen_restarts:
                 time.sleep(min(2.0**attempt, 10.0))
         raise SidecarError(f"vLLM request {self.url}{path} failed {self.max_retries} times: {last}")
@@ -174,8 +179,13 @@ class Server:
         self.restarts += 1
         log.warning("restarting the vLLM server on %s (restart %d)", self.url, self.restarts)
         self.stop()
-        self.launch()
-        self.wait_healthy()
+        try:
+            self.launch()
+            self.wait_healthy()
+        except SidecarError as err:
+            self.restart_failure = err
+            raise
+        self.restart_failure = None
         if self.after_start is not None:
             self.after_start(self)
 
