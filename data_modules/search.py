@@ -57,6 +57,12 @@ from flywheel.reporting.wall_split import SEARCH_WAIT, TRAIN, UNTIMED, search_se
 
 log = logging.getLogger(__name__)
 
+def rebuilding_a_finished_epoch(trainer: L.Trainer) -> bool:
+    """Resumed from an end-of-epoch checkpoint: the loader asked for is that finished epoch's."""
+    done = trainer.fit_loop.epoch_progress.current
+    return done.processed > done.completed
+
+
 class SearchDataModule(L.LightningDataModule):
     """Regenerates the training data every epoch with the current policy.
 
@@ -204,27 +210,61 @@ class SearchDataModule(L.LightningDataModule):
 
     # ------------------------------------------------------------------ the epoch
     def train_dataloader(self) -> DataLoader:
+        """One epoch's training data (Lightning asks at every epoch's start: flywheel.__main__ sets
+        `reload_dataloaders_every_n_epochs=1`), built on the run's wall clock."""
         with self.wall.rebuild():  # the epoch boundary of the run's wall split
             return self.epoch_loader()
 
     def epoch_loader(self) -> DataLoader:
+        """What one epoch does before its training steps, in order:
+        1. search this epoch's problems with the current policy (or take the search that ran
+           ahead, beside the last epoch's training);
+        2. record what the search found and cost (the curriculum's counts, the epoch's scalars);
+        3. with `--data.async_search`, start the next epoch's search on a thread;
+        4. turn the trees' training rows into mini-batches, each scored by pi_old (the
+           policy before this epoch's updates);
+        5. write the run files (trees, hard set, replay buffer)."""
         trainer, module = self.trainer, self.trainer.lightning_module
         tokenizer = module.tokenizer
-        done = trainer.fit_loop.epoch_progress.current
-        if done.processed > done.completed:
-            # Resuming from an end-of-epoch checkpoint: Lightning builds this loader for the
-            # finished epoch and never iterates it; don't search for it (lightning-cpu.md §2).
-            # It must not be empty, or the fit loop stops at once ("No training batches").
+        if rebuilding_a_finished_epoch(trainer):
+            # Lightning builds a loader for the epoch an end-of-epoch checkpoint finished and never
+            # iterates it: no search (lightning-cpu.md §2); one batch, or the fit loop stops at once.
             return DataLoader([empty_batch(pad_id=tokenizer.pad_token_id)], batch_size=None)
         epoch, rank, world = trainer.current_epoch, trainer.global_rank, trainer.world_size
+        searched = self.search_epoch(module.policy, tokenizer, epoch, rank, world)
+        lag = self.record_epoch(searched)
+        self.search_next(tokenizer, epoch + 1, rank, world)  # after the generator's stats were read
+        batches = self.training_batches(searched, tokenizer, module.score_batch, world, lag)
+        out = searched.rollouts
+        write_run_files(trainer, self.curriculum.hard, self.curriculum.buffer,
+                        (epoch, out.results, decoder(tokenizer), self.save_trees,
+                         functools.partial(tokenizer.decode, skip_special_tokens=False)))
+        log.info(
+            "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
+            epoch, len(searched.problems), sum(p.id in self.curriculum.buffer for p in searched.problems),
+            sum(len(g) for g in out.rows), len(batches), self.epoch_metrics.get("search/reward", float("nan")),
+            searched.seconds,
+        )
+        if not any(out.rows) and world == 1:
+            log.warning("epoch %d: nothing to train on (every group was left out: unsolved, uniform or degenerate)", epoch)
+        return DataLoader(batches, batch_size=None, shuffle=False)
+
+    def search_epoch(self, policy: Any, tokenizer: Any, epoch: int, rank: int, world: int) -> Searched:
+        """Step 1: the generator in step with `policy`, then this epoch's search. A SIGTERM between
+        search rounds restores the data module as it was (the checkpoint restarts the epoch)."""
         start = time.perf_counter()
         at_start = self.state_dict()
         try:
-            self.start_generator(module.policy, tokenizer)  # every rank at once: a sidecar's launch is collective
-            searched = self.epoch_search(tokenizer, epoch, rank, world, start)
-        except SIGTERMException:  # stopped between search rounds: the checkpoint restarts this epoch
+            self.start_generator(policy, tokenizer)  # every rank at once: a sidecar's launch is collective
+            return self.epoch_search(tokenizer, epoch, rank, world, start)
+        except SIGTERMException:
             self.load_state_dict(at_start)
             raise
+
+    def record_epoch(self, searched: Searched) -> tuple[int, int]:
+        """Step 2: the hard set and the replay buffer observe the trees; the curriculum counts
+        every rank's tokens and solved problems; the epoch's scalars are set (logged at its end).
+        Returns the rows' staleness (pushes, steps) behind the policy about to train."""
         problems, out = searched.problems, searched.rollouts
         if self.rollout == "search":
             self.observe(problems, out)
@@ -240,27 +280,23 @@ class SearchDataModule(L.LightningDataModule):
                                               uniform_groups_dropped=out.uniform_groups),
                               **split.epoch_metrics(), "compute/screening_tokens": float(self.screening_tokens),
                               **self.grading_metrics()}
-        lag = staleness(searched, self.live.pushes, trainer.global_step)
+        lag = staleness(searched, self.live.pushes, self.trainer.global_step)
         if self.async_search.enabled:
             self.epoch_metrics.update({"search/staleness": float(lag[0]), "search/staleness_steps": float(lag[1])})
-        self.search_next(tokenizer, epoch + 1, rank, world)  # after the generator's stats were read
-        rows = [[replace(row, weight_version=searched.version) for row in group] for group in out.rows]
+        return lag
+
+    def training_batches(self, searched: Searched, tokenizer: Any, score: Callable, world: int,
+                         lag: tuple[int, int]) -> list[dict[str, torch.Tensor]]:
+        """Step 4: the epoch's training rows (stamped with the weights that sampled them) as this
+        rank's mini-batches, each scored by `score` (pi_old log-probs, counted as training time)."""
+        rows = [[replace(row, weight_version=searched.version) for row in group] for group in searched.rollouts.rows]
         batches = mini_batches(rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
-                               problems_per_batch=self.batching.mini_batch_problems, world=world, pad_id=tokenizer.pad_token_id,
-                               score=timed(self.wall, TRAIN, module.score_batch))
+                               problems_per_batch=self.batching.mini_batch_problems, world=world,
+                               pad_id=tokenizer.pad_token_id, score=timed(self.wall, TRAIN, score))
         if self.async_search.enabled:  # logged per batch by the module (compute/staleness)
             for batch in batches:
                 batch["staleness"] = torch.full((len(batch["input_ids"]),), lag[0], dtype=torch.long)
-        write_run_files(trainer, curriculum.hard, curriculum.buffer, (epoch, out.results, decoder(tokenizer), self.save_trees,
-                                                                    functools.partial(tokenizer.decode, skip_special_tokens=False)))
-        log.info(
-            "epoch %d: %d problems (%d cached), %d training rows in %d mini-batches, reward %.3f, %.1f s",
-            epoch, len(problems), sum(p.id in curriculum.buffer for p in problems), sum(len(g) for g in out.rows),
-            len(batches), self.epoch_metrics.get("search/reward", float("nan")), searched.seconds,
-        )
-        if not any(out.rows) and world == 1:
-            log.warning("epoch %d: nothing to train on (every group was left out: unsolved, uniform or degenerate)", epoch)
-        return DataLoader(batches, batch_size=None, shuffle=False)
+        return batches
 
     def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
         """This rank's problems of the epoch: its share of the round's hard-set stream, or with

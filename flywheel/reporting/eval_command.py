@@ -153,11 +153,11 @@ def run_eval(
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
-    from flywheel.policies.check import chat_template_warning, check_dtype, load_checked_policy
-    from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
+    from flywheel.policies.check import check_dtype
+    from flywheel.run.preflight import PreflightError, check_folder
     from flywheel.tasks.countdown import CountdownTask
-    from flywheel.tasks.sources import load_problems
 
+    # 1. Every setting, the checkpoint's existence and the output folder, before anything loads.
     files = [files] if isinstance(files, str) else files  # one path: a list of one
     if checkpoint is None and policy is None:
         raise PreflightError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
@@ -170,11 +170,38 @@ def run_eval(
     config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
                         problems_per_batch=problems_per_batch)
     task = task if task is not None else CountdownTask()
-    backend = generator if generator is not None else HFBackend()
     sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
     if files and len(sources) != len(files):
         raise PreflightError(f"--files: two problem files share a name stem: {files}; rename one")
     check_folder(out, "--out")
+    # 2. The policy, then every source read and every prompt checked against its context.
+    model, tokenizer, step = load_eval_policy(checkpoint, policy, dtype, task)
+    loaded = load_sources(sources, task, tokenizer, model, split or "test", skip_bad_rows, max_problems, columns)
+    # 3. Sample and grade every source; rank 0 writes the report.
+    rank, world = _distributed()
+    report: dict[str, Any] = {
+        "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
+        "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
+    }
+    backend = generator if generator is not None else HFBackend()
+    grader = Grader(task, grading)
+    try:
+        sampler = backend.build(model, tokenizer)
+        for name, source in loaded.items():
+            report["results"][name] = evaluate_source(sampler, tokenizer, task, source, config, ks, grader, name, rank, world)
+    finally:
+        grader.close()
+        backend.close()
+    if rank == 0:
+        write_report(report, Path(out))
+    return report
+
+
+def load_eval_policy(checkpoint: str | None, policy: str | None, dtype: str, task: Task) -> tuple[Any, Any, int]:
+    """(model in eval mode, tokenizer, global_step): a checkpoint's policy, or a policy folder or
+    name at step 0; with a warning when a chat task meets a tokenizer without a chat template."""
+    from flywheel.policies.check import chat_template_warning, load_checked_policy
+
     if checkpoint is not None:
         model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype, task)
     else:
@@ -183,48 +210,48 @@ def run_eval(
         step = 0
     if policy is not None and (warning := chat_template_warning(task, tokenizer, policy, "--task.init_args.chat_template")):
         log.warning(warning)
-    # Every source is read and every prompt checked against the policy's context before any sampling.
+    return model, tokenizer, step
+
+
+def load_sources(sources: dict[str, list[str] | None], task: Task, tokenizer: Any, model: Any, split: str,
+                 skip_bad_rows: bool, max_problems: int | None, columns: Columns) -> dict[str, Any]:
+    """Every source's problems (a file, or the task's built-in `split` for None), each prompt checked
+    to fit the policy's context, before any sampling; a bad source is a PreflightError naming it."""
+    from flywheel.run.preflight import PreflightError, context_limit, prompt_fits
+    from flywheel.tasks.sources import load_problems
+
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
-    loaded_sources = {}
+    loaded = {}
     for name, source in sources.items():
         try:
-            loaded_sources[name] = load_problems(task, source, split or "test", skip_bad_rows=skip_bad_rows,
-                                                 limit=max_problems, check=check, columns=columns, flags="--")
+            loaded[name] = load_problems(task, source, split, skip_bad_rows=skip_bad_rows, limit=max_problems,
+                                         check=check, columns=columns, flags="--")
         except FileNotFoundError as err:
             raise PreflightError(f"{err}; fix the path in --files") from err
         except (ValueError, ImportError) as err:
             raise PreflightError(str(err)) from err
-    rank, world = _distributed()
-    generator_ = backend.build(model, tokenizer)
-    grader = Grader(task, grading)
-    report: dict[str, Any] = {
-        "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
-        "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
-    }
-    try:
-        for name, loaded in loaded_sources.items():
-            problems = loaded.problems
-            seconds, graded = generator_.stats.seconds, grader.counts()
-            with sample_bar(generator_, len(shard(problems, rank, world)), samples, f"eval {name}", show=rank == 0) as advance:
-                with torch.no_grad():
-                    result = evaluate_sharded(generator_, tokenizer, task, problems, config,
-                                              progress=advance, grade=grader.score)
-            scores = metrics(result, ks)
-            report["results"][name] = {
-                "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
-                "generated_tokens": result.generated_tokens,
-                **{f"grading_{key}": value - graded[key] for key, value in grader.counts().items()},  # this rank's
-                "generation_seconds": round(generator_.stats.seconds - seconds, 3),  # this rank's sampling time
-                "per_problem": [{"id": i, "n": n, "correct": c} for i, n, c in zip(result.problem_ids, result.samples, result.correct)],
-            }
-            if rank == 0:
-                log.info("%s: %s on %d problems", name, ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), len(problems))
-    finally:
-        grader.close()
-        backend.close()
+    return loaded
+
+
+def evaluate_source(generator: Any, tokenizer: Any, task: Task, loaded: Any, config: EvalConfig, ks: Sequence[int],
+                    grader: Grader, name: str, rank: int, world: int) -> dict[str, Any]:
+    """One source's report: pass@k and mean@n, tokens, this rank's grading counts and sampling
+    time, and every problem's counts (each rank samples its shard; the counts are every rank's)."""
+    problems = loaded.problems
+    seconds, graded = generator.stats.seconds, grader.counts()
+    with sample_bar(generator, len(shard(problems, rank, world)), config.samples, f"eval {name}", show=rank == 0) as advance:
+        with torch.no_grad():
+            result = evaluate_sharded(generator, tokenizer, task, problems, config, progress=advance, grade=grader.score)
+    scores = metrics(result, ks)
     if rank == 0:
-        write_report(report, Path(out))
-    return report
+        log.info("%s: %s on %d problems", name, ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), len(problems))
+    return {
+        "problems": len(problems), "skipped_rows": loaded.skipped, **scores,
+        "generated_tokens": result.generated_tokens,
+        **{f"grading_{key}": value - graded[key] for key, value in grader.counts().items()},  # this rank's
+        "generation_seconds": round(generator.stats.seconds - seconds, 3),  # this rank's sampling time
+        "per_problem": [{"id": i, "n": n, "correct": c} for i, n, c in zip(result.problem_ids, result.samples, result.correct)],
+    }
 
 
 def check_eval_settings(samples: int, ks: Sequence[int], temperature: float, top_p: float, max_problems: int | None,
