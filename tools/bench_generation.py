@@ -160,6 +160,8 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=["float32"],
                         help="the in-process arm once per dtype, side by side (the generator's "
                              "--data.generator.init_args.dtype); the first is the table's hf row")
+    parser.add_argument("--vllm-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the sidecar arm's server dtype (--data.generator.init_args.dtype of VLLMSidecar)")
     parser.add_argument("--max-concurrent-trees", type=int, default=64,
                         help="trees searched together: their frontiers' nodes share each generator call")
     parser.add_argument("--threads", type=int, default=1,
@@ -215,7 +217,8 @@ def main() -> None:
         report(args, rows, roofline, startup=None)
         return
 
-    sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600, block_size=args.block_size)
+    sidecar = VLLMSidecar(python=args.python, replicas=args.replicas, max_num_seqs=256, startup_timeout=600, block_size=args.block_size,
+                          dtype=args.vllm_dtype)
     start = time.perf_counter()
     generator = sidecar.build(model, tok)
     startup = time.perf_counter() - start
@@ -309,7 +312,9 @@ def report(args, rows: dict, roofline: dict, startup: float | None) -> None:
     if "vllm" in rows:
         v_row = rows["vllm"]
         line += (f" vllm_seconds={v_row[0]:.2f} speedup={hf_row[0] / v_row[0]:.2f} vllm_tok_per_s={v_row[1] / v_row[0]:.0f} "
-                 f"vllm_hit_rate={v_row[4]:.3f} vllm_batch_efficiency={v_row[5]:.3f}")
+                 f"vllm_hit_rate={v_row[4]:.3f} vllm_batch_efficiency={v_row[5]:.3f} vllm_dtype={args.vllm_dtype}")
+        for dtype, r in roofline.items():  # the sidecar's tokens/s over each in-process dtype's
+            line += f" vllm_over_{dtype}={v_row[1] / v_row[0] / r['tok_per_s']:.2f}"
     print(line)
 
 
