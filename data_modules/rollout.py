@@ -121,62 +121,102 @@ def rollout(
     """
     buffered = [p for p in problems if cached(p.id)]
     fresh = [p for p in problems if not cached(p.id)]
-    stats = DriverStats()
-    results: dict[str, TreeResult] = {}
-    groups: dict[str, Group] = {}
-    found: list[TreeResult] = []  # the fresh problems' trees and flat groups
-    decode, eos = decoder(tokenizer), eos_ids(tokenizer)
+    sampler = Sampler(generator, task, tokenizer, search, max_concurrent_trees, grade)
+    if kind == "search":
+        found = search_fresh(fresh, sampler, flat_first, value_fn if search.prm_weight > 0 else node_values, progress)
+    else:
+        found = sampler.flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None) if fresh else []
+    results = {r.problem_id: r for r in found}
+    groups = {r.problem_id: Group.of(r) for r in found}
+    n = search.trajectories_per_tree if kind == "search" else flat_samples
+    mixed_results, mixed_groups = mixed_rollouts(buffered, sampler, cached, n)
+    results.update(mixed_results)
+    groups.update(mixed_groups)
+    credited = credit_groups([groups[p.id] for p in problems], credit, kind, value_fn)
+    ordered = [results[p.id] for p in problems if p.id in results]
+    stats = sampler.stats
+    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups,
+                    tokens=TokenSplit(tree=sampler.tree_tokens, flat=stats.generated_tokens - sampler.tree_tokens),
+                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset(),
+                    solved=solved_ids([*found, *results.values()]))  # found: both searches of a problem drawn twice
 
-    def flat(group: Sequence[Problem], n: int, on_done: Callable[[int], None] | None,
-             config: SearchConfig = search) -> list[TreeResult]:
-        return flat_rollouts(search_problems(tokenizer, task, group, grade), generator, n=n, step=task.step, decode=decode,
-                             config=config, max_concurrent_problems=max_concurrent_trees, eos_token_ids=eos,
-                             stats=stats, progress=on_done)
 
-    searched, first_rollouts = fresh, {}
-    tree_tokens = 0  # the driver's generated tokens; everything else in `stats` is flat sampling
-    if kind == "search" and fresh and flat_first:  # tree tokens only where flat fails
-        samples = flat(fresh, flat_first, (lambda done: progress(0, None)) if progress else None,
-                       flat_first_config(search))
+class Sampler:
+    """What the parts of one `rollout` sample with, and the counters they add up: `stats` over
+    every generator call, `tree_tokens` the tree search's share of them."""
+
+    def __init__(self, generator: Generator, task: Task, tokenizer: Any, search: SearchConfig, max_concurrent_trees: int,
+                 grade: Callable[..., Verdict] | None) -> None:
+        self.generator, self.task, self.tokenizer, self.search = generator, task, tokenizer, search
+        self.max_concurrent_trees, self.grade = max_concurrent_trees, grade
+        self.decode, self.eos = decoder(tokenizer), eos_ids(tokenizer)
+        self.stats = DriverStats()
+        self.tree_tokens = 0
+
+    def problems(self, problems: Sequence[Problem]) -> list[SearchProblem]:
+        return search_problems(self.tokenizer, self.task, problems, self.grade)
+
+    def flat(self, problems: Sequence[Problem], n: int, on_done: Callable[[int], None] | None,
+             config: SearchConfig | None = None) -> list[TreeResult]:
+        """n independent responses per problem, as flat groups (counted in `stats`)."""
+        return flat_rollouts(self.problems(problems), self.generator, n=n, step=self.task.step, decode=self.decode,
+                             config=config or self.search, max_concurrent_problems=self.max_concurrent_trees,
+                             eos_token_ids=self.eos, stats=self.stats, progress=on_done)
+
+    def trees(self, problems: Sequence[SearchProblem], values: ValueFn | None,
+              progress: Callable[[Any], None] | None) -> list[TreeResult]:
+        """The multi-tree search of `problems` (counted in `stats` and `tree_tokens`)."""
+        driver = SearchDriver(self.generator, self.search, step=self.task.step, decode=self.decode,
+                              max_concurrent_trees=self.max_concurrent_trees, eos_token_ids=self.eos, value_fn=values,
+                              progress=progress)
+        found = driver.run(problems)
+        self.tree_tokens += driver.stats.generated_tokens
+        self.stats = added(self.stats, driver.stats)
+        return found
+
+
+def search_fresh(fresh: Sequence[Problem], sampler: Sampler, flat_first: int, values: ValueFn | None,
+                 progress: Callable[[int, int | None], None] | None) -> list[TreeResult]:
+    """Kind "search" on the problems without cached solutions: with `flat_first` = m, m flat
+    samples each first (a problem one of them solves keeps them as its group; the others' trees
+    start from them), then a tree for every problem left."""
+    found: list[TreeResult] = []
+    first_rollouts: dict[str, tuple] = {}
+    searched = list(fresh)
+    if fresh and flat_first:  # tree tokens only where flat fails
+        samples = sampler.flat(fresh, flat_first, (lambda done: progress(0, None)) if progress else None,
+                               flat_first_config(sampler.search))
         for problem, result in zip(fresh, samples):
             if any(t.verdict.correct for t in result.trajectories):
                 found.append(result)
             else:
                 first_rollouts[problem.id] = flat_responses(result)
         searched = [p for p in fresh if p.id in first_rollouts]
-    if kind == "search" and searched:
+    if searched:
         done_flat = len(found)
-        driver = SearchDriver(
-            generator, search, step=task.step, decode=decode, max_concurrent_trees=max_concurrent_trees,
-            eos_token_ids=eos, value_fn=value_fn if search.prm_weight > 0 else node_values,
-            progress=(lambda p: progress(done_flat + p.trees_done, p.generated_tokens)) if progress else None,
-        )
-        found += driver.run([replace(sp, first_rollouts=first_rollouts.get(sp.id, ()))
-                             for sp in search_problems(tokenizer, task, searched, grade)])
-        tree_tokens = driver.stats.generated_tokens
-        stats = added(stats, driver.stats)
-    elif fresh and kind != "search":
-        found = flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None)
-    for result in found:
-        results[result.problem_id] = result
-        groups[result.problem_id] = Group.of(result)
-    n = search.trajectories_per_tree if kind == "search" else flat_samples
+        on_round = (lambda p: progress(done_flat + p.trees_done, p.generated_tokens)) if progress else None
+        found += sampler.trees([replace(sp, first_rollouts=first_rollouts.get(sp.id, ())) for sp in sampler.problems(searched)],
+                               values, on_round)
+    return found
+
+
+def mixed_rollouts(buffered: Sequence[Problem], sampler: Sampler, cached: Callable[[str], Sequence[CachedSolution]],
+                   n: int) -> tuple[dict[str, TreeResult], dict[str, Group]]:
+    """The problems with cached solutions: each group of n is its cached solutions and as many
+    direct samples as it needs (deepsearch.md §7), sampled together per need."""
+    results: dict[str, TreeResult] = {}
+    groups: dict[str, Group] = {}
     by_need: dict[int, list[Problem]] = {}
     for problem in buffered:
         by_need.setdefault(direct_samples_needed(len(cached(problem.id)), n), []).append(problem)
     for need, group in by_need.items():
-        direct = flat(group, need, None) if need else [None] * len(group)
+        direct = sampler.flat(group, need, None) if need else [None] * len(group)
         for problem, result in zip(group, direct):
             if result is not None:
                 results[problem.id] = result
-            groups[problem.id] = Group(problem.id, encode_prompt(tokenizer, task, problem), result,
+            groups[problem.id] = Group(problem.id, encode_prompt(sampler.tokenizer, sampler.task, problem), result,
                                        tuple(cached(problem.id)), n)
-    credited = credit_groups([groups[p.id] for p in problems], credit, kind, value_fn)
-    ordered = [results[p.id] for p in problems if p.id in results]
-    return Rollouts(credited.rows, ordered, stats, credited.uniform_groups,
-                    tokens=TokenSplit(tree=tree_tokens, flat=stats.generated_tokens - tree_tokens),
-                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset(),
-                    solved=solved_ids([*found, *results.values()]))  # found: both searches of a problem drawn twice
+    return results, groups
 
 
 FLAT_FIRST_SEED = 1

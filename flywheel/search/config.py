@@ -181,12 +181,23 @@ class SearchConfig:
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.search")
+        self._check_choices()
+        self._check_tree_shape()
+        self._check_scores()
+        self._check_sampling()
+        self._check_rule_combinations()
+
+    def _check_choices(self) -> None:
+        """Every named choice is one its table (or its Literal) holds."""
         for name, allowed in _LITERAL_CHOICES.items():
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"--data.search.{name} must be one of {allowed}, got {value!r}; pick one of those")
-        selection, fork = SELECTION.check(self.selection), FORK.check(self.fork_rule)
-        expansion = EXPANSION.check(self.expansion)
+        for table, name in ((SELECTION, self.selection), (FORK, self.fork_rule), (EXPANSION, self.expansion)):
+            table.check(name)
+
+    def _check_tree_shape(self) -> None:
+        """Widths, depths and counts of a tree, its agents and its stopping rules."""
         for name in ("expansion_width", "max_depth", "trajectories_per_tree", "max_expansions_per_tree"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--data.search.{name} must be >= 1, got {getattr(self, name)}; set it to 1 or more")
@@ -197,6 +208,17 @@ class SearchConfig:
                 "first call alone would sample that many sequences per tree before any progress. Set it to "
                 f"{MAX_EXPANSION_WIDTH} or less"
             )
+        for name in ("agents", "iterations_per_agent"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
+        if self.virtual_loss < 0:
+            raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
+        for name in ("max_children", "stop_when_solved"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
+
+    def _check_scores(self) -> None:
+        """The backup's and the selection scores' constants, and the overlong penalty."""
         if not 0 < self.gamma_min <= 1:
             raise ValueError(
                 f"--data.search.gamma_min must be in (0, 1], got {self.gamma_min}: a zero weight would let a node "
@@ -220,15 +242,18 @@ class SearchConfig:
                 f"--data.search.soft_clip_eps and --data.search.soft_clip_qmax must be > 0, got {self.soft_clip_eps}, "
                 f"{self.soft_clip_qmax}; set both > 0 (defaults 1.0 and 1.0)"
             )
+
+    def _check_sampling(self) -> None:
+        """The step sampler's temperature and nucleus."""
         if self.temperature < 0:
             raise ValueError(f"--data.search.temperature must be >= 0 (0 = greedy), got {self.temperature}; set it to 0 or more")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"--data.search.top_p must be in (0, 1], got {self.top_p}; set 1.0 to turn nucleus sampling off")
-        for name in ("agents", "iterations_per_agent"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
-        if self.virtual_loss < 0:
-            raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
+
+    def _check_rule_combinations(self) -> None:
+        """What the chosen rules need of the other settings (their capabilities, never their names)."""
+        selection, fork = SELECTION.check(self.selection), FORK.check(self.fork_rule)
+        expansion = EXPANSION.check(self.expansion)
         if selection.expansion is not None and self.expansion != selection.expansion:
             raise ValueError(f"search.selection={self.selection!r} grows the tree by {selection.expansion} expansion; it "
                              f"cannot be combined with --data.search.expansion={self.expansion} (set "
@@ -245,9 +270,6 @@ class SearchConfig:
         if self.fork_width and not expansion.whole_rollouts:
             raise ValueError(f"--data.search.fork_width={self.fork_width} sets the width of rollout forks; it needs "
                              "--data.search.expansion=rollout (or set --data.search.fork_width=0)")
-        for name in ("max_children", "stop_when_solved"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
 
     @property
     def whole_rollouts(self) -> bool:

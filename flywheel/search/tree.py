@@ -112,27 +112,38 @@ class SearchTree:
         nodes); the new ones are added after them. `mid_step[i]`: child i ends inside a step
         (it keeps `node`'s depth; see `depth`); None = every child ends its step.
         """
+        k = len(completions)
+        self._check_expansion(node, k, terminal, extend, mid_step)
+        first = len(self.parent)
+        new_ids = list(range(first, first + k))
+        self._append_shared(node, k, terminal, mid_step)
+        live = self._append_steps(node, new_ids, completions, terminal, initial_visit)
+        self._attach(node, new_ids, live)
+        return new_ids
+
+    def _check_expansion(self, node: int, k: int, terminal: Sequence[bool], extend: bool,
+                         mid_step: Sequence[bool] | None) -> None:
         if self.children[node] and not extend:
             raise ValueError(f"node {node} is already expanded; only leaves are expanded")
         if self.terminal[node]:
             raise ValueError(f"node {node} is terminal and cannot be expanded")
-        k = len(completions)
         if len(terminal) != k:
             raise ValueError(f"{k} completions but {len(terminal)} terminal flags")
-        first = len(self.parent)
-        new_ids = list(range(first, first + k))
-        # Fields every new child starts with the same value: one extend each (this runs for
-        # every expansion of every live tree, issue 18).
+        if mid_step is not None:
+            if len(mid_step) != k:
+                raise ValueError(f"{k} completions but {len(mid_step)} mid_step flags")
+            if any(m and t for m, t in zip(mid_step, terminal)):
+                raise ValueError("a terminal child ends its trajectory, so it cannot end inside a step")
+
+    def _append_shared(self, node: int, k: int, terminal: Sequence[bool], mid_step: Sequence[bool] | None) -> None:
+        """The fields every new child of `node` starts with the same value (or a flag): one
+        extend each (this runs for every expansion of every live tree, issue 18)."""
         self.parent.extend([node] * k)
         self.children.extend([()] * k)
         if mid_step is None:
             self.depth.extend([self.depth[node] + 1] * k)
             self.mid_step.extend([False] * k)
         else:
-            if len(mid_step) != k:
-                raise ValueError(f"{k} completions but {len(mid_step)} mid_step flags")
-            if any(m and t for m, t in zip(mid_step, terminal)):
-                raise ValueError("a terminal child ends its trajectory, so it cannot end inside a step")
             self.depth.extend(self.depth[node] + (not m) for m in mid_step)
             self.mid_step.extend(mid_step)
         self.value.extend([0.0] * k)
@@ -144,7 +155,11 @@ class SearchTree:
         self.live_children.extend([0] * k)
         self.terminal.extend(terminal)
         self.dead.extend(terminal)
-        # Per-child fields: the step, its log-prob sums, and the running sums from the root.
+
+    def _append_steps(self, node: int, new_ids: Sequence[int], completions: Sequence[Completion],
+                      terminal: Sequence[bool], initial_visit: bool) -> list[int]:
+        """Each child's own fields: its step, its visits, its log-prob and entropy sums and the
+        running sums from the root. Returns the non-terminal (live) children."""
         nll, nll_n = self.path_nll_sum[node], self.path_nll_count[node]
         ent_sum, ent_n = self.path_entropy_sum[node], self.path_entropy_count[node]
         length = self.path_length[node]
@@ -170,10 +185,14 @@ class SearchTree:
             self.path_length.append(length + len(completion.token_ids))
             if not is_terminal:
                 live.append(child)
+        return live
+
+    def _attach(self, node: int, new_ids: Sequence[int], live: Sequence[int]) -> None:
+        """`node` gains the children; the frontier F loses `node` and gains its live children;
+        a node whose only children are terminal is dead, one that gains a live child lives."""
         had_children = bool(self.children[node])
         self.children[node] = self.children[node] + tuple(new_ids)
         self.live_children[node] += len(live)
-        # F loses the expanded node and gains its non-terminal children.
         siblings = self.frontier.get(self.parent[node])
         if siblings is not None and node in siblings:
             siblings.remove(node)
@@ -185,7 +204,6 @@ class SearchTree:
                 self._mark_live(node)
         elif not had_children:
             self._mark_dead(node)
-        return new_ids
 
     def _mark_live(self, node: int) -> None:
         """`node` (dead until now) gained a live child: it and its dead ancestors live again."""
