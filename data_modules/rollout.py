@@ -19,6 +19,7 @@ from flywheel.adaptive import CachedSolution, direct_samples_needed
 from flywheel.reporting.evaluation import encode_prompt
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import ROLLOUTS, Credit, Group, TrainingRow, credit_groups
+from flywheel.ports import PolicyPort
 from flywheel.prm import ValueFn
 from flywheel.rewards import Verdict
 from flywheel.search.config import SearchConfig
@@ -80,7 +81,7 @@ def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem],
             for p in problems]
 
 
-def value_head_fn(module: Any, config: SearchConfig) -> ValueFn | None:
+def value_head_fn(module: PolicyPort, config: SearchConfig) -> ValueFn | None:
     """The policy's own value head as the search's value function (search.selection=puct_agents)."""
     if SELECTION[config.selection].uses_value_head and getattr(module, "value_head", None) is not None:
         return module.search_values

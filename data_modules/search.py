@@ -45,7 +45,7 @@ from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, check as check_credit
-from flywheel.ports import WallClock
+from flywheel.ports import PolicyPort, WallClock
 from flywheel.prm import ValueFn
 from flywheel.run.preemption import SIGTERMException, stop_requested
 from flywheel.search.config import SearchConfig
@@ -161,6 +161,11 @@ class SearchDataModule(L.LightningDataModule):
         """The next epoch's search in flight beside this epoch's training (`async_search`)."""
 
     # ------------------------------------------------------------------ problems
+    def check_rows_with(self, check: Callable[[Problem], None] | None) -> None:
+        """Every problem row read from now on goes through `check` (pre-flight's "the prompt fits
+        the policy's context", flywheel.run.preflight.load_inputs); None: no check."""
+        self.pool.row_check = check
+
     def train_pool(self) -> dict[str, Problem]:
         """Training problems by id (`--data.problems.*`)."""
         return self.pool.train()
@@ -190,6 +195,12 @@ class SearchDataModule(L.LightningDataModule):
     def push_weights(self, policy: Any, version: int) -> bool:
         """Make the generator sample from `policy` as of optimizer step `version` (collective)."""
         return self.live.push(policy, version)
+
+    @property
+    def policy_port(self) -> PolicyPort | None:
+        """The trainer's LightningModule, as the data module reads it (flywheel.ports.PolicyPort);
+        the one place the data module reaches it."""
+        return self.trainer.lightning_module
 
     def use_value_model(self, value_fn: ValueFn | None) -> None:
         """Score the next searches' new nodes with `value_fn` (None = no value model)."""
@@ -224,7 +235,7 @@ class SearchDataModule(L.LightningDataModule):
         4. turn the trees' training rows into mini-batches, each scored by pi_old (the
            policy before this epoch's updates);
         5. write the run files (trees, hard set, replay buffer)."""
-        trainer, module = self.trainer, self.trainer.lightning_module
+        trainer, module = self.trainer, self.policy_port
         tokenizer = module.tokenizer
         if rebuilding_a_finished_epoch(trainer):
             # Lightning builds a loader for the epoch an end-of-epoch checkpoint finished and never
@@ -324,7 +335,7 @@ class SearchDataModule(L.LightningDataModule):
             flat_first=self.batching.flat_first,
             max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
             cached=cached or self.curriculum.cached, value_fn=self.value_fn,
-            node_values=value_head_fn(self.trainer.lightning_module, self.search), progress=advance,
+            node_values=value_head_fn(self.policy_port, self.search), progress=advance,
             grade=self.grader.score,
         )
 
@@ -456,8 +467,9 @@ class SearchDataModule(L.LightningDataModule):
         trainer = self.trainer
         if trainer is not None and trainer.state.fn == "fit":
             return DataLoader([], batch_size=None)
-        if trainer is not None and trainer.lightning_module is not None:
-            self.start_generator(trainer.lightning_module.policy, trainer.lightning_module.tokenizer)
+        module = self.policy_port if trainer is not None else None
+        if module is not None:
+            self.start_generator(module.policy, module.tokenizer)
         return DataLoader([list(range(len(self.eval_problems())))], batch_size=None, collate_fn=list)
 
     test_dataloader = val_dataloader

@@ -5,7 +5,8 @@
 the data module, and all they read: `data_modules.search.SearchDataModule` implements it.
 The CLI hands the data module to each of them when it builds them
 (`flywheel.run.cli.add_round_protocol`); none reaches it through `trainer.datamodule`
-(tests/test_port.py scans for that). `WallClock` is the run's wall split as the parts that
+(tests/test_port.py scans for that). `PolicyPort` is the LightningModule as the data module
+sees it. `WallClock` is the run's wall split as the parts that
 time their work see it, handed to them by the same wiring.
 """
 
@@ -23,6 +24,25 @@ if TYPE_CHECKING:
     from flywheel.search.outputs import TreeResult
     from flywheel.tasks import Problem, Task
     from flywheel.tasks.grading import Grader
+
+
+class PolicyPort(Protocol):
+    """The LightningModule as the data module sees it, and all it reads of it: the policy the
+    generator samples from, its tokenizer, pi_old scoring of a mini-batch, and the policy's own
+    value head for the search (flywheel.module.TreeGRPOModule implements it; the data module
+    reaches it only through `SearchDataModule.policy_port`)."""
+
+    policy: Any
+    """The torch model being trained (the generator is put in step with it)."""
+    tokenizer: Any
+    value_head: Any
+    """The value head trained beside the policy, or None."""
+
+    def score_batch(self, batch: dict[str, Any]) -> Any:
+        """pi_old log-probs of a collated mini-batch, without grad."""
+
+    def search_values(self, prefixes: list[tuple[int, ...]]) -> list[float]:
+        """The value head's values of token-id prefixes (the search's node values)."""
 
 
 class WallClock(Protocol):

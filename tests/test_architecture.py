@@ -196,3 +196,32 @@ def test_no_part_finds_a_peer_by_scanning_the_trainer_s_callbacks():
     the wall clock, the budget); a part that searches `trainer.callbacks` for a peer hides that seam."""
     readers = sorted(name for name, path in sources().items() if callback_scans(path.read_text()) and name not in SCANS_ALLOWED)
     assert readers == [], readers
+
+
+LONG = 60
+"""Code lines (the docstring not counted) a library function may have without saying why."""
+
+
+def long_functions_without_a_reason() -> list[str]:
+    found = []
+    for name, path in sources().items():
+        lines = path.read_text().splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            first = node.body[0]
+            doc = first if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                and isinstance(first.value.value, str) else None
+            code = node.end_lineno - node.lineno + 1 - (doc.end_lineno - doc.lineno + 1 if doc else 0)
+            # the line after the docstring, or (none) the comment lines before the first statement
+            top = [lines[doc.end_lineno]] if doc else lines[node.lineno - 1:node.body[0].lineno - 1]
+            reason = any(line.strip().startswith("# Long: ") for line in top)
+            if code > LONG and not reason:
+                found.append(f"{name}.{node.name} ({code} lines)")
+    return found
+
+
+def test_every_long_function_says_why_at_its_top():
+    """A function of more than LONG code lines is split into named steps, or says at its top
+    (`# Long: ...`, right after its docstring) why it is one piece."""
+    assert long_functions_without_a_reason() == []

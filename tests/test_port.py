@@ -170,3 +170,37 @@ def test_a_fit_pushes_the_weights_once_per_epoch(tmp_path, monkeypatch):
                 f"--trainer.callbacks.init_args.dirpath={tmp_path / 'checkpoints'}"])
     assert cli.trainer.current_epoch == 2
     assert len(pushes) == 2 and pushes[-1] == cli.trainer.global_step  # one per epoch end (it used to be two)
+
+
+def test_the_data_module_reaches_the_lightning_module_only_through_its_policy_port():
+    """One property (SearchDataModule.policy_port, typed flywheel.ports.PolicyPort) reads
+    `trainer.lightning_module`; everything else of the data module goes through it, and reads
+    only the port's members from it."""
+    from flywheel.ports import PolicyPort
+
+    def is_port(node) -> bool:  # `self.policy_port`, or `self.policy_port if ... else None`
+        if isinstance(node, ast.IfExp):
+            return is_port(node.body)
+        return isinstance(node, ast.Attribute) and node.attr == "policy_port"
+
+    members = set(PolicyPort.__annotations__) | {n for n, v in vars(PolicyPort).items() if callable(v)}
+    reaching, read = [], set()
+    for name, tree in sources("data_modules"):
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            aliases = set()  # local names bound to the port
+            for node in ast.walk(func):
+                if isinstance(node, ast.Assign):
+                    for target in node.targets:
+                        pairs = (zip(target.elts, node.value.elts) if isinstance(target, ast.Tuple)
+                                 and isinstance(node.value, ast.Tuple) else [(target, node.value)])
+                        aliases |= {t.id for t, v in pairs if isinstance(t, ast.Name) and is_port(v)}
+            for node in ast.walk(func):
+                if isinstance(node, ast.Attribute) and node.attr == "lightning_module":
+                    reaching.append(f"{name}:{func.name}")
+                if isinstance(node, ast.Attribute) and (is_port(node.value) or (
+                        isinstance(node.value, ast.Name) and node.value.id in aliases)):
+                    read.add(node.attr)
+    assert reaching == ["data_modules/search.py:policy_port"]
+    assert read and read <= members, read - members

@@ -101,6 +101,7 @@ def run_diagnose(
         dtype: parameter dtype of the policy.
         out: folder of diagnose.json.
     """
+    # Long: the command's steps in order (its flags checked, the policy and problems loaded, the two measurements, the report), each a few lines
     from flywheel.policies.check import check_dtype, load_checked_policy
     from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
     from flywheel.tasks.countdown import CountdownTask

@@ -153,6 +153,7 @@ def run_eval(
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
+    # Long: the command's three steps in order, the first being the checks of its own flags (each one line and its message)
     from flywheel.policies.check import check_dtype
     from flywheel.run.preflight import PreflightError, check_folder
     from flywheel.tasks.countdown import CountdownTask

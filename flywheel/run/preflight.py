@@ -15,7 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
@@ -23,6 +23,9 @@ from flywheel.reporting.evaluation import encode_prompt
 from flywheel.run.settings import SETTINGS_KEY
 from flywheel.run.errors import CheckpointReadError, PreflightError  # noqa: F401  (PreflightError: raised here and imported from here)
 from flywheel.tasks import Problem, Task
+
+if TYPE_CHECKING:
+    from data_modules.search import SearchDataModule
 
 log = logging.getLogger("flywheel.run.preflight")
 
@@ -32,7 +35,7 @@ data module's and callbacks' state, the pickle's framing)."""
 
 
 # ---------------------------------------------------------------------- settings
-def check_overlap(trainer: Any, model: Any, datamodule: Any) -> None:
+def check_overlap(trainer: Any, model: Any, datamodule: SearchDataModule) -> None:
     """`--data.async_search` where it cannot work: the in-process generator, several processes,
     a loss that would not correct the lag (the data module's `overlap_refusal`)."""
     message = datamodule.overlap_refusal(trainer.world_size, model)
@@ -53,7 +56,7 @@ def check_precision(trainer: Any) -> None:
                     "--trainer.precision=32-true on this machine", precision)
 
 
-def check_nodes(trainer: Any, datamodule: Any) -> None:
+def check_nodes(trainer: Any, datamodule: SearchDataModule) -> None:
     """A generator backend that cannot serve a run on several nodes (`--trainer.num_nodes`):
     vLLM servers the other nodes cannot reach or the weight sync misses."""
     message = datamodule.backend.node_refusal(trainer.num_nodes)
@@ -103,7 +106,7 @@ def prompt_fits(tokenizer: Any, task: Task, limit: int | None, budget_flag: str)
     return check
 
 
-def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
+def load_inputs(datamodule: SearchDataModule, model: Any, train: bool) -> None:
     """Read every problem file now (held-out, and training when `train`), each row checked
     against the policy's context, so a missing or corrupt file or an unusable row fails
     before the first search; the data module keeps what it loaded. A task that asks for a chat
@@ -115,12 +118,13 @@ def load_inputs(datamodule: Any, model: Any, train: bool) -> None:
                                                                 "--data.task.init_args.chat_template")):
         log.warning(warning)
     try:
-        datamodule.pool.row_check = prompt_fits(
+        datamodule.check_rows_with(prompt_fits(
             model.tokenizer, datamodule.task, context_limit(model.policy), "--data.task.init_args.max_response_tokens"
-        )
+        ))
         budget_error = None
     except PreflightError as err:  # reported after the problem files, which a user sets up first
-        datamodule.pool.row_check, budget_error = None, err
+        datamodule.check_rows_with(None)
+        budget_error = err
     # Held-out first: the training pool reads it too (repeats, leaks, drop_eval_overlap), and
     # its errors must name its own flag.
     loads = [("--data.problems.eval_files", datamodule.eval_problems)]
@@ -372,7 +376,7 @@ def check_policy(recorded: str | None, given: str | None, source: str, flag: str
     )
 
 
-def preflight(trainer: Any, model: Any, datamodule: Any, subcommand: str, ckpt_path: str | None,
+def preflight(trainer: Any, model: Any, datamodule: SearchDataModule, subcommand: str, ckpt_path: str | None,
               missing_ok: bool = False, settings: dict[str, Any] | None = None) -> str | None:
     """Every check, in the order a user fixes things; returns the checkpoint to resume from
     (None = fresh). Raises PreflightError."""

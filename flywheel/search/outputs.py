@@ -225,6 +225,7 @@ def tree_to_json(
 ) -> dict[str, Any]:
     """Dump a finished tree: every node (structure, N, q, Q, q~, step tokens, terminal info) and
     the trajectories as node-id paths. NaN and inf become null. `decode` adds each step's text."""
+    # Long: one key per field of a node and of the tree, in the dumped format's order; splitting would scatter the format
     tree, config = result.tree, result.config
     nodes = []
     for node in range(len(tree)):

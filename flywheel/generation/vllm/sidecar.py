@@ -153,6 +153,7 @@ class VLLMSidecar(GeneratorBackend):
         weight_transfer: str | None = None,
         transfer_address: str | None = None,
     ) -> None:
+        # Long: one line per setting of the sidecar (its --data.generator.init_args), each checked where it is stored
         self.urls = [url] if isinstance(url, str) else list(url or [])
         self.attached = bool(self.urls)
         if replicas < 1:

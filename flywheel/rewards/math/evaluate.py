@@ -153,6 +153,7 @@ _FUNCTIONS = {"sin": "sin", "cos": "cos", "tan": "tan", "sec": "sec", "csc": "cs
 
 def numeric(node: tuple, env: dict[str, object], budget: Budget):
     """The value at `env` (a point for the free symbols) in the private context."""
+    # Long: one branch per operator of the expression tree, each a line or two, in one dispatch
     budget.tick()
     op = node[0]
     if op == "n":
