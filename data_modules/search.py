@@ -57,6 +57,7 @@ from flywheel.reporting.wall_split import SEARCH_WAIT, TRAIN, UNTIMED, search_se
 
 log = logging.getLogger(__name__)
 
+
 def rebuilding_a_finished_epoch(trainer: L.Trainer) -> bool:
     """Resumed from an end-of-epoch checkpoint: the loader asked for is that finished epoch's."""
     done = trainer.fit_loop.epoch_progress.current
