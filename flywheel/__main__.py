@@ -96,26 +96,30 @@ def main(args: list[str] | None = None, run: bool = True):
         raise OutputWriteError(cannot_write_message(failed, hint)) from err
 
 
-OWN_COMMANDS = {
-    "eval": "flywheel.reporting.eval_command",
-    "diagnose": "flywheel.reporting.diagnose",
-    "report": "flywheel.reporting.report",
-    "tree": "flywheel.reporting.viewer",
-    "get-policy": "flywheel.policies.registry",
-}
-"""The subcommands that are not Lightning's: each module's `main(argv)` runs it."""
-
-
 def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
-    if argv[:1] and argv[0] in OWN_COMMANDS:
-        import importlib
+    """The subcommands that are not Lightning's, each its module's `main(argv)`; the rest is `_lightning`."""
+    if argv[:1] == ["eval"]:
+        from flywheel.reporting.eval_command import main as eval_main
 
-        result = importlib.import_module(OWN_COMMANDS[argv[0]]).main(argv[1:])
-        if argv[0] == "get-policy":  # its main returns an exit code
-            if result:
-                raise SystemExit(result)
-            return None
-        return result
+        return eval_main(argv[1:])
+    if argv[:1] == ["diagnose"]:
+        from flywheel.reporting.diagnose import main as diagnose_main
+
+        return diagnose_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from flywheel.reporting.report import main as report_main
+
+        return report_main(argv[1:])
+    if argv[:1] == ["tree"]:
+        from flywheel.reporting.viewer import main as tree_main
+
+        return tree_main(argv[1:])
+    if argv[:1] == ["get-policy"]:
+        from flywheel.policies.registry import main as get_policy_main
+
+        if code := get_policy_main(argv[1:]):
+            raise SystemExit(code)
+        return None
     return _lightning(argv, from_sys_argv, run)
 
 

@@ -153,27 +153,19 @@ def run_eval(
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
-    # Long: the command's three steps in order, the first being the checks of its own flags (each one line and its message)
-    from flywheel.policies.check import check_dtype
     from flywheel.run.preflight import PreflightError, check_folder
     from flywheel.tasks.countdown import CountdownTask
 
     # 1. Every setting, the checkpoint's existence and the output folder, before anything loads.
-    files = [files] if isinstance(files, str) else files  # one path: a list of one
     if checkpoint is None and policy is None:
         raise PreflightError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
     ks = sorted(set(k or [1, samples]))
     check_eval_settings(samples, ks, temperature, top_p, max_problems, problems_per_batch)
-    check_dtype(dtype, "--dtype")
-    if checkpoint is not None and not Path(checkpoint).exists():
-        raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit` "
-                             "(e.g. runs/quickstart/checkpoints/last.ckpt), or --policy FOLDER_OR_NAME")
+    check_policy_flags(checkpoint, dtype)
     config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
                         problems_per_batch=problems_per_batch)
     task = task if task is not None else CountdownTask()
-    sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
-    if files and len(sources) != len(files):
-        raise PreflightError(f"--files: two problem files share a name stem: {files}; rename one")
+    sources = eval_sources(files, split)
     check_folder(out, "--out")
     # 2. The policy, then every source read and every prompt checked against its context.
     model, tokenizer, step = load_eval_policy(checkpoint, policy, dtype, task)
@@ -196,6 +188,29 @@ def run_eval(
     if rank == 0:
         write_report(report, Path(out))
     return report
+
+
+def check_policy_flags(checkpoint: str | None, dtype: str) -> None:
+    """--dtype names a dtype; --checkpoint, when given, is a file."""
+    from flywheel.policies.check import check_dtype
+    from flywheel.run.preflight import PreflightError
+
+    check_dtype(dtype, "--dtype")
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit` "
+                             "(e.g. runs/quickstart/checkpoints/last.ckpt), or --policy FOLDER_OR_NAME")
+
+
+def eval_sources(files: list[str] | str | None, split: str | None) -> dict[str, list[str] | None]:
+    """The sources by report name: each problem file by its name stem (one path is a list of one),
+    or without files the task's built-in split (None: "test")."""
+    from flywheel.run.preflight import PreflightError
+
+    files = [files] if isinstance(files, str) else files
+    sources = {Path(f).stem: [f] for f in files} if files else {split or "test": None}
+    if files and len(sources) != len(files):
+        raise PreflightError(f"--files: two problem files share a name stem: {files}; rename one")
+    return sources
 
 
 def load_eval_policy(checkpoint: str | None, policy: str | None, dtype: str, task: Task) -> tuple[Any, Any, int]:

@@ -251,9 +251,9 @@ class SearchConfig:
             raise ValueError(f"--data.search.top_p must be in (0, 1], got {self.top_p}; set 1.0 to turn nucleus sampling off")
 
     def _check_rule_combinations(self) -> None:
-        """What the chosen rules need of the other settings (their capabilities, never their names)."""
-        selection, fork = SELECTION.check(self.selection), FORK.check(self.fork_rule)
-        expansion = EXPANSION.check(self.expansion)
+        """What the chosen rules need of the other settings (their capabilities, never their
+        names); the names were checked by `_check_choices`."""
+        selection, fork, expansion = SELECTION[self.selection], FORK[self.fork_rule], EXPANSION[self.expansion]
         if selection.expansion is not None and self.expansion != selection.expansion:
             raise ValueError(f"search.selection={self.selection!r} grows the tree by {selection.expansion} expansion; it "
                              f"cannot be combined with --data.search.expansion={self.expansion} (set "

@@ -21,8 +21,9 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class SearchRule:
-    """One rule of a table. `run` has the signature of its table's kind (flywheel.search.rules
-    names them: SelectionRule, AgentDescent, ForkSelection, or an expansion-mode builder)."""
+    """One rule of a table. `run` has the signature of its table's kind: step_expansion.SelectionRule,
+    live_agents.AgentDescent (a selection rule with `agents`), rollout.ForkSelection,
+    rules.ExpansionModeBuilder."""
 
     name: str
     run: Callable[..., Any]

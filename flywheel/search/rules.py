@@ -9,9 +9,10 @@ rule's name).
     EXPANSION[config.expansion]   how an expansion grows a tree, its rule resolved
 
 A new rule is a function with its kind's signature (`SelectionRule`, `AgentDescent`,
-`ForkSelection`) registered under a new name with `SearchRule` and what it needs: one
-registration, which SearchConfig, the command line and the docs read (docs/search.md;
-tests/test_search_rules_injected.py registers one from the test alone).
+`ForkSelection`, `ExpansionModeBuilder`: SearchRule says where each is) registered under a new
+name with `SearchRule` and what it needs: one registration, which SearchConfig, the command
+line and the docs read (docs/search.md; tests/test_search_rules_injected.py registers one from
+the test alone).
 """
 
 from __future__ import annotations
