@@ -53,7 +53,7 @@ from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.grading import Grader, GradingConfig
-from flywheel.reporting.wall_split import SEARCH_WAIT, TRAIN, UNTIMED, search_section, timed
+from flywheel.reporting.wall_split import SEARCH_AHEAD, SEARCH_WAIT, TRAIN, UNTIMED, search_section, timed
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ class SearchDataModule(L.LightningDataModule):
         stop, a resume: data_modules.search_ahead), else on this epoch's draw."""
         taken = self.ahead.take(epoch)
         if taken is not None:
-            self.wall.add_overlapped("search_ahead", taken.seconds)  # it ran beside the last epoch's training
+            self.wall.add_overlapped(SEARCH_AHEAD, taken.seconds)  # it ran beside the last epoch's training
             return taken
         version, pushes = self.live.version, self.live.pushes
         problems = self.drawn_problems(tokenizer, epoch, rank, world)

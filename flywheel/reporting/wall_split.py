@@ -25,6 +25,9 @@ SEARCH, SEARCH_GENERATOR, TRAIN, EVAL, SCREENING = "search", "search_generator",
 WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD = "weight_sync", "value_model", "checkpoint", "rebuild"
 SEARCH_WAIT = "search_wait"
 """An epoch's end waiting for the search ahead (`--data.async_search`)."""
+SEARCH_AHEAD, CHECKPOINT_WRITE = "search_ahead", "checkpoint_write"
+"""Work beside the trainer's thread (`WallSplit.add_overlapped`): the search ahead, and the
+checkpoint files written in the background (`--checkpoint_writes=background`)."""
 PARTS = (SEARCH_GENERATOR, "search_bookkeeping", TRAIN, EVAL, SCREENING, WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD)
 """The reported parts, in order; `other` follows them."""
 

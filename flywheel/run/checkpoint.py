@@ -4,16 +4,21 @@ Lightning's own writer renames a temporary file from the system temp folder, whi
 copy, not an atomic rename, when that folder is on another file system; and a damaged
 checkpoint surfaces as a bare unpickling or zip error. `AtomicCheckpointIO` writes beside
 the target and renames, and names the file and the alternatives when loading fails.
+`BackgroundCheckpointIO` (the default of `flywheel fit`, `--checkpoint_writes=background`)
+does the same write on a thread of its own, so the run goes on while a checkpoint is written.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import pickle
+import time
 import zipfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
@@ -21,6 +26,10 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from flywheel.io import atomic_writer
 from flywheel.run.errors import CheckpointReadError  # noqa: F401  (raised here and imported from here)
 
+
+CHECKPOINT_WRITES = ("background", "blocking")
+"""The values of `--checkpoint_writes`: a checkpoint written on a thread of its own while the
+run goes on (BackgroundCheckpointIO), or by the trainer's thread before it goes on."""
 
 _READ_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError)
 
@@ -57,6 +66,130 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             raise
         except _READ_ERRORS as err:
             raise CheckpointReadError(unreadable_checkpoint_message(path, err)) from err
+
+
+class BackgroundCheckpointIO(AtomicCheckpointIO):
+    """AtomicCheckpointIO with the files written by a thread of its own, one at a time, in order.
+
+    `save_checkpoint` copies every tensor of the checkpoint to CPU memory on the caller's thread
+    (a point-in-time snapshot: the optimizer may step at once) and queues the write. A tensor
+    unchanged since the previous snapshot (the same memory, shape and in-place version) is not
+    copied again, so the two files of one epoch (`epoch=N.ckpt` and `last.ckpt`) share one
+    snapshot; a snapshot with new tensors first waits for the writes queued before it, so at
+    most one snapshot's tensors are held beside the model. `remove_checkpoint` is queued after
+    the writes before it: an older checkpoint is deleted only once the newer one is complete on
+    disk. A kill during a write leaves the previous file of that name as it was (each write
+    renames a finished temporary file). `flush()` waits for the queue and raises the first
+    failure; the trainer's teardown (a fit's end or failure) and a SIGTERM's checkpoint call it,
+    and a failed write is raised at the next save at the latest. `on_written(seconds)` hears
+    each finished write on the caller's thread (the run's wall split keeps them as
+    `overlapped/checkpoint_write_s`).
+    """
+
+    def __init__(self, on_written: Callable[[float], None] | None = None) -> None:
+        super().__init__()
+        self.on_written = on_written
+        self._pool: ThreadPoolExecutor | None = None
+        self._queued: list[Future] = []
+        self._copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        """The last snapshot's tensors: their key -> (the source tensor, held so its memory is
+        not reused while it is a key; its CPU copy)."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
+        self._collect(wait=False)
+        copies: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        if any(_key(t) not in self._copies for t in _tensors(checkpoint)):
+            self.flush()  # a new snapshot: the previous one's writes finish first
+        snapshot = _snapshot(checkpoint, self._copies, copies)
+        self._copies = copies
+        self._submit(lambda: AtomicCheckpointIO.save_checkpoint(self, snapshot, path, storage_options))
+
+    def remove_checkpoint(self, path: Any) -> None:
+        self._collect(wait=False)
+        self._submit(lambda: AtomicCheckpointIO.remove_checkpoint(self, path))
+
+    def flush(self) -> None:
+        """Wait for every queued write and removal; raise the first failure."""
+        self._collect(wait=True)
+
+    def teardown(self) -> None:
+        try:
+            self.flush()
+        finally:
+            self._copies = {}
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+            super().teardown()
+
+    def _submit(self, work: Callable[[], None]) -> None:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="flywheel-checkpoint-write")
+
+        def timed() -> float:
+            start = time.perf_counter()
+            work()
+            return time.perf_counter() - start
+
+        self._queued.append(self._pool.submit(timed))
+
+    def _collect(self, wait: bool) -> None:
+        """Hand on the finished tasks' seconds and raise the first failure (every queued task
+        with `wait`, else the finished ones)."""
+        done = self._queued if wait else [f for f in self._queued if f.done()]
+        self._queued = [f for f in self._queued if f not in done]
+        error = None
+        for future in done:
+            try:
+                seconds = future.result()
+            except BaseException as err:  # the write's own error, raised on the trainer's thread
+                error = error or err
+                continue
+            if self.on_written is not None:
+                self.on_written(seconds)
+        if error is not None:
+            raise error
+
+
+def _key(t: torch.Tensor) -> tuple:
+    return (t.device, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _tensors(v)
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        for v in value:
+            yield from _tensors(v)
+
+
+_IMMUTABLE = (str, bytes, int, float, complex, bool, type(None))
+
+
+def _snapshot(value: Any, previous: dict, copies: dict) -> Any:
+    """A copy of a checkpoint whose tensors are in CPU memory (taken from `previous` when
+    unchanged; every tensor's entry goes into `copies`) and whose containers and other mutable
+    leaves are copies too, so that nothing the run changes after the call reaches the file."""
+    if isinstance(value, torch.Tensor):
+        key = _key(value)
+        entry = previous.get(key) or copies.get(key) or (value.detach(), value.detach().to("cpu", copy=True))
+        copies[key] = entry
+        return entry[1]
+    if isinstance(value, _IMMUTABLE):
+        return value
+    if isinstance(value, dict):  # a dict subclass keeps its type and attributes (a state_dict's _metadata)
+        out = {} if type(value) is dict else copy.copy(value)
+        for k, v in value.items():
+            out[k] = _snapshot(v, previous, copies)
+        return out
+    if type(value) in (list, tuple, set, frozenset):
+        return type(value)(_snapshot(v, previous, copies) for v in value)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_snapshot(v, previous, copies) for v in value))
+    return copy.deepcopy(value)
 
 
 def _no_space(err: BaseException | None) -> bool:

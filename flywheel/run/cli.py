@@ -81,6 +81,14 @@ class FlywheelCLI(LightningCLI):
         # (added in instantiate_trainer) runs them.
         parser.add_lightning_class_args(GenerationBudget, "budget")
         parser.add_lightning_class_args(PRMUpdate, "prm_update")
+        from flywheel.run.checkpoint import CHECKPOINT_WRITES
+
+        parser.add_argument(
+            "--checkpoint_writes", type=str, default="background", choices=CHECKPOINT_WRITES,
+            help="background: a checkpoint's tensors are copied to CPU memory and the file is written by a thread "
+                 "of its own while the run goes on (one file at a time, in order; an older checkpoint is deleted "
+                 "only after the newer one is complete); blocking: the trainer waits for every write",
+        )
         parser.add_argument(
             "--last_missing_ok", type=bool, default=False,
             help="with --ckpt_path last: start a fresh run when the run has no last.ckpt yet (a scheduler's "
@@ -112,7 +120,8 @@ class FlywheelCLI(LightningCLI):
     def instantiate_trainer(self, **kwargs):
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
-        from flywheel.run.checkpoint import AtomicCheckpointIO
+        from flywheel.reporting.wall_split import CHECKPOINT_WRITE
+        from flywheel.run.checkpoint import AtomicCheckpointIO, BackgroundCheckpointIO
 
         trainer = super().instantiate_trainer(**kwargs)
         strategy = trainer.strategy
@@ -126,13 +135,17 @@ class FlywheelCLI(LightningCLI):
             # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
-        add_round_protocol(trainer, self.datamodule, self.model)
+        wall = add_round_protocol(trainer, self.datamodule, self.model)
         from flywheel.run.preemption import Preemption
 
         trainer.callbacks.append(Preemption(self.argv))
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-            trainer.strategy.checkpoint_io = AtomicCheckpointIO()
+            config = self.config[self.subcommand] if self.subcommand else self.config
+            background = config.get("checkpoint_writes", "background") == "background"
+            trainer.strategy.checkpoint_io = (
+                BackgroundCheckpointIO(on_written=lambda seconds: wall.add_overlapped(CHECKPOINT_WRITE, seconds))
+                if background else AtomicCheckpointIO())
         return trainer
 
     def _run_subcommand(self, subcommand: str) -> None:
@@ -271,14 +284,15 @@ def checkpoints_beside_the_run(trainer) -> None:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
 
 
-def add_round_protocol(trainer, port, module) -> None:
+def add_round_protocol(trainer, port, module) -> "WallTime":
     """The RoundProtocol that drives the end of every epoch and round (weight sync, hard-set
     refresh, evaluation, value model), and the wiring, the one place that connects the parts:
     the data module `port` (flywheel.ports.DataPort) is handed to the run summary, the held-out
     evaluation, the budget and the LightningModule `module`; the run's one RunSummary
     (summary.json, solved problems, the report) to the evaluation, the value model, the round
     protocol and WallTime (the run's wall split, callbacks.wall_time), which follows the round
-    protocol; that WallTime, the run's wall clock, to the data module and the round's callbacks."""
+    protocol; that WallTime, the run's wall clock, to the data module and the round's callbacks.
+    Returns the WallTime (the checkpoint writer reports its background writes to it)."""
     from callbacks.budget import GenerationBudget
     from callbacks.evaluation import HeldOutEval
     from callbacks.prm import PRMUpdate
@@ -309,3 +323,4 @@ def add_round_protocol(trainer, port, module) -> None:
     port.wall = evaluation.wall = value_model.wall = wall
     at = next((i for i, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
     callbacks[at:at] = [RoundProtocol(port, evaluation, value_model, summary, budget=budget, wall=wall), wall]
+    return wall

@@ -173,6 +173,9 @@ class Preemption(Callback):
             return
         path = last_checkpoint_path(trainer)
         trainer.save_checkpoint(path)
+        flush = getattr(trainer.strategy.checkpoint_io, "flush", None)
+        if flush is not None:  # a background writer (flywheel.run.checkpoint): the file is complete before the exit
+            flush()
         self.saved = path
         log.warning("stopped by %s after %d completed epochs (global step %d); checkpoint written: %s. "
                     "Resume with: %s", self.signal, epoch, trainer.global_step, path, resume_command(self.argv))
