@@ -19,6 +19,10 @@ If the epoch instead ends the run inside a round (its token budget `--budget.max
   4'. HeldOutEval.end_round   the policy the run leaves is evaluated as a partial round (no refresh,
                               no value model: a resume with a larger budget or more epochs continues
                               the round, and its whole-round evaluation replaces this one)
+  6. search ahead             with `--data.async_search`, the search of the epoch after next
+                              starts on the weights pushed in step 1 (unless the run ends here), so
+                              the generator searches while the checkpoint is written and the next
+                              epoch's loader is built (data_modules.search_ahead)
 Then the epoch's data scalars (search/*, compute/*, data/*) are logged.
 
 The data module is reached through its port (flywheel.ports.DataPort), handed over by the
@@ -86,6 +90,8 @@ class RoundProtocol(Callback):
         elif last:  # the run ends inside a round (its budget, or max_epochs not a multiple of the round)
             self.evaluation.end_round(trainer, pl_module, port.rounds_completed + 1, port.round_facts(), partial=True)
             self.record_staleness(trainer, port.rounds_completed + 1)
+        if not (last or stop_requested(trainer)):
+            port.search_after_push()  # before the checkpoint's write: the generator searches through it
         if port.epoch_metrics:
             pl_module.log_dict(port.epoch_metrics)
 

@@ -10,6 +10,8 @@ the data module saves it in every checkpoint (`state_dict`) and the round protoc
 
 from __future__ import annotations
 
+import copy
+
 import logging
 import random
 from dataclasses import dataclass
@@ -195,6 +197,15 @@ class Curriculum:
             if count:
                 responses = [CachedSolution(problem_id, tuple(ids), text, self.round) for ids, text in correct]
                 self.buffer.observe(problem_id, responses, round=self.round, search_trajectories=count)
+
+    def cached_after(self, outcomes: Iterable[SearchOutcome], ids: Iterable[str]) -> dict[str, tuple[CachedSolution, ...]]:
+        """The cached solutions of problems `ids` as they will be once `outcomes` are observed,
+        the buffer itself unchanged (a search started before an earlier epoch's trees are
+        recorded sees the solutions they hold: data_modules.search_ahead)."""
+        ahead = copy.copy(self)
+        ahead.buffer = copy.deepcopy(self.buffer)
+        ahead.observe(outcomes)
+        return {i: ahead.cached(i) for i in ids}
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, Any]:

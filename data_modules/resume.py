@@ -50,7 +50,7 @@ def restore_data_state(state: Mapping[str, Any], curriculum: Curriculum, source:
         grading = {key: int(value) for key, value in state.get("grading", {}).items()}
         curriculum.load_state_dict(state)
         if ahead is not None:
-            ahead.pending = drawn.pending
+            ahead.load(drawn.state())
         if grader is not None:
             grader.restore(grading)
     except (KeyError, TypeError, ValueError, AttributeError) as err:

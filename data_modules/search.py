@@ -386,12 +386,37 @@ class SearchDataModule(L.LightningDataModule):
     def search_next(self, tokenizer: Any, epoch: int, rank: int, world: int) -> None:
         """With `async_search`: draw epoch `epoch`'s problems now (on this thread: the curriculum's
         cursor moves here), copy their cached solutions, and start their search on a thread with
-        the generator's current weights, to run while this epoch trains. Not past the last epoch."""
+        the generator's current weights, to run while this epoch trains. Not past the last epoch,
+        and not when the last epoch's end already started it (`search_after_push`)."""
         trainer = self.trainer
-        if not self.async_search.enabled or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch):
+        if (not self.async_search.enabled or self.ahead.running or self.ahead.holds(epoch)
+                or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch)):
             return
         problems = self.drawn_problems(tokenizer, epoch, rank, world)
-        cached = {p.id: self.curriculum.cached(p.id) for p in problems}
+        self.launch_ahead(tokenizer, epoch, rank, problems, {p.id: self.curriculum.cached(p.id) for p in problems})
+
+    def search_after_push(self) -> None:
+        """With `async_search`, at the end of epoch t once the weights are pushed (and a round's
+        end has sampled from them): start epoch t+2's search, so that the generator searches
+        through the checkpoint's write and the next loader's build. Its cached solutions are the
+        replay buffer's with epoch t+1's finished trees observed, as if it were started when
+        epoch t+1 is recorded. Nothing when epoch t+1's search was not kept (then its loader
+        searches it in place and starts t+2 itself) or t+2 is past the last epoch."""
+        trainer = self.trainer
+        epoch, following = trainer.current_epoch + 2, self.ahead.finished(trainer.current_epoch + 1)
+        if (not self.async_search.enabled or following is None or self.ahead.running or self.ahead.holds(epoch)
+                or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch)):
+            return
+        tokenizer, rank, world = self.policy_port.tokenizer, trainer.global_rank, trainer.world_size
+        problems = self.drawn_problems(tokenizer, epoch, rank, world)
+        seen = search_outcomes(following.problems, following.rollouts) if self.rollout == "search" else ()
+        self.launch_ahead(tokenizer, epoch, rank, problems, self.curriculum.cached_after(seen, [p.id for p in problems]))
+
+    def launch_ahead(self, tokenizer: Any, epoch: int, rank: int, problems: Sequence[Problem],
+                     cached: dict[str, Sequence]) -> None:
+        """Start `epoch`'s search of `problems` on a thread with the generator's current weights
+        and the solutions `cached` (fixed now: the thread never reads the curriculum)."""
+        trainer = self.trainer
         self.ahead.launch(epoch, problems, self.live.version, self.live.pushes,
                           lambda advance: self.rollout_of(problems, tokenizer, epoch, rank, advance,
                                                           cached=lambda i: cached.get(i, ())),

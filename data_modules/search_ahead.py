@@ -4,14 +4,19 @@ With the switch on, the data module and the round protocol (callbacks.rounds) ru
 timeline; v(t) = the weights after epoch t's optimizer steps, pushed to the generator at
 epoch t's end (v(-1) = the starting weights):
 
-    train_dataloader(t)  take epoch t's search (started during epoch t-1), or run it now when
-                         there is none (the first epoch, a resume); draw epoch t+1's problems
-                         and start their search on a thread: the sidecar samples from v(t-1);
-                         build epoch t's mini-batches (pi_old from the trainer's v(t-1))
+    train_dataloader(t)  take epoch t's search (finished during epoch t-1), or run it now when
+                         there is none (the first epoch, a resume); when epoch t+1's search
+                         is not already in flight, draw its problems and start it on a thread
+                         (the sidecar samples from v(t-1)); build epoch t's mini-batches
+                         (pi_old from the trainer's v(t-1))
     epoch t's steps      the trainer trains on epoch t's trees while the sidecar searches t+1
     epoch t's end        wait for search t+1 (a push mid-search would mix weight versions in a
-                         tree), push v(t) once, then the round's end (screening, held-out
-                         evaluation, value model) on the pushed v(t)
+                         tree) and keep it for its epoch, push v(t) once, then the round's end
+                         (screening, held-out evaluation, value model) on the pushed v(t); then
+                         draw epoch t+2's problems and start their search on v(t), so the
+                         generator searches while the checkpoint is written and epoch t+1's
+                         loader is built (its cached solutions: the replay buffer's with epoch
+                         t+1's trees observed, as if t+1 were recorded first)
 
 So epoch t+1 trains from v(t) on samples of v(t-1): one sync old (staleness 1; 0 for the
 first epoch and for an epoch searched in place). The loss corrects the lag with the truncated
@@ -24,12 +29,13 @@ problems are copied; the search thread only samples, grades and credits. The cur
 changed on the main thread only, after the search ended (the round's end) or before it
 started (the replay buffer's `observe`).
 
-Resume (the rule): a checkpoint holds the problems drawn for the search ahead (`state`), never
-its result. A checkpoint is written at an epoch's end, after the wait: the finished search is
-then dropped with the process, and the resumed run searches those same problems again, in
-place, with the resumed weights (staleness 0 for that epoch). A stop (SIGTERM, Ctrl-C) abandons
-the search at its next search round (`flywheel.run.preemption.stop_requested`) with the same
-outcome. So no epoch's trees are lost, trained twice, or half-used.
+Resume (the rule): a checkpoint holds the problems drawn for every search not yet trained on
+(`state`: at an epoch's end, epoch t+1's finished one and epoch t+2's in flight), never a
+search's result. A resumed run searches epoch t+1's problems again, in place, with the resumed
+weights (staleness 0 for that epoch), then starts epoch t+2's on the problems drawn for it. A
+stop (SIGTERM, Ctrl-C) abandons the search in flight at its next search round
+(`flywheel.run.preemption.stop_requested`) and starts none, with the same outcome. So no
+epoch's trees are lost, trained twice, or half-used, and no problem is drawn twice.
 """
 
 from __future__ import annotations
@@ -76,13 +82,16 @@ def staleness(searched: Searched, pushes_now: int, step_now: int) -> tuple[int, 
 
 
 class SearchAhead:
-    """The one search of the next epoch in flight, and the problems drawn for it until its
-    epoch takes it (see the module docstring)."""
+    """The searches of later epochs: the one in flight, those finished and not yet trained on,
+    and the problems drawn for each until its epoch takes it (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.pending: tuple[int, tuple[str, ...]] | None = None
-        """(epoch, problem ids) of a search started and not yet trained on (in checkpoints)."""
+        self.drawn: dict[int, tuple[str, ...]] = {}
+        """epoch -> problem ids of every search started and not yet trained on (in checkpoints)."""
+        self._finished: dict[int, Searched] = {}
         self._thread: threading.Thread | None = None
+        self._epoch: int | None = None
+        """The epoch of the search in flight."""
         self._cancel = threading.Event()
         self._outcome: Searched | BaseException | None = None
 
@@ -90,15 +99,20 @@ class SearchAhead:
     def running(self) -> bool:
         return self._thread is not None
 
+    def holds(self, epoch: int) -> bool:
+        """A search of `epoch` is in flight or finished (nothing to start for it)."""
+        return epoch in self._finished or (self._thread is not None and self._epoch == epoch)
+
     def launch(self, epoch: int, problems: Sequence[Problem], version: int, pushes: int,
                search: Callable[[Callable[..., None]], Rollouts], stop: Callable[[], bool] = lambda: False) -> None:
         """Start `search(advance)` for `epoch`'s `problems` on a thread. `advance(done, tokens)`
         is its progress callback, called after every search round: it raises `Abandoned` once
         `finish(abandon=True)` or `stop()` asks."""
-        if self._thread is not None or self._outcome is not None:
-            raise RuntimeError(f"a search ahead is already in flight (for epoch {self.pending and self.pending[0]})")
+        if self._thread is not None:
+            raise RuntimeError(f"a search ahead is already in flight (for epoch {self._epoch})")
         problems = tuple(problems)
-        self.pending = (epoch, tuple(p.id for p in problems))
+        self.drawn[epoch] = tuple(p.id for p in problems)
+        self._epoch, self._outcome = epoch, None
         self._cancel.clear()
 
         def advance(done: int, tokens: int | None = None) -> None:
@@ -118,9 +132,9 @@ class SearchAhead:
         log.info("epoch %d: searching its %d problems ahead, with the weights of step %d", epoch, len(problems), version)
 
     def finish(self, abandon: bool = False) -> float:
-        """Wait for the search in flight; with `abandon` stop it first (at its next search
-        round) and drop it: its problems stay `pending`, to be searched again. Raises the
-        search's error. Returns the seconds waited (0.0 with nothing in flight)."""
+        """Wait for the search in flight and keep it for its epoch; with `abandon` stop it first
+        (at its next search round) and drop it: its problems stay drawn, to be searched again.
+        Raises the search's error. Returns the seconds waited (0.0 with nothing in flight)."""
         if self._thread is None:
             return 0.0
         start = time.perf_counter()
@@ -128,67 +142,75 @@ class SearchAhead:
             self._cancel.set()
         self._thread.join()
         self._thread = None
-        outcome = self._outcome
+        epoch, outcome, self._outcome = self._epoch, self._outcome, None
         if abandon or isinstance(outcome, Abandoned):
-            self._outcome = None
             log.info("the search ahead of epoch %d was not kept: its %d problems are searched again when the run "
-                     "goes on", self.pending[0], len(self.pending[1]))
+                     "goes on", epoch, len(self.drawn[epoch]))
             if isinstance(outcome, BaseException) and not isinstance(outcome, Abandoned):
                 log.warning("the abandoned search ahead had failed: %s: %s", type(outcome).__name__, outcome)
         elif isinstance(outcome, BaseException):
-            self._outcome = None
             raise outcome
+        else:
+            self._finished[epoch] = outcome
         return time.perf_counter() - start
 
+    def finished(self, epoch: int) -> Searched | None:
+        """`epoch`'s finished search, still held for its epoch (None: none is)."""
+        return self._finished.get(epoch)
+
     def take(self, epoch: int) -> Searched | None:
-        """The finished search of `epoch` (then nothing is pending), or None: none was kept
-        (the first epoch, an abandoned search, a resumed run; `redo` names the problems)."""
-        self.finish()
-        outcome, self._outcome = self._outcome, None
-        if outcome is None:
-            return None
-        if outcome.epoch != epoch:  # cannot happen: the loop builds every epoch's loader in turn
-            raise RuntimeError(f"the search ahead was for epoch {outcome.epoch}, epoch {epoch} asks for it")
-        self.pending = None
-        return outcome
+        """The finished search of `epoch` (waited for when it is the one in flight; then nothing
+        is drawn for `epoch` any more), or None: none was kept (the first epoch, an abandoned
+        search, a resumed run; `redo` names the problems)."""
+        if self._thread is not None and self._epoch == epoch:
+            self.finish()
+        searched = self._finished.pop(epoch, None)
+        if searched is not None:
+            self.drawn.pop(epoch, None)
+        return searched
 
     def redo(self, epoch: int) -> tuple[str, ...] | None:
         """The problem ids drawn for `epoch` whose search was not kept, or None."""
-        if self.pending is not None and self.pending[0] == epoch:
-            return self.pending[1]
-        return None
+        return None if epoch in self._finished else self.drawn.get(epoch)
 
     def done(self, epoch: int) -> None:
-        """`epoch`'s problems were searched in place: none of them is pending any more."""
-        if self.pending is not None and self.pending[0] == epoch:
-            self.pending = None
+        """`epoch`'s problems were searched in place: none of them is drawn ahead any more."""
+        self.drawn.pop(epoch, None)
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop a search still in flight (the run ends or fails): it ends at its next search
         round; waited for at most `timeout` seconds (a daemon thread: it never holds the process
-        up, and its requests fail once the servers are stopped)."""
+        up, and its requests fail once the servers are stopped). Finished searches are dropped."""
         if self._thread is not None:
             self._cancel.set()
             self._thread.join(timeout)
             if self._thread.is_alive():
                 log.warning("the search ahead did not stop within %.0f s; leaving it to end with its generator", timeout)
             self._thread, self._outcome = None, None
+        self._finished.clear()
 
     # ------------------------------------------------------------------ resume
     def state(self) -> dict[str, Any] | None:
-        if self.pending is None:
+        """The problems drawn ahead, by epoch (never a search's result: a resumed run searches them again)."""
+        if not self.drawn:
             return None
-        return {"epoch": self.pending[0], "problems": list(self.pending[1])}
+        return {"drawn": [{"epoch": epoch, "problems": list(ids)} for epoch, ids in sorted(self.drawn.items())]}
 
     def load(self, state: Mapping[str, Any] | None) -> None:
-        """Restore `state()` (None: nothing pending); raises KeyError / TypeError / ValueError on a malformed one."""
+        """Restore `state()` (None: nothing drawn ahead; a checkpoint of one draw,
+        {"epoch", "problems"}, from before two could be); raises KeyError / TypeError /
+        ValueError on a malformed one."""
+        self._finished.clear()
         if state is None:
-            self.pending = None
+            self.drawn = {}
             return
-        ids = state["problems"]
-        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
-            raise ValueError(f"search_ahead.problems must be a list of problem ids, got {ids!r}")
-        self.pending = (int(state["epoch"]), tuple(ids))
+        drawn = {}
+        for entry in state["drawn"] if "drawn" in state else [state]:
+            ids = entry["problems"]
+            if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+                raise ValueError(f"search_ahead.problems must be a list of problem ids, got {ids!r}")
+            drawn[int(entry["epoch"])] = tuple(ids)
+        self.drawn = drawn
 
 
 def refusal(config: AsyncSearchConfig, *, own_weights: bool, world_size: int, old_logprobs: str, loss_type: str,

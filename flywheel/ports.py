@@ -97,6 +97,11 @@ class DataPort(Protocol):
         (`--data.async_search`) before the weights are pushed: wait for it, or with `abandon`
         (the run stops) stop it and leave its problems to the resumed run. Nothing when none runs."""
 
+    def search_after_push(self) -> None:
+        """With `--data.async_search`, once the epoch's weights are pushed and its round's end
+        has sampled from them: start the search of the epoch after next (nothing when it cannot
+        start yet, or past the last epoch)."""
+
     def push_weights(self, policy: Any, version: int) -> bool:
         """Make the generator sample from `policy` as of optimizer step `version` (collective);
         False when it already does."""

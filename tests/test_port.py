@@ -30,7 +30,7 @@ def test_the_port_members():
     assert MEMBERS == sorted([
         "credit", "end_round", "epoch_metrics", "epoch_results", "eval", "eval_problems", "finish_search_ahead",
         "generated_tokens", "generator", "grader", "push_weights", "round_ends", "round_facts", "round_starts", "rounds_completed",
-        "solved_problems", "task", "use_value_model", "wall"])
+        "search_after_push", "solved_problems", "task", "use_value_model", "wall"])
 
 
 def test_the_data_module_has_every_member_of_the_port():
@@ -120,6 +120,9 @@ class CountingPort:
         self.pushes.append(version)
         return True
 
+    def search_after_push(self):
+        self.pushes.append("search started after the push")
+
     def round_ends(self, epoch):
         return (epoch + 1) % self.rounds_every == 0
 
@@ -146,10 +149,12 @@ def test_each_epoch_end_pushes_the_weights_once_and_a_round_end_refreshes_once()
         trainer = SimpleNamespace(current_epoch=epoch, global_step=step, max_epochs=3, max_steps=-1,
                                   is_global_zero=False, callbacks=[])
         protocol.on_train_epoch_end(trainer, module)
-        assert port.pushes[-1] == step
+        assert [p for p in port.pushes if isinstance(p, int)][-1] == step
     # One push per epoch boundary, with the step as the version, after the search ahead ended
-    # (--data.async_search; stopped, not waited for, when the run ends there).
-    assert port.pushes == [("search ahead ended", False), 4, ("search ahead ended", False), 8,
+    # (--data.async_search; stopped, not waited for, when the run ends there); the next search
+    # ahead starts after the push and the round's end, unless the run ends there.
+    after = "search started after the push"
+    assert port.pushes == [("search ahead ended", False), 4, after, ("search ahead ended", False), 8, after,
                            ("search ahead ended", True), 12]
     assert port.refreshes == 1  # epoch 1 ended round 1
     assert [(index, kw) for index, _, kw in ended] == [(1, {"last": False}), (2, {"partial": True})]

@@ -49,19 +49,40 @@ def test_a_search_ahead_is_handed_to_its_epoch_once():
         return "rollouts of epoch 3"
 
     ahead.launch(3, problems("a", "b"), version=8, pushes=2, search=search)
-    assert ahead.running and ahead.pending == (3, ("a", "b"))
-    assert ahead.state() == {"epoch": 3, "problems": ["a", "b"]}  # what a checkpoint written now holds
+    assert ahead.running and ahead.drawn == {3: ("a", "b")} and ahead.holds(3) and not ahead.holds(4)
+    assert ahead.state() == {"drawn": [{"epoch": 3, "problems": ["a", "b"]}]}  # what a checkpoint written now holds
     assert ahead.finish() >= 0.0 and not ahead.running  # the epoch's end waits for it
+    assert ahead.holds(3) and ahead.finished(3).rollouts == "rollouts of epoch 3" and ahead.redo(3) is None
     taken = ahead.take(3)
     assert (taken.epoch, [p.id for p in taken.problems], taken.rollouts, taken.version, taken.pushes) == (
         3, ["a", "b"], "rollouts of epoch 3", 8, 2)
     assert rounds == [1, 2] and taken.seconds >= 0
-    assert ahead.pending is None and ahead.state() is None  # trained on: nothing left to redo
+    assert ahead.drawn == {} and ahead.state() is None and not ahead.holds(3)  # trained on: nothing left to redo
     assert ahead.take(4) is None and ahead.redo(4) is None  # nothing started for epoch 4
     with pytest.raises(RuntimeError, match="already in flight"):
         ahead.launch(4, problems("c"), 9, 3, search=lambda advance: threading.Event().wait(0.5))
         ahead.launch(5, problems("d"), 9, 3, search=search)
     ahead.close()
+
+
+def test_the_next_search_starts_while_the_finished_one_waits_for_its_epoch():
+    """An epoch's end: the search of epoch 4 (finished) waits for its loader while epoch 5's
+    starts; the checkpoint written now holds both draws; epoch 4's loader takes its search
+    without waiting for epoch 5's."""
+    ahead = SearchAhead()
+    release = threading.Event()
+    ahead.launch(4, problems("a"), 1, 1, search=lambda advance: "rollouts of 4")
+    ahead.finish()
+    ahead.launch(5, problems("b", "c"), 2, 2, search=lambda advance: release.wait(10) and "rollouts of 5")
+    assert ahead.state() == {"drawn": [{"epoch": 4, "problems": ["a"]}, {"epoch": 5, "problems": ["b", "c"]}]}
+    assert ahead.take(4).rollouts == "rollouts of 4" and ahead.running  # epoch 5's search goes on
+    assert ahead.state() == {"drawn": [{"epoch": 5, "problems": ["b", "c"]}]}
+    release.set()
+    assert ahead.take(5).rollouts == "rollouts of 5" and ahead.state() is None  # its own epoch waits for it
+    ahead.launch(6, problems("d"), 3, 3, search=lambda advance: "rollouts of 6")
+    ahead.finish()
+    ahead.close()  # the run ends: a finished search no epoch took is dropped
+    assert ahead.take(6) is None and ahead.redo(6) == ("d",)
 
 
 def test_an_abandoned_search_is_not_kept_and_its_problems_are_searched_again():
@@ -140,20 +161,24 @@ def test_staleness_on_hand_worked_versions():
 def test_the_checkpoint_holds_the_problems_drawn_ahead_never_the_search():
     curriculum = Curriculum(HardSetConfig(enabled=False), ReplayConfig(), 1, 0)
     curriculum.start(["a", "b", "c"], {})
-    state = data_state(curriculum, 10, 0, None, {"epoch": 4, "problems": ["b", "c"]})
-    assert state["search_ahead"] == {"epoch": 4, "problems": ["b", "c"]}
+    drawn = {"drawn": [{"epoch": 4, "problems": ["b", "c"]}, {"epoch": 5, "problems": ["a"]}]}
+    state = data_state(curriculum, 10, 0, None, drawn)
+    assert state["search_ahead"] == drawn
     assert "search_ahead" not in data_state(curriculum, 10, 0)  # off: the state is as before the switch
     ahead = SearchAhead()
     restore_data_state(state, Curriculum(HardSetConfig(enabled=False), ReplayConfig(), 1, 0), "x.ckpt", ahead)
-    assert ahead.redo(4) == ("b", "c") and not ahead.running
-    bad = {**state, "search_ahead": {"epoch": 4, "problems": "bc"}}
+    assert ahead.redo(4) == ("b", "c") and ahead.redo(5) == ("a",) and not ahead.running
+    older = {**state, "search_ahead": {"epoch": 4, "problems": ["b", "c"]}}  # one draw: a checkpoint from before two
+    restore_data_state(older, Curriculum(HardSetConfig(enabled=False), ReplayConfig(), 1, 0), "x.ckpt", ahead)
+    assert ahead.drawn == {4: ("b", "c")}
+    bad = {**state, "search_ahead": {"drawn": [{"epoch": 4, "problems": "bc"}]}}
     kept = SearchAhead()
     with pytest.raises(ValueError, match="x.ckpt is malformed.*nothing was restored"):
         restore_data_state(bad, Curriculum(HardSetConfig(enabled=False), ReplayConfig(), 1, 0), "x.ckpt", kept)
-    assert kept.pending is None
+    assert kept.drawn == {}
     restore_data_state(data_state(curriculum, 1, 0), Curriculum(HardSetConfig(enabled=False), ReplayConfig(), 1, 0),
                        "y.ckpt", ahead)
-    assert ahead.pending is None  # a checkpoint without it: nothing drawn ahead
+    assert ahead.drawn == {}  # a checkpoint without it: nothing drawn ahead
 
 
 # ---------------------------------------------------------------------- refusals
@@ -237,8 +262,15 @@ def trees_of(run: Path, epoch: int) -> list[str]:
 
 
 @pytest.mark.slow
-def test_a_fit_searching_ahead_trains_rows_one_sync_old_with_one_push_per_epoch(tmp_path, monkeypatch):
+def test_a_fit_searching_ahead_trains_rows_one_sync_old_with_one_push_per_epoch(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO)
     seen = spy_on_loaders(monkeypatch)
+    saves = []
+    from flywheel.run.checkpoint import AtomicCheckpointIO
+
+    save = AtomicCheckpointIO.save_checkpoint
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", lambda self, checkpoint, path, *a: saves.append(
+        (Path(path).name, checkpoint["SearchDataModule"].get("search_ahead"))) or save(self, checkpoint, path, *a))
     cli = fit(tmp_path, 3)
     backend, steps = cli.datamodule.backend, cli.trainer.global_step
     ends = backend.syncs  # the version pushed at each epoch's end: its global step
@@ -253,7 +285,43 @@ def test_a_fit_searching_ahead_trains_rows_one_sync_old_with_one_push_per_epoch(
     summary = json.loads((run / "summary.json").read_text())
     assert [(r["staleness"], r["staleness_steps"]) for r in summary["rounds"]] == [(0, 0), (1, ends[0]), (1, ends[1] - ends[0])]
     assert summary["wall_split"]["total"]["overlapped/search_ahead_s"] > 0  # searched beside training
-    assert cli.datamodule.ahead.pending is None and not cli.datamodule.ahead.running  # nothing past the last epoch
+    assert cli.datamodule.ahead.drawn == {} and not cli.datamodule.ahead.running  # nothing past the last epoch
+    # Epoch 2's search started at epoch 0's end, right after the push: before epoch 0's checkpoint
+    # was written and epoch 1's loader built, so epoch 0's checkpoint holds two epochs drawn ahead.
+    events = re.findall(r"epoch (\d+): (searching its 8 problems ahead|8 problems)", caplog.text)
+    assert events == [("1", "searching its 8 problems ahead"), ("0", "8 problems"),
+                      ("2", "searching its 8 problems ahead"), ("1", "8 problems"), ("2", "8 problems")]
+    epoch_0 = [drawn for name, drawn in saves if name.startswith("epoch=0")]
+    assert [[d["epoch"] for d in drawn["drawn"]] for drawn in epoch_0] == [[1, 2]]
+
+
+@pytest.mark.slow
+def test_a_resume_from_an_epoch_end_holding_two_draws_searches_both_again_in_order(tmp_path, monkeypatch, caplog):
+    """A kill after epoch 0's checkpoint (epoch 1's search finished, epoch 2's in flight): the
+    resumed run searches epoch 1's problems in place, then epoch 2's ahead, each drawn once."""
+    from flywheel.run.checkpoint import AtomicCheckpointIO
+
+    save = AtomicCheckpointIO.save_checkpoint
+    kept = tmp_path / "epoch_0_end.ckpt"
+
+    def save_and_keep(self, checkpoint, path, *a):
+        save(self, checkpoint, path, *a)
+        if Path(path).name.startswith("epoch=0"):
+            save(self, checkpoint, kept)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(AtomicCheckpointIO, "save_checkpoint", save_and_keep)
+        fit(tmp_path / "first", 3)
+    drawn = torch.load(kept, weights_only=False)["SearchDataModule"]["search_ahead"]["drawn"]
+    assert [d["epoch"] for d in drawn] == [1, 2]
+    caplog.set_level(logging.INFO)
+    resumed = fit(tmp_path / "second", 3, "--ckpt_path", str(kept))
+    assert re.findall(r"epoch (\d+): (searching its 8 problems \w+|8 problems)", caplog.text) == [
+        ("1", "searching its 8 problems drawn"), ("2", "searching its 8 problems drawn"),
+        ("2", "searching its 8 problems ahead"), ("1", "8 problems"), ("2", "8 problems")]
+    run = Path(resumed.trainer.log_dir)
+    assert [trees_of(run, 1), trees_of(run, 2)] == [d["problems"] for d in drawn]
+    assert resumed.datamodule.ahead.drawn == {}
 
 
 @pytest.mark.slow
@@ -280,7 +348,7 @@ def test_ctrl_c_mid_overlap_resumes_with_every_epoch_trained_exactly_once(tmp_pa
     assert stopped.value.code == 130
     last = tmp_path / "quickstart" / "checkpoints" / "last.ckpt"
     saved = torch.load(last, weights_only=False)
-    drawn = saved["SearchDataModule"]["search_ahead"]
+    (drawn,) = saved["SearchDataModule"]["search_ahead"]["drawn"]
     assert drawn["epoch"] == 2 and len(drawn["problems"]) == 8
     first = re.findall(r"epoch (\d+): 8 problems", caplog.text)
     assert first == ["0", "1"]
@@ -294,6 +362,6 @@ def test_ctrl_c_mid_overlap_resumes_with_every_epoch_trained_exactly_once(tmp_pa
     assert trees_of(run, 2) == drawn["problems"]  # the problems drawn ahead, searched and trained
     assert {(v, s) for _, _, versions, lag in seen for v, s in zip(versions, lag)} == {(saved["global_step"], 0)}
     assert resumed.trainer.global_step > saved["global_step"]
-    assert resumed.datamodule.ahead.pending is None
+    assert resumed.datamodule.ahead.drawn == {}
     summary = json.loads((run / "summary.json").read_text())
     assert [r["round"] for r in summary["rounds"]] == [1, 2, 3] and summary["rounds"][-1]["staleness"] == 0

@@ -73,7 +73,7 @@ def test_a_run_sigtermed_mid_overlap_resumes_with_every_epoch_trained_exactly_on
     assert "crash_fit: SIGTERM at the first training step of epoch 1" in stopped.stderr
     assert re.findall(r"epoch (\d+): 8 problems", stopped.stderr) == ["0", "1"]
     saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
-    drawn = saved["SearchDataModule"]["search_ahead"]
+    (drawn,) = saved["SearchDataModule"]["search_ahead"]["drawn"]
     assert drawn["epoch"] == 2 and len(drawn["problems"]) == 8  # epoch 2's search ahead was not kept
 
     resumed = run_group([sys.executable, "-m", "flywheel", *fit_args(tmp_path, 3), "--ckpt_path", "last"], timeout=900,
