@@ -25,9 +25,9 @@ pi_old is the trainer's v(t), pi_generator the behaviour log-probs of v(t-1)).
 
 Everything the search reads of the curriculum is fixed when it starts: its problems are drawn
 on the main thread (the cursor moves there) and the replay buffer's solutions of those
-problems are copied; the search thread only samples, grades and credits. The curriculum is
-changed on the main thread only, after the search ended (the round's end) or before it
-started (the replay buffer's `observe`).
+problems are copied; the search thread only samples, grades and credits, and never reads the
+curriculum, which the main thread changes as before (the replay buffer observing the epoch
+before it, while it runs; the round's end, after it ended).
 
 Resume (the rule): a checkpoint holds the problems drawn for every search not yet trained on
 (`state`: at an epoch's end, epoch t+1's finished one and epoch t+2's in flight), never a
