@@ -60,6 +60,21 @@ def test_bench_flywheel_splits_a_short_fits_wall_time():
     assert "\n     0 " in out and "\n total " in out  # the per-epoch table
 
 
+def test_the_overlaps_bound_on_a_hand_worked_split():
+    sys.path.insert(0, str(ROOT / "tools"))
+    from bench_flywheel import overlap_bound
+
+    def epoch(search, train, sync, ckpt, eval_=0.0):
+        return {"search_generator_s": search - 1, "search_bookkeeping_s": 1.0, "train_s": train, "weight_sync_s": sync,
+                "eval_s": eval_, "checkpoint_s": ckpt, "wall_s": search + train + sync + ckpt + eval_}
+
+    # Without: 3 epochs of search 50, training 30, push 4, checkpoint 10 (+ an evaluation of 20 at
+    # the last) = 94 + 94 + 114 = 302 s. With: 50 (epoch 0's search in place) + [4 + max(40, 50)]
+    # + [4 + max(40, 50)] + [24 + max(40, 0)] = 50 + 54 + 54 + 64 = 222 s: 302 / 222.
+    epochs = [epoch(50, 30, 4, 10), epoch(50, 30, 4, 10), epoch(50, 30, 4, 10, eval_=20)]
+    assert overlap_bound(epochs) == pytest.approx(302 / 222)
+
+
 def test_bench_flywheel_parity_reads_finished_runs_and_weighs_the_gap_against_seed_noise(tmp_path):
     # Finished runs are reused, so hand-written summaries stand for the six fits (2 arms x 3 seeds,
     # 10 epochs in rounds of 5): pass@1 before training, after round 1 and after round 2.
