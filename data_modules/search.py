@@ -191,7 +191,8 @@ class SearchDataModule(L.LightningDataModule):
         trainer = self.trainer
         log_dir = trainer.log_dir if trainer is not None else None  # a collective under DDP
         self.live.start(policy, tokenizer, trainer.strategy if trainer is not None else None,
-                        Path(log_dir) if log_dir else None, trainer.global_step if trainer is not None else 0)
+                        Path(log_dir) if log_dir else None, trainer.global_step if trainer is not None else 0,
+                        beside_training=self.async_search.enabled)
 
     def push_weights(self, policy: Any, version: int) -> bool:
         """Make the generator sample from `policy` as of optimizer step `version` (collective)."""

@@ -57,6 +57,11 @@ class GeneratorBackend(ABC):
     """The run's log folder (set by the data module before `build`): where a backend that
     starts processes writes their logs."""
 
+    beside_training: bool = False
+    """The generator will search while the trainer trains (`--data.async_search`; set by the
+    data module before `build`): a backend that starts processes on this machine's CPU splits
+    the cores with the trainer (flywheel.generation.vllm.cores)."""
+
     @abstractmethod
     def build(self, model: Any, tokenizer: Any, dist: Collective | None = None) -> Generator:
         """The Generator for `model` (the trainer's live policy); called once per run, on every
@@ -143,12 +148,14 @@ class LiveGenerator:
                                "(train_dataloader) or evaluation (val_dataloader / test_dataloader)")
         return self._generator
 
-    def start(self, model: Any, tokenizer: Any, dist: Collective | None, run_dir: Path | None, version: int) -> None:
+    def start(self, model: Any, tokenizer: Any, dist: Collective | None, run_dir: Path | None, version: int,
+              beside_training: bool = False) -> None:
         """Build the generator for `model` once (collective under a distributed run)."""
         if self._generator is not None:
             return
         if run_dir:
             self.backend.run_dir = run_dir
+        self.backend.beside_training = beside_training
         self._generator = self.backend.build(model, tokenizer, dist)
         self.version = version
 

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 WATCHDOG = """
 import os, signal, subprocess, sys, time
 trainer = int(sys.argv[1])
+cores = os.environ.get("FLYWHEEL_SERVER_CORES")
+if cores:  # the server's share of the CPU (flywheel.generation.vllm.cores): its whole process group runs there
+    os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
 server = subprocess.Popen(sys.argv[2:])
 while server.poll() is None:
     if os.getppid() != trainer:  # orphaned: the trainer died without stopping us

@@ -43,6 +43,8 @@ import torch
 from flywheel.generation.backends import Collective, GeneratorBackend, SingleProcess
 from flywheel.generation.base import GenerationRequest
 from flywheel.generation.vllm import middleware
+from flywheel.generation.vllm.cores import (CORES_ENV, CorePlan, available_cores, check_setting as check_cores, cores_text,
+                                           pin_this_process, plan as plan_cores)
 from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
 from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
 from flywheel.generation.vllm.nodes import node_refusal
@@ -120,6 +122,13 @@ class VLLMSidecar(GeneratorBackend):
             --weight-transfer-config '{"backend": "<the same>"}'. docs/scaling.md.
         transfer_address: the address the servers reach the trainer on for a weight transfer
             (None: 127.0.0.1 when every server is on this machine, else this machine's name).
+        cpu_cores: on a CPU machine, the cores of the launched servers, the trainer keeping
+            the others (flywheel.generation.vllm.cores): "auto" splits this process's cores when
+            the servers search while the trainer trains (`--data.async_search`; half to the
+            servers, so that the two never ask for more cores than there are) and leaves them
+            shared otherwise; "shared" never pins; core ids ("1", "2-3", "0,4-5") pin the servers
+            there (replicas share them evenly). Ignored with CUDA, attached servers, or several
+            trainer processes.
 
     When the policy carries LoRA adapters (`--model.lora.rank`), the servers launch with LoRA
     enabled on the frozen base, sample through the adapter, and each sync loads only the
@@ -152,6 +161,7 @@ class VLLMSidecar(GeneratorBackend):
         token: str | None = None,
         weight_transfer: str | None = None,
         transfer_address: str | None = None,
+        cpu_cores: str = "auto",
     ) -> None:
         # Long: one line per setting of the sidecar (its --data.generator.init_args), each checked where it is stored
         self.urls = [url] if isinstance(url, str) else list(url or [])
@@ -192,6 +202,9 @@ class VLLMSidecar(GeneratorBackend):
             raise ValueError(f"{TRANSFER_SETTING}={weight_transfer}: choose one of {(DISK, *TRANSFERS)}")
         self.weight_transfer = chosen
         self.transfer_address = transfer_address
+        check_cores(cpu_cores)
+        self.cpu_cores = cpu_cores
+        self.core_plan: CorePlan | None = None  # set by build() where it applies
         self.transfer: WeightTransfer | None = None  # set by build() unless the sync goes through the disk
         self._rpc_dir: Path | None = None
         self.weight_version = 0
@@ -239,6 +252,7 @@ class VLLMSidecar(GeneratorBackend):
                     self.token = new_token()  # per run; reaches the other ranks below, never a command line
                 if not self.attached and self.weight_transfer == GLOO:
                     self._check_plugin()
+                self._place()
                 self.servers = self._start_servers()
                 urls, token = [s.url for s in self.servers], self.token
             except Exception as err:  # every rank must hear of it, or they wait forever
@@ -266,11 +280,23 @@ class VLLMSidecar(GeneratorBackend):
                 env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"  # vLLM's IPC handles travel pickled over HTTP
             if self.replica_devices is not None:
                 env["CUDA_VISIBLE_DEVICES"] = self.replica_devices[index]
+            if self.core_plan is not None and self.core_plan.servers is not None:
+                env[CORES_ENV] = env["VLLM_CPU_OMP_THREADS_BIND"] = cores_text(self.core_plan.servers[index])
             folder = self.log_dir or self.run_dir or Path(tempfile.mkdtemp(prefix="flywheel-vllm-log-"))
             log_path = folder / ("vllm_server.log" if index == 0 else f"vllm_server_{index}.log")
         after_start = self._load_adapter if self.lora_rank else None
         return Server(url, command, env, log_path, self.startup_timeout, self.request_timeout, self.max_retries, after_start,
                       token=self.token)
+
+    def _place(self) -> None:
+        """On a CPU machine, with servers to launch and one trainer process: split the cores
+        (`cpu_cores`), pinning this process now and the servers at their launch."""
+        if self.attached or torch.cuda.is_available() or self.dist.world_size > 1:
+            return
+        self.core_plan = plan_cores(self.cpu_cores, available_cores(), self.replicas, self.beside_training)
+        log.info("CPU cores: %s", self.core_plan.why)
+        if self.core_plan.trainer is not None:
+            pin_this_process(self.core_plan.trainer)
 
     def _private_env(self) -> dict[str, str]:
         """What keeps a launched server to this run: the secret its middleware demands on every
