@@ -71,3 +71,22 @@ def test_the_watchdog_holds_the_server_on_its_cores():
     out = subprocess.run([sys.executable, "-c", WATCHDOG, str(os.getpid()), sys.executable, "-c", child],
                          env={**os.environ, CORES_ENV: str(core)}, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"[{core}]", out.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs Linux CPU affinity")
+def test_pinning_the_trainer_is_undone_when_the_sidecar_closes(monkeypatch):
+    import torch
+
+    from flywheel.generation.vllm import sidecar as module
+
+    cores, threads = os.sched_getaffinity(0), torch.get_num_threads()
+    monkeypatch.setattr(module.torch.cuda, "is_available", lambda: False)
+    side = module.VLLMSidecar(cpu_cores="auto", token="x" * 32)
+    side.beside_training = True
+    if len(cores) < 2:
+        pytest.skip("needs 2 cores")
+    monkeypatch.setattr(module, "available_cores", lambda: tuple(sorted(cores)[:2]))  # as if 2 cores
+    side._place()
+    assert os.sched_getaffinity(0) == {min(cores)} and torch.get_num_threads() == 1
+    side.close()
+    assert os.sched_getaffinity(0) == cores and torch.get_num_threads() == threads

@@ -104,10 +104,22 @@ def available_cores() -> tuple[int, ...]:
         return tuple(range(os.cpu_count() or 1))
 
 
-def pin_this_process(cores: Sequence[int]) -> None:
-    """Run this process (every thread) on `cores`, with as many torch intra-op threads."""
+def pin_this_process(cores: Sequence[int]) -> tuple[tuple[int, ...], int]:
+    """Run this process (every thread) on `cores`, with as many torch intra-op threads.
+    Returns what it had before, for `unpin`."""
     import torch
 
+    before = (available_cores(), torch.get_num_threads())
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cores))
     torch.set_num_threads(len(cores))
+    return before
+
+
+def unpin(before: tuple[tuple[int, ...], int]) -> None:
+    """Undo `pin_this_process` (its return value)."""
+    import torch
+
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(before[0]))
+    torch.set_num_threads(before[1])

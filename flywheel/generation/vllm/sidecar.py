@@ -44,7 +44,7 @@ from flywheel.generation.backends import Collective, GeneratorBackend, SinglePro
 from flywheel.generation.base import GenerationRequest
 from flywheel.generation.vllm import middleware
 from flywheel.generation.vllm.cores import (CORES_ENV, CorePlan, available_cores, check_setting as check_cores, cores_text,
-                                           pin_this_process, plan as plan_cores)
+                                           pin_this_process, plan as plan_cores, unpin)
 from flywheel.generation.vllm.client import MIN_TOKEN_CHARS, TOKEN_ENV, SidecarError, answers_without_secret, new_token, warn_if_open
 from flywheel.generation.vllm.generator import VLLMGenerator, prefix_cache_counters, route
 from flywheel.generation.vllm.nodes import node_refusal
@@ -205,6 +205,7 @@ class VLLMSidecar(GeneratorBackend):
         check_cores(cpu_cores)
         self.cpu_cores = cpu_cores
         self.core_plan: CorePlan | None = None  # set by build() where it applies
+        self._unpinned: tuple[tuple[int, ...], int] | None = None  # the trainer's cores and threads before the plan
         self.transfer: WeightTransfer | None = None  # set by build() unless the sync goes through the disk
         self._rpc_dir: Path | None = None
         self.weight_version = 0
@@ -296,7 +297,7 @@ class VLLMSidecar(GeneratorBackend):
         self.core_plan = plan_cores(self.cpu_cores, available_cores(), self.replicas, self.beside_training)
         log.info("CPU cores: %s", self.core_plan.why)
         if self.core_plan.trainer is not None:
-            pin_this_process(self.core_plan.trainer)
+            self._unpinned = pin_this_process(self.core_plan.trainer)
 
     def _private_env(self) -> dict[str, str]:
         """What keeps a launched server to this run: the secret its middleware demands on every
@@ -364,6 +365,9 @@ class VLLMSidecar(GeneratorBackend):
         if self._rpc_dir is not None and all(s.process is None for s in self.servers):
             shutil.rmtree(self._rpc_dir, ignore_errors=True)
             self._rpc_dir = None
+        if self._unpinned is not None:  # the trainer gets its cores back (a process that goes on after the fit)
+            unpin(self._unpinned)
+            self._unpinned = None
 
     # ------------------------------------------------------------------ requests
     def route(self, requests: Sequence[GenerationRequest]) -> list[Server]:
