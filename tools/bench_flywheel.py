@@ -28,6 +28,12 @@ Last line: RESULT overlap_speedup=(wall without / wall with) overlap_bound=(the 
 can gain, from the arm without it: `overlap_bound`) of_bound=(the two's ratio) wall_without_s=...
 wall_with_s=... search_wait_s=... (the epochs' ends waiting for the search ahead) overlapped_search_s=...
 
+`--split-cores`: the same fit twice through the vLLM sidecar with the search ahead, nothing
+pinned from outside: `--data.generator.init_args.cpu_cores=shared` (the server's and the trainer's
+threads each ask for every core) and `auto` (the sidecar splits the cores: flywheel/generation/
+vllm/cores.py). Last line: RESULT split_speedup=(wall shared / wall split) wall_shared_s=...
+wall_split_s=... and each arm's search wait, training, search and searched-ahead seconds.
+
 `--parity --seeds 3`: learning parity of the same two arms (not pinned: only the learning is
 compared), `--seeds` runs each, every round evaluated on the held-out split: held-out pass@1
 per round, each arm's mean and standard deviation over the seeds, and per round the gap of the
@@ -152,6 +158,28 @@ def overlap_bound(epochs: list[dict]) -> float:
     return sum(e["wall_s"] for e in epochs) / least
 
 
+def split_cores(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
+    """`--split-cores` (module docstring): the sidecar searching ahead with the cores shared and
+    split by the sidecar itself, nothing pinned from outside, and their RESULT line."""
+    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
+    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    walls, splits = {}, {}
+    for arm in ("shared", "auto"):
+        run_dir = folder / arm
+        print(f"\n== --data.generator.init_args.cpu_cores={arm}")
+        command = [*sidecar_arm(configs, args.epochs, run_dir, 1, python, overrides),
+                   f"--data.generator.init_args.cpu_cores={arm}"]
+        splits[arm], _ = run_fit(command, run_dir)
+        walls[arm] = splits[arm]["total"]["wall_s"]
+    parts = ("search_wait_s", "train_s", "search_s")
+    fields = {"split_speedup": round(walls["shared"] / walls["auto"], 3), "wall_shared_s": walls["shared"],
+              "wall_split_s": walls["auto"],
+              **{f"{k.removesuffix('_s')}_{arm}_s": splits[arm]["total"].get(k, 0.0) for arm in walls for k in parts},
+              **{f"search_ahead_{arm}_s": splits[arm]["total"].get("overlapped/search_ahead_s", 0.0) for arm in walls},
+              "epochs": len(splits["auto"]["epochs"])}
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
 def sidecar_arm(configs: list[str], epochs: int, run_dir: Path, staleness: int, python: str, overrides: list[str]) -> list[str]:
     """The fit command of one arm of `--overlap` / `--parity`: the sidecar recipe, `recompute_tis`
     in both arms so that only the search ahead differs."""
@@ -214,6 +242,9 @@ def main() -> None:
     parser.add_argument("--overlap", action="store_true", help="the sidecar without and with the search ahead, "
                         "trainer and server pinned to a core each; RESULT overlap_speedup=...")
     parser.add_argument("--cores", default="0,1", help="with --overlap: the trainer's core and the server's core")
+    parser.add_argument("--split-cores", action="store_true", help="the sidecar searching ahead with the cores "
+                        "shared and split by the sidecar (cpu_cores=shared / auto), nothing pinned from outside; "
+                        "RESULT split_speedup=...")
     parser.add_argument("--parity", action="store_true", help="held-out pass@1 per round of the same two arms "
                         "(not pinned), --seeds seeds each; RESULT parity_max_gap=... within_noise=...")
     parser.add_argument("--seeds", type=int, default=3, help="with --parity: seeds per arm")
@@ -227,6 +258,8 @@ def main() -> None:
             return overlap(args, overrides, folder)
         if args.parity:
             return parity(args, overrides, folder)
+        if args.split_cores:
+            return split_cores(args, overrides, folder)
         configs = args.config or [str(ROOT / "conf" / "quickstart.yaml")]
         command = [sys.executable, "-m", "flywheel", "fit", *[a for c in configs for a in ("--config", c)],
                    f"--trainer.max_epochs={args.epochs}", *outputs(folder), *overrides]
