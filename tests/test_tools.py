@@ -64,15 +64,19 @@ def test_the_overlaps_bound_on_a_hand_worked_split():
     sys.path.insert(0, str(ROOT / "tools"))
     from bench_flywheel import overlap_bound
 
-    def epoch(search, train, sync, ckpt, eval_=0.0):
+    def epoch(search, train, sync, ckpt, eval_=0.0, rebuild=0.0):
         return {"search_generator_s": search - 1, "search_bookkeeping_s": 1.0, "train_s": train, "weight_sync_s": sync,
-                "eval_s": eval_, "checkpoint_s": ckpt, "wall_s": search + train + sync + ckpt + eval_}
+                "eval_s": eval_, "checkpoint_s": ckpt, "rebuild_s": rebuild,
+                "wall_s": search + train + sync + ckpt + eval_ + rebuild}
 
-    # Without: 3 epochs of search 50, training 30, push 4, checkpoint 10 (+ an evaluation of 20 at
-    # the last) = 94 + 94 + 114 = 302 s. With: 50 (epoch 0's search in place) + [4 + max(40, 50)]
-    # + [4 + max(40, 50)] + [24 + max(40, 0)] = 50 + 54 + 54 + 64 = 222 s: 302 / 222.
-    epochs = [epoch(50, 30, 4, 10), epoch(50, 30, 4, 10), epoch(50, 30, 4, 10, eval_=20)]
-    assert overlap_bound(epochs) == pytest.approx(302 / 222)
+    # Without: 3 epochs of search 50, training 30, push 4, checkpoint 10 (+ the server's launch of
+    # 30 in epoch 0's rebuild, an evaluation of 20 at the last) = 124 + 94 + 114 = 332 s. With:
+    # 50 (epoch 0's search in place) + [34 + max(40, 50)] + [4 + max(40, 50)] + [24 + max(40, 0)]
+    # = 50 + 84 + 54 + 64 = 252 s: 332 / 252. A rebuild after the first is overlapped like training.
+    epochs = [epoch(50, 30, 4, 10, rebuild=30), epoch(50, 30, 4, 10), epoch(50, 30, 4, 10, eval_=20)]
+    assert overlap_bound(epochs) == pytest.approx(332 / 252)
+    epochs[1]["rebuild_s"], epochs[1]["wall_s"] = 5.0, 99.0  # a later rebuild overlaps like training: rest 45 < 50
+    assert overlap_bound(epochs) == pytest.approx(337 / 252)
 
 
 def test_bench_flywheel_parity_reads_finished_runs_and_weighs_the_gap_against_seed_noise(tmp_path):

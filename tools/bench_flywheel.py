@@ -149,10 +149,12 @@ def overlap_bound(epochs: list[dict]) -> float:
     """The most the search ahead can gain, from the per-epoch split of a run without it: epoch
     e+1's search (generator + bookkeeping) runs beside epoch e's training, checkpoint, loader
     rebuild and the rest, but not beside its weight push, evaluation, screening or value model,
-    and epoch 0 searches in place. Wall without / the least wall with:
-    search_0 + sum_e [G_e + max(rest_e, search_{e+1})]."""
+    and epoch 0 searches in place, after its loader's rebuild started the generator (a server's
+    launch). Wall without / the least wall with: search_0 + sum_e [G_e + max(rest_e, search_{e+1})],
+    G_e the generator-bound parts (and epoch 0's rebuild), rest_e the others."""
     search = [e["search_generator_s"] + e["search_bookkeeping_s"] for e in epochs]
-    bound = [sum(e.get(part, 0.0) for part in GENERATOR_BOUND) for e in epochs]
+    bound = [sum(e.get(part, 0.0) for part in GENERATOR_BOUND) + (e.get("rebuild_s", 0.0) if i == 0 else 0.0)
+             for i, e in enumerate(epochs)]
     rest = [e["wall_s"] - s - g for e, s, g in zip(epochs, search, bound)]
     least = search[0] + sum(g + max(r, nxt) for g, r, nxt in zip(bound, rest, [*search[1:], 0.0]))
     return sum(e["wall_s"] for e in epochs) / least
