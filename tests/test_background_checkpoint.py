@@ -144,3 +144,15 @@ def test_fit_writes_in_the_background_by_default_and_blocking_on_request(tmp_pat
 
     assert writer() is BackgroundCheckpointIO
     assert writer("--checkpoint_writes=blocking") is AtomicCheckpointIO
+
+
+def test_a_tensor_without_a_version_is_copied_every_time(tmp_path):
+    import torch
+
+    with torch.inference_mode():
+        frozen = torch.ones(3)
+    io = BackgroundCheckpointIO()
+    io.save_checkpoint({"buffer": frozen}, tmp_path / "a.ckpt")
+    io.save_checkpoint({"buffer": frozen}, tmp_path / "b.ckpt")
+    io.teardown()
+    assert torch.equal(torch.load(tmp_path / "b.ckpt")["buffer"], torch.ones(3))

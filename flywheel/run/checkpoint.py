@@ -152,7 +152,12 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
 
 
 def _key(t: torch.Tensor) -> tuple:
-    return (t.device, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+    """What identifies a tensor's contents while it is held: its memory, layout and in-place
+    version (a tensor without them, e.g. an inference-mode one, never matches: copied each time)."""
+    try:
+        return (t.device, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
+    except (RuntimeError, NotImplementedError, AttributeError):
+        return ("unkeyed", id(t), object())
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:
