@@ -389,9 +389,7 @@ class SearchDataModule(L.LightningDataModule):
         cursor moves here), copy their cached solutions, and start their search on a thread with
         the generator's current weights, to run while this epoch trains. Not past the last epoch,
         and not when the last epoch's end already started it (`search_after_push`)."""
-        trainer = self.trainer
-        if (not self.async_search.enabled or self.ahead.running or self.ahead.holds(epoch)
-                or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch)):
+        if not self.may_search_ahead(epoch):
             return
         problems = self.drawn_problems(tokenizer, epoch, rank, world)
         self.launch_ahead(tokenizer, epoch, rank, problems, {p.id: self.curriculum.cached(p.id) for p in problems})
@@ -405,13 +403,18 @@ class SearchDataModule(L.LightningDataModule):
         searches it in place and starts t+2 itself) or t+2 is past the last epoch."""
         trainer = self.trainer
         epoch, following = trainer.current_epoch + 2, self.ahead.finished(trainer.current_epoch + 1)
-        if (not self.async_search.enabled or following is None or self.ahead.running or self.ahead.holds(epoch)
-                or (trainer.max_epochs is not None and 0 <= trainer.max_epochs <= epoch)):
+        if following is None or not self.may_search_ahead(epoch):
             return
         tokenizer, rank, world = self.policy_port.tokenizer, trainer.global_rank, trainer.world_size
         problems = self.drawn_problems(tokenizer, epoch, rank, world)
         seen = search_outcomes(following.problems, following.rollouts) if self.rollout == "search" else ()
         self.launch_ahead(tokenizer, epoch, rank, problems, self.curriculum.cached_after(seen, [p.id for p in problems]))
+
+    def may_search_ahead(self, epoch: int) -> bool:
+        """`async_search` is on, no search runs or is held for `epoch`, and `epoch` is not past the last one."""
+        max_epochs = self.trainer.max_epochs
+        return (self.async_search.enabled and not self.ahead.running and not self.ahead.holds(epoch)
+                and not (max_epochs is not None and 0 <= max_epochs <= epoch))
 
     def launch_ahead(self, tokenizer: Any, epoch: int, rank: int, problems: Sequence[Problem],
                      cached: dict[str, Sequence]) -> None:

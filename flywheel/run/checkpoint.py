@@ -28,8 +28,8 @@ from flywheel.run.errors import CheckpointReadError  # noqa: F401  (raised here 
 
 
 CHECKPOINT_WRITES = ("background", "blocking")
-"""The values of `--checkpoint_writes`: a checkpoint written on a thread of its own while the
-run goes on (BackgroundCheckpointIO), or by the trainer's thread before it goes on."""
+"""The values of `--checkpoint_writes`, the default first: a checkpoint written on a thread of its
+own while the run goes on (BackgroundCheckpointIO), or by the trainer's thread before it goes on."""
 
 _READ_ERRORS = (RuntimeError, EOFError, pickle.UnpicklingError, zipfile.BadZipFile, ValueError, OSError)
 
@@ -153,11 +153,12 @@ class BackgroundCheckpointIO(AtomicCheckpointIO):
 
 def _key(t: torch.Tensor) -> tuple:
     """What identifies a tensor's contents while it is held: its memory, layout and in-place
-    version (a tensor without them, e.g. an inference-mode one, never matches: copied each time)."""
+    version. A tensor that lacks one of them (an inference-mode tensor has no version; a sparse
+    or wrapper tensor no data pointer) gets a key equal to no other: it is copied every time."""
     try:
         return (t.device, t.data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype, t._version)
     except (RuntimeError, NotImplementedError, AttributeError):
-        return ("unkeyed", id(t), object())
+        return (object(),)
 
 
 def _tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -84,7 +84,7 @@ class FlywheelCLI(LightningCLI):
         from flywheel.run.checkpoint import CHECKPOINT_WRITES
 
         parser.add_argument(
-            "--checkpoint_writes", type=str, default="background", choices=CHECKPOINT_WRITES,
+            "--checkpoint_writes", type=str, default=CHECKPOINT_WRITES[0], choices=CHECKPOINT_WRITES,
             help="background: a checkpoint's tensors are copied to CPU memory and the file is written by a thread "
                  "of its own while the run goes on (one file at a time, in order; an older checkpoint is deleted "
                  "only after the newer one is complete); blocking: the trainer waits for every write",
@@ -95,11 +95,16 @@ class FlywheelCLI(LightningCLI):
                  "first attempt) instead of failing with the folder searched",
         )
 
+    @property
+    def command_config(self):
+        """The parsed settings of the subcommand being run (the whole config when there is none)."""
+        return self.config[self.subcommand] if self.subcommand else self.config
+
     def before_instantiate_classes(self) -> None:
         from flywheel.finite import non_finite_message, non_finite_settings
         from flywheel.run.preflight import PreflightError
 
-        config = self.config[self.subcommand] if self.subcommand else self.config
+        config = self.command_config
         for key, value in non_finite_settings(config):  # from YAML (.nan, .inf): before anything is built
             raise PreflightError(non_finite_message(key, value))
         seed_the_data(config)
@@ -112,8 +117,7 @@ class FlywheelCLI(LightningCLI):
         try:
             super().instantiate_classes()
         except MisconfigurationException as err:  # the trainer's own settings (accelerator, devices, strategy)
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            raise PreflightError(trainer_error_line(err, config.get("trainer"))) from err
+            raise PreflightError(trainer_error_line(err, self.command_config.get("trainer"))) from err
         except ValueError as err:  # a setting out of range, found by a constructor: the message names the flag
             raise PreflightError(str(err)) from err
 
@@ -121,7 +125,7 @@ class FlywheelCLI(LightningCLI):
         from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
         from flywheel.reporting.wall_split import CHECKPOINT_WRITE
-        from flywheel.run.checkpoint import AtomicCheckpointIO, BackgroundCheckpointIO
+        from flywheel.run.checkpoint import CHECKPOINT_WRITES, AtomicCheckpointIO, BackgroundCheckpointIO
 
         trainer = super().instantiate_trainer(**kwargs)
         strategy = trainer.strategy
@@ -141,8 +145,7 @@ class FlywheelCLI(LightningCLI):
         trainer.callbacks.append(Preemption(self.argv))
         # Lightning's default writer; a user's own CheckpointIO plugin (or DeepSpeed's) is kept.
         if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
-            config = self.config[self.subcommand] if self.subcommand else self.config
-            background = config.get("checkpoint_writes", "background") == "background"
+            background = self.command_config.get("checkpoint_writes", CHECKPOINT_WRITES[0]) == "background"
             trainer.strategy.checkpoint_io = (
                 BackgroundCheckpointIO(on_written=lambda seconds: wall.add_overlapped(CHECKPOINT_WRITE, seconds))
                 if background else AtomicCheckpointIO())

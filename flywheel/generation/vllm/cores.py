@@ -6,7 +6,8 @@ for twice the cores there are, and both slow down (issue 46: two processes of 2 
 cores). `plan` splits this process's cores instead: the servers get one part (each replica an
 equal share, its OpenMP threads bound there through VLLM_CPU_OMP_THREADS_BIND and its whole
 process group held there by the sidecar's watchdog), and the trainer keeps the rest (its
-affinity and torch's intra-op threads). Pure: the caller applies the plan (`pin_this_process`).
+affinity and torch's intra-op threads). `plan` is pure; the sidecar applies it (`pin_this_process`,
+the servers' environment).
 """
 
 from __future__ import annotations
