@@ -106,10 +106,20 @@ def outputs(run_dir: Path) -> list[str]:
             "--trainer.enable_progress_bar=false"]
 
 
+def sidecar_configs(args: argparse.Namespace) -> list[str]:
+    """The fit's configs for the sidecar's arms: `--config`, else the quickstart through the sidecar."""
+    return args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
+
+
+def vllm_python() -> str:
+    """The interpreter with vLLM: $FLYWHEEL_VLLM_PYTHON, else this one."""
+    return os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+
+
 def pinned_python(folder: Path, core: str) -> Path:
     """An interpreter wrapper that runs $FLYWHEEL_VLLM_PYTHON (or this one) on `core`: the
     sidecar launches its server (and the server's watchdog) with it."""
-    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    python = vllm_python()
     wrapper = folder / "pinned-python"
     wrapper.write_text(f"#!/bin/sh\nexec taskset -c {shlex.quote(core)} {shlex.quote(python)} \"$@\"\n")
     wrapper.chmod(0o700)
@@ -119,7 +129,7 @@ def pinned_python(folder: Path, core: str) -> Path:
 def overlap(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
     """Both arms of `--overlap` (module docstring) and their RESULT line."""
     trainer_core, server_core = args.cores.split(",")
-    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
+    configs = sidecar_configs(args)
     walls, splits = {}, {}
     for arm, staleness in (("without", 0), ("with", 1)):
         run_dir = folder / arm
@@ -163,8 +173,8 @@ def overlap_bound(epochs: list[dict]) -> float:
 def split_cores(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
     """`--split-cores` (module docstring): the sidecar searching ahead with the cores shared and
     split by the sidecar itself, nothing pinned from outside, and their RESULT line."""
-    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
-    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    configs = sidecar_configs(args)
+    python = vllm_python()
     walls, splits = {}, {}
     for arm in ("shared", "auto"):
         run_dir = folder / arm
@@ -197,8 +207,8 @@ def pass1_per_round(summary: dict) -> list[float]:
 
 def parity(args: argparse.Namespace, overrides: list[str], folder: Path) -> None:
     """`--parity` (module docstring): both arms, `args.seeds` seeds each, and the RESULT line."""
-    configs = args.config or [str(ROOT / "conf" / "quickstart.yaml"), str(ROOT / "conf" / "quickstart_vllm.yaml")]
-    python = os.environ.get("FLYWHEEL_VLLM_PYTHON") or sys.executable
+    configs = sidecar_configs(args)
+    python = vllm_python()
     curves: dict[str, list[list[float]]] = {"without": [], "with": []}
     for seed in range(args.seeds):
         for arm, staleness in (("without", 0), ("with", 1)):
