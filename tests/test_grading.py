@@ -3,13 +3,19 @@ process or runs out of memory costs one wrong verdict ("timeout" / "error"), cou
 logged with the problem and the response's length, never a stalled or crashed run: on its own,
 in the held-out evaluation, in the Pass1@K screening, in the search, and through a whole fit
 (search/grading_timeouts in TensorBoard, the run's totals in summary.json). The misbehaving
-verifier is tests/trap_task.py's."""
+verifier is tests/trap_task.py's. A verdict's limit is the verifier's own CPU time, so a loaded
+machine (tests/busy.py's busy loops beside the grader) never turns a correct response wrong."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import pickle
+import signal
+import subprocess
+import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -18,12 +24,13 @@ import torch
 
 from flywheel.tasks.base import Problem
 from flywheel.tasks.countdown import CountdownProblem
-from flywheel.tasks.grading import Grader, GradingConfig
-from trap_task import TrapTask, set_traps, traps_left
+from busy import busy_cpus
+from flywheel.tasks.grading import Grader, GradingConfig, Usage, overrun
+from trap_task import STARVE_CPU_S, TrapTask, set_traps, traps_left
 
 PROBLEM = CountdownProblem.create("p1", [5, 9, 8], 67)
 RIGHT = "9*8=72\n72-5=67\n<answer>(9*8)-5</answer>"  # 72 - 5 = 67
-FAST = GradingConfig(timeout_s=1.0)
+FAST = GradingConfig(timeout_s=1.0, backstop_s=2.0)
 
 
 def grader_with(tmp_path: Path, config: GradingConfig = FAST, **traps: int) -> Grader:
@@ -32,7 +39,7 @@ def grader_with(tmp_path: Path, config: GradingConfig = FAST, **traps: int) -> G
 
 
 # ---------------------------------------------------------------------- the guard itself
-def test_a_sleeping_verifier_is_cut_at_the_limit_and_the_next_response_is_graded(tmp_path, caplog):
+def test_a_sleeping_verifier_is_cut_at_the_backstop_and_the_next_response_is_graded(tmp_path, caplog):
     grader = grader_with(tmp_path, sleep=1)
     try:
         with caplog.at_level(logging.WARNING, logger="flywheel.tasks.grading"):
@@ -40,11 +47,75 @@ def test_a_sleeping_verifier_is_cut_at_the_limit_and_the_next_response_is_graded
             verdict = grader.score(PROBLEM, RIGHT)
             seconds = time.perf_counter() - start
         assert (verdict.correct, verdict.reward, verdict.answer, verdict.reason) == (False, -1.0, None, "timeout")
-        assert seconds < 1.0 + 5.0  # the limit, a worker's start and slack; the trap sleeps 600 s
+        assert seconds < 2.0 + 5.0  # the backstop, a worker's start and slack; the trap sleeps 600 s
         assert "problem 'p1'" in caplog.text and f"{len(RIGHT)} characters" in caplog.text
+        assert "the verifier waiting, not computing" in caplog.text
         again = grader.score(PROBLEM, RIGHT)  # a new worker
         assert (again.correct, again.reason) == (True, "correct")
         assert grader.counts() == {"timeouts": 1, "errors": 0}
+    finally:
+        grader.close()
+
+
+def test_a_computing_verifier_is_cut_by_its_cpu_time_long_before_the_backstop(tmp_path, caplog):
+    grader = grader_with(tmp_path, GradingConfig(timeout_s=0.5, backstop_s=120.0), spin=1)
+    try:
+        with caplog.at_level(logging.WARNING, logger="flywheel.tasks.grading"):
+            start = time.perf_counter()
+            verdict = grader.score(PROBLEM, RIGHT)
+            seconds = time.perf_counter() - start
+        assert verdict.reason == "timeout" and seconds < 60.0  # the trap computes for 600 s
+        assert "s of CPU, over the limit of 0.5 s (grading.timeout_s)" in caplog.text
+        assert grader.score(PROBLEM, RIGHT).correct and grader.counts() == {"timeouts": 1, "errors": 0}
+    finally:
+        grader.close()
+
+
+@pytest.mark.parametrize("usage, expected", [
+    (Usage(wall_s=0.2, cpu_s=0.1, waiting_s=0.0), None),
+    (Usage(wall_s=1.2, cpu_s=1.1, waiting_s=0.0), "cpu"),  # over the 1 s of CPU, under the backstop
+    (Usage(wall_s=3.0, cpu_s=1.1, waiting_s=1.5), "cpu"),  # the CPU limit first
+    (Usage(wall_s=3.0, cpu_s=0.7, waiting_s=0.0), None),  # slow, but not past the 4 s backstop
+    (Usage(wall_s=4.5, cpu_s=0.0, waiting_s=0.1), "stalled"),  # asleep: 0.1 < 0.25 * 4.5 waiting for a CPU
+    (Usage(wall_s=4.5, cpu_s=0.9, waiting_s=3.6), "starved"),  # 3.6 >= 0.25 * 4.5 waiting for a CPU
+    (Usage(wall_s=4.5, cpu_s=0.0, waiting_s=None), "stalled"),  # no run-queue figures: not starved
+    (Usage(wall_s=1.5, cpu_s=None, waiting_s=None), "cpu"),  # no CPU figures: the wall clock stands in
+])
+def test_which_limit_a_verdict_is_past(usage, expected):
+    assert overrun(usage, GradingConfig(timeout_s=1.0, backstop_s=4.0)) == expected
+
+
+# ---------------------------------------------------------------------- under load
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs: one to starve the worker on")
+@pytest.mark.parametrize("starved, expected", [(1, (True, "correct", 0)), (2, (False, "timeout", 1))])
+def test_a_verdict_starved_by_a_saturated_machine_is_graded_again_once(tmp_path, caplog, starved, expected):
+    """The trap moves its worker to the first CPU at the lowest priority, beside two busy loops
+    there: 0.3 s of CPU takes far longer than the 2 s backstop, nearly all of it waiting."""
+    grader = grader_with(tmp_path, GradingConfig(timeout_s=1.0, backstop_s=2.0))
+    try:
+        grader.score(PROBLEM, RIGHT)  # the worker is up before the loops start
+        set_traps(tmp_path, starve=starved)
+        with caplog.at_level(logging.WARNING, logger="flywheel.tasks.grading"), \
+                busy_cpus(2, cpu=min(os.sched_getaffinity(0))):
+            verdict = grader.score(PROBLEM, RIGHT)
+        assert (verdict.correct, verdict.reason, grader.counts()["timeouts"]) == expected
+        assert grader.retries == 1 and "the machine is saturated); graded again" in caplog.text
+        assert traps_left(tmp_path) == []
+        if starved == 2:
+            assert "the machine saturated" in caplog.text and "graded twice" in caplog.text
+    finally:
+        grader.close()
+    assert STARVE_CPU_S > 0
+
+
+def test_at_load_8_a_correct_response_after_a_sleeping_verifier_grades_correct(tmp_path):
+    """A new worker's start (a fresh interpreter, seconds at load 8) is not a verdict's time."""
+    grader = grader_with(tmp_path, sleep=2, **{"raise": 1})
+    try:
+        with busy_cpus(8):
+            reasons = [grader.score(PROBLEM, RIGHT).reason for _ in range(12)]
+        assert reasons == ["error", "timeout", "timeout"] + ["correct"] * 9  # the traps spring in name order
+        assert grader.counts() == {"timeouts": 2, "errors": 1} and grader.retries == 0
     finally:
         grader.close()
 
@@ -70,8 +141,8 @@ def test_in_process_grading_catches_exceptions_and_grades_late_verdicts_as_timeo
     assert grader.score(PROBLEM, RIGHT).reason == "error"
     slow = TrapTask()
     slow.score = lambda problem, completion, truncated=False: (time.sleep(0.2), TrapTask.score(slow, problem, completion))[1]
-    late = Grader(slow, GradingConfig(timeout_s=0.05, isolate=False)).score(PROBLEM, RIGHT)
-    assert (late.correct, late.reason) == (False, "timeout")  # a right answer, but past the limit
+    late = Grader(slow, GradingConfig(timeout_s=0.05, backstop_s=0.1, isolate=False)).score(PROBLEM, RIGHT)
+    assert (late.correct, late.reason) == (False, "timeout")  # a right answer, but asleep past the backstop
     assert grader.counts() == {"timeouts": 0, "errors": 1}
 
 
@@ -105,7 +176,82 @@ def test_a_grader_copies_without_its_worker_and_keeps_its_counts(tmp_path):
         grader.close()
 
 
-@pytest.mark.parametrize("settings", [{"timeout_s": 0.0}, {"timeout_s": float("inf")}, {"memory_mb": -1}])
+class UnloadableTask(TrapTask):
+    """Copies into the grading worker but cannot be loaded there (its loader refuses any other process)."""
+
+    def __reduce__(self):
+        return _load_in, (os.getpid(),)
+
+
+def _load_in(pid: int) -> TrapTask:
+    if os.getpid() != pid:
+        raise ImportError("a module this process does not have")
+    return TrapTask()
+
+
+def test_a_task_the_worker_cannot_load_stops_the_run_with_its_error():
+    with pytest.raises(RuntimeError, match="could not load the task: ImportError"):
+        Grader(UnloadableTask()).score(PROBLEM, RIGHT)
+
+
+SCRIPT = """
+import os, signal, sys, threading, time
+sys.path[:0] = {path!r}
+from flywheel.tasks.grading import Grader, GradingConfig
+from test_grading import PROBLEM, RIGHT
+from trap_task import TrapTask, set_traps
+from pathlib import Path
+grader = Grader(TrapTask(trap_dir={traps!r}), GradingConfig(timeout_s=1.0, backstop_s=300.0))
+assert grader.score(PROBLEM, RIGHT).correct
+print(grader._worker.process.pid, flush=True)
+if {action!r} == "interrupt":  # what a Ctrl-C at the terminal does: SIGINT to the whole process group
+    try:
+        os.killpg(os.getpgid(0), signal.SIGINT)
+        time.sleep(5)
+    except KeyboardInterrupt:
+        print("stopped", flush=True)
+else:  # end this process while its worker is stuck in a sleeping verifier
+    set_traps(Path({traps!r}), sleep=1)
+    threading.Thread(target=grader.score, args=(PROBLEM, RIGHT), daemon=True).start()
+    time.sleep(1.0)
+    os._exit(0)
+"""
+
+
+def run_script(tmp_path: Path, action: str) -> tuple[int, subprocess.CompletedProcess]:
+    here = str(Path(__file__).parent)
+    script = SCRIPT.format(path=[here, str(Path(here).parent)], traps=str(tmp_path / "traps"), action=action)
+    (tmp_path / "traps").mkdir()
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
+                          timeout=120, start_new_session=True)
+    return int(done.stdout.split()[0]), done
+
+
+def gone(pid: int, within_s: float) -> bool:
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_ctrl_c_reaches_the_run_and_not_its_grading_worker(tmp_path):
+    worker, done = run_script(tmp_path, "interrupt")
+    assert "stopped" in done.stdout and done.returncode == 0
+    assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
+    assert gone(worker, 10.0)
+
+
+def test_a_worker_stuck_in_a_verifier_ends_when_its_run_is_gone(tmp_path):
+    worker, done = run_script(tmp_path, "exit")
+    assert done.returncode == 0 and gone(worker, 10.0)  # the verifier would sleep 600 s
+
+
+@pytest.mark.parametrize("settings", [{"timeout_s": 0.0}, {"timeout_s": float("inf")}, {"memory_mb": -1},
+                                      {"backstop_s": 0.0}, {"timeout_s": 30.0, "backstop_s": 20.0}])
 def test_bad_grading_settings_are_refused_naming_the_flag(settings):
     with pytest.raises(ValueError, match="--data.grading"):
         GradingConfig(**settings)
@@ -185,7 +331,8 @@ def test_a_fit_counts_the_guards_verdicts_in_tensorboard_and_summary_json(tmp_pa
     set_traps(traps, sleep=1, **{"raise": 1})
     run = tmp_path / "run"
     main(fit_args(run, "--data.task=trap_task.TrapTask", f"--data.task.init_args.trap_dir={traps}",
-                  "--data.task.init_args.numbers_count=3", "--data.grading.timeout_s=1.0"))
+                  "--data.task.init_args.numbers_count=3", "--data.grading.timeout_s=1.0",
+                  "--data.grading.backstop_s=2.0"))
     assert traps_left(traps) == []  # sprung by the first evaluation's responses
     summary = json.loads(next(run.rglob("summary.json")).read_text())
     assert (summary["rounds"][-1]["grading_timeouts"], summary["rounds"][-1]["grading_errors"]) == (1, 1)

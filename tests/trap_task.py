@@ -1,8 +1,9 @@
 """A Countdown task whose verifier misbehaves on purpose, once per marker file in `trap_dir`
 (tests of the grading guard, flywheel.tasks.grading; `--data.task=trap_task.TrapTask` under
 pytest, tests/ being on the path). A file named "sleep.*" makes one call sleep 10 minutes,
-"raise.*" raise, "exit.*" end its process, "memory.*" allocate 8 GiB; each file is removed by
-the call it traps."""
+"spin.*" compute for 10 minutes, "starve.*" lower its own priority to the least, move to the
+first CPU and compute for 0.3 s of CPU time before grading, "raise.*" raise, "exit.*" end its
+process, "memory.*" allocate 8 GiB; each file is removed by the call it traps."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from flywheel.rewards import Verdict
 from flywheel.tasks.base import Problem
 from flywheel.tasks.countdown import CountdownTask
 
-TRAPS = ("sleep", "raise", "exit", "memory")
+TRAPS = ("sleep", "spin", "starve", "raise", "exit", "memory")
+STARVE_CPU_S = 0.3
 
 
 def set_traps(folder: Path, **counts: int) -> None:
@@ -30,6 +32,13 @@ def traps_left(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
+def spin(cpu_s: float) -> None:
+    """Compute until this thread has used `cpu_s` more seconds of CPU."""
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
 class TrapTask(CountdownTask):
     def __init__(self, trap_dir: str = "", **kwargs) -> None:
         super().__init__(**kwargs)
@@ -39,6 +48,12 @@ class TrapTask(CountdownTask):
         trap = self._spring()
         if trap == "sleep":
             time.sleep(600)
+        elif trap == "spin":
+            spin(600.0)
+        elif trap == "starve":
+            os.nice(19)
+            os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
+            spin(STARVE_CPU_S)
         elif trap == "raise":
             raise ArithmeticError("a verifier bug")
         elif trap == "exit":

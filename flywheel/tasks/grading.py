@@ -2,24 +2,36 @@
 limit, so one pathological response can never stall a search, an evaluation or a screening.
 
 `Grader.score` has the signature of `Task.score`. With `isolate` (the default) every call is
-answered by a worker process that holds a copy of the task; a call that takes longer than
-`timeout_s` gets the worker killed (a new one starts at the next call) and is graded wrong with
-reason "timeout"; a verifier that raises, runs out of its `memory_mb` or kills its worker is
-graded wrong with reason "error". Without `isolate` the verifier runs in this process: an
-exception is still graded "error", and a call is timed, but only after it returns (a stuck
-verifier stalls the run; a late verdict is graded "timeout").
+answered by a worker process that holds a copy of the task. A verdict is limited by the CPU time
+the worker spends on it (`timeout_s`), not by the wall clock, so a busy machine slows a verdict
+without making it wrong; the wall clock is only a backstop (`backstop_s`) for a verifier that
+waits instead of computing. The outcomes:
 
-The grader counts both outcomes (`counts`) and logs the first few, each with its problem id
-and the response's length; the data module logs them per epoch as `search/grading_timeouts`
+- over `timeout_s` of CPU: the worker is killed, the verdict is wrong with reason "timeout";
+- over `backstop_s` of wall time, the worker mostly waiting for a CPU (the machine saturated):
+  graded again once in a fresh worker, and "timeout" only if that one is starved too;
+- over `backstop_s` of wall time otherwise (a verifier that sleeps or blocks): "timeout";
+- a verifier that raises, runs out of its `memory_mb` or kills its worker: "error".
+
+A killed worker's replacement starts at once, and a verdict's clock runs only after its worker
+has said it is ready, so a worker's start (a fresh interpreter importing the task) is never
+counted against a verdict. Without `isolate` the verifier runs in this process: an exception is
+still graded "error", and a call is measured the same way, but only after it returns (a stuck
+verifier stalls the run).
+
+The grader counts the guard's verdicts (`counts`) and logs the first few, each with its problem
+id and the response's length; the data module logs them per epoch as `search/grading_timeouts`
 and `search/grading_errors` and keeps the run's totals in summary.json.
 """
 
 from __future__ import annotations
 
+import glob
 import logging
 import math
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
@@ -27,7 +39,7 @@ import time
 import weakref
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NamedTuple
 
 from flywheel.rewards import Verdict
 from flywheel.tasks.base import Problem, Task
@@ -38,7 +50,18 @@ TIMEOUT, ERROR = "timeout", "error"
 """The reasons of a verdict the guard gave instead of the verifier."""
 
 LOGGED_EVENTS = 5
-"""Timeouts and errors logged one by one per grader; later ones are only counted."""
+"""Timeouts, errors and retries logged one by one per grader; later ones are only counted."""
+
+STARVED_SHARE = 0.25
+"""A call that reached the backstop was starved (not stuck) when its worker spent at least this
+share of the wall time runnable but waiting for a CPU."""
+
+START_LIMIT_S = 300.0
+"""How long a worker may take to start (a fresh interpreter importing the task) before the run
+stops with an error; it starts in well under a second on an idle machine."""
+
+POLL_S = 0.05
+"""How often a pending verdict's CPU time is read."""
 
 
 @dataclass(frozen=True)
@@ -46,28 +69,62 @@ class GradingConfig:
     """How the task's verifier is run on the policy's responses (`--data.grading.*`).
 
     Args:
-        timeout_s: a verdict that takes longer than this is graded wrong (reason "timeout").
-            A verifier answers in milliseconds; the default leaves a wide margin on a loaded
-            machine.
+        timeout_s: the CPU seconds the verifier may spend on one verdict; a verdict that needs
+            more is graded wrong (reason "timeout"). A verifier answers in milliseconds. Counted
+            on the worker's own CPU time, so a loaded machine does not use it up.
+        backstop_s: the wall-clock seconds after which a verdict that has not used its CPU time
+            is given up: graded wrong (reason "timeout") if the worker was waiting on something
+            else (a verifier that sleeps), graded again once if it was waiting for a CPU (a
+            saturated machine). Must be at least `timeout_s`.
         memory_mb: the memory one verdict may take in the worker beyond what the worker holds at
             its start (its address space); a verdict that needs more is graded wrong (reason
             "error"). 0 = no limit. Only with `isolate`.
         isolate: grade in a worker process, so the limits are enforced (a stuck verifier is
             killed). False grades in this process: exceptions are still caught, but a call is
-            only timed after it returns.
+            only measured after it returns.
     """
 
     timeout_s: float = 10.0
+    backstop_s: float = 60.0
     memory_mb: int = 2048
     isolate: bool = True
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.timeout_s) and self.timeout_s > 0):
-            raise ValueError(f"grading.timeout_s={self.timeout_s} (--data.grading.timeout_s of fit, --grading.timeout_s "
-                             "of eval) must be a positive number of seconds")
+        for name in ("timeout_s", "backstop_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"grading.{name}={value} (--data.grading.{name} of fit, --grading.{name} of eval) "
+                                 "must be a positive number of seconds")
+        if self.backstop_s < self.timeout_s:
+            raise ValueError(f"grading.backstop_s={self.backstop_s:g} is below grading.timeout_s={self.timeout_s:g}: "
+                             "the wall-clock backstop must leave a verdict at least its CPU time "
+                             "(--data.grading.backstop_s of fit, --grading.backstop_s of eval)")
         if self.memory_mb < 0:
             raise ValueError(f"grading.memory_mb={self.memory_mb} (--data.grading.memory_mb of fit, --grading.memory_mb "
                              "of eval) must be >= 0 (0 = no limit)")
+
+
+class Usage(NamedTuple):
+    """What a verdict took: wall seconds, CPU seconds and seconds runnable but waiting for a CPU
+    (None where the system does not say)."""
+
+    wall_s: float
+    cpu_s: float | None
+    waiting_s: float | None
+
+
+def overrun(usage: Usage, config: GradingConfig) -> str | None:
+    """Which limit `usage` is past: "cpu" (the verifier's own time), "starved" (the backstop,
+    the worker mostly waiting for a CPU), "stalled" (the backstop, the worker waiting on
+    something else), or None. Without CPU figures the wall clock stands in for the CPU time."""
+    cpu_s = usage.wall_s if usage.cpu_s is None else usage.cpu_s
+    if cpu_s > config.timeout_s:
+        return "cpu"
+    if usage.wall_s <= config.backstop_s:
+        return None
+    if usage.waiting_s is not None and usage.waiting_s >= STARVED_SHARE * usage.wall_s:
+        return "starved"
+    return "stalled"
 
 
 def guard_verdict(reason: str) -> Verdict:
@@ -85,6 +142,8 @@ class Grader:
         self.task, self.config = task, config
         self.timeouts = 0
         self.errors = 0
+        self.retries = 0
+        """Verdicts graded again because the machine starved the first try (logged, not a wrong verdict)."""
         self._lock = threading.Lock()
         self._worker: _Worker | None = None
 
@@ -109,29 +168,56 @@ class Grader:
             return verdict
 
     def _inline(self, problem: Problem, completion: str, truncated: bool) -> tuple[Verdict, str | None]:
-        started = time.perf_counter()
+        clock = _Clock(_thread_stats)
         try:
             verdict = self.task.score(problem, completion, truncated=truncated)
         except Exception as err:  # a verifier must never raise: grade it wrong, say which problem
             return guard_verdict(ERROR), repr(err)
-        if time.perf_counter() - started > self.config.timeout_s:
-            return guard_verdict(TIMEOUT), f"over the limit of {self.config.timeout_s:g} s (graded in this process)"
+        usage = clock.usage()
+        over = overrun(usage, self.config)
+        if over in ("cpu", "stalled"):  # a starved verdict that came back is the verifier's own
+            return guard_verdict(TIMEOUT), f"{_describe(over, usage, self.config)} (graded in this process)"
         return verdict, None
 
     def _isolated(self, problem: Problem, completion: str, truncated: bool) -> tuple[Verdict, str | None]:
-        if self._worker is None or not self._worker.alive():
+        for attempt in (1, 2):
+            worker = self._ready_worker()
+            outcome, value = worker.call((problem, completion, truncated), self.config)
+            if outcome == "ok":
+                return value, None
+            if outcome == "error":
+                return guard_verdict(ERROR), value
+            self._replace_worker()
+            if outcome == "died":
+                return guard_verdict(ERROR), value
+            if outcome == "starved" and attempt == 1:
+                self._retried(problem, value)
+                continue
+            detail = _describe(outcome, value, self.config)
+            return guard_verdict(TIMEOUT), f"{detail}{'; graded twice' if attempt == 2 else ''}; the worker was restarted"
+        raise AssertionError("unreachable: the second attempt always returns")
+
+    def _ready_worker(self) -> _Worker:
+        if self._worker is None:
             self._worker = _Worker(self.task, self.config.memory_mb)
             weakref.finalize(self, self._worker.stop)
-        outcome, value = self._worker.call((problem, completion, truncated), self.config.timeout_s)
-        if outcome == "ok":
-            return value, None
-        if outcome == TIMEOUT:
+        self._worker.wait_ready()
+        return self._worker
+
+    def _replace_worker(self) -> None:
+        """Kill the worker and start its replacement now, so it starts while the caller goes on."""
+        if self._worker is not None:
             self._worker.stop()
-            self._worker = None
-            return guard_verdict(TIMEOUT), f"over the limit of {self.config.timeout_s:g} s; the worker was restarted"
-        if outcome == "died":
-            self._worker = None
-        return guard_verdict(ERROR), value
+        self._worker = None
+        self._worker = _Worker(self.task, self.config.memory_mb)
+        weakref.finalize(self, self._worker.stop)
+
+    def _retried(self, problem: Problem, usage: Usage) -> None:
+        self.retries += 1
+        if self.retries <= LOGGED_EVENTS:
+            log.warning("grading retried: problem %r had no verdict after %.1f s while its worker waited %.1f s for a "
+                        "CPU (the machine is saturated); graded again in a fresh worker", problem.id, usage.wall_s,
+                        usage.waiting_s or 0.0)
 
     def _count(self, reason: str, problem: Problem, completion: str, seconds: float, detail: str) -> None:
         if reason == TIMEOUT:
@@ -159,9 +245,60 @@ class Grader:
         self.timeouts, self.errors = state["timeouts"], state["errors"]
 
 
+def _describe(outcome: str, usage: Usage, config: GradingConfig) -> str:
+    if outcome == "cpu":
+        spent = f"{usage.cpu_s:.1f} s of CPU" if usage.cpu_s is not None else f"{usage.wall_s:.1f} s"
+        return f"{spent}, over the limit of {config.timeout_s:g} s (grading.timeout_s)"
+    waited = f", {usage.waiting_s:.1f} s of it waiting for a CPU" if usage.waiting_s is not None else ""
+    what = "the machine saturated" if outcome == "starved" else "the verifier waiting, not computing"
+    return f"no verdict after {usage.wall_s:.1f} s{waited} ({what}), past the backstop of {config.backstop_s:g} s " \
+           f"(grading.backstop_s)"
+
+
+class _Clock:
+    """A verdict's usage from the moment it is made (or `since_s` before): wall time, and CPU
+    and run-queue time from `stats` (a function giving the two totals in seconds, or None)."""
+
+    def __init__(self, stats, since_s: float = 0.0) -> None:
+        self.stats = stats
+        self.wall = time.perf_counter() - since_s
+        self.first = stats()
+
+    def usage(self) -> Usage:
+        wall_s = time.perf_counter() - self.wall
+        now = self.stats()
+        if now is None or self.first is None:
+            return Usage(wall_s, None, None)
+        return Usage(wall_s, now[0] - self.first[0], now[1] - self.first[1])
+
+
+def _schedstat(paths: list[str]) -> tuple[float, float] | None:
+    """The summed (CPU seconds, seconds waiting on a run queue) of the threads whose
+    /proc/.../schedstat files are `paths`, or None where the system has no such files."""
+    cpu = waiting = 0
+    for path in paths:
+        try:
+            with open(path) as f:
+                fields = f.read().split()
+        except OSError:  # a thread that ended between the listing and the read
+            continue
+        cpu, waiting = cpu + int(fields[0]), waiting + int(fields[1])
+    return (cpu / 1e9, waiting / 1e9) if paths else None
+
+
+def _process_stats(pid: int):
+    return lambda: _schedstat(glob.glob(f"/proc/{pid}/task/*/schedstat"))
+
+
+def _thread_stats() -> tuple[float, float] | None:
+    return _schedstat(["/proc/thread-self/schedstat"] if os.path.exists("/proc/thread-self/schedstat") else [])
+
+
 class _Worker:
     """One worker process (a fresh interpreter: none of this process's threads, CUDA state or
-    main module in it) answering (problem, completion, truncated) with a verdict over a pipe."""
+    main module in it; its own process group, so a Ctrl-C at the terminal reaches only the run)
+    answering (problem, completion, truncated) with a verdict over a pipe. It starts when made;
+    `wait_ready` waits until it has loaded the task."""
 
     def __init__(self, task: Task, memory_mb: int) -> None:
         try:
@@ -170,30 +307,53 @@ class _Worker:
             raise TypeError(f"the task {type(task).__name__} cannot be copied into the grading worker ({err!r}): make "
                             "it picklable, or grade in this process with --data.grading.isolate=false") from err
         self.process = subprocess.Popen([sys.executable, "-m", "flywheel.tasks.grading"], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, close_fds=True)
+                                        stdout=subprocess.PIPE, close_fds=True, process_group=0)
         self.requests = Connection(os.dup(self.process.stdin.fileno()), readable=False)
         self.replies = Connection(os.dup(self.process.stdout.fileno()), writable=False)
         self.process.stdin.close()
         self.process.stdout.close()
-        self.requests.send((list(sys.path), memory_mb))
+        self.requests.send((list(sys.path), memory_mb, os.getpid()))
         self.requests.send_bytes(payload)
+        self.ready = False
+        self.stats = _process_stats(self.process.pid)
 
-    def alive(self) -> bool:
-        return self.process.poll() is None
+    def wait_ready(self) -> None:
+        """Block until the worker has loaded the task; raise if it cannot."""
+        if self.ready:
+            return
+        try:
+            if not self.replies.poll(START_LIMIT_S):
+                raise RuntimeError(f"the grading worker did not start in {START_LIMIT_S:g} s")
+            status, detail = self.replies.recv()
+        except (EOFError, OSError) as err:
+            raise RuntimeError(f"the grading worker died while starting ({_exit(self._code())}; {err!r})") from err
+        if status != "ready":
+            raise RuntimeError(f"the grading worker could not load the task: {detail}; grade in this process with "
+                               "--data.grading.isolate=false to see the whole error")
+        self.ready = True
 
-    def call(self, request: tuple, timeout_s: float) -> tuple[str, Any]:
-        """("ok", verdict), ("error", why), (TIMEOUT, None) or ("died", why)."""
+    def call(self, request: tuple, config: GradingConfig) -> tuple[str, Any]:
+        """("ok", verdict), ("error", why), ("died", why), or ("cpu" | "starved" | "stalled",
+        Usage) when the verdict ran past a limit (`overrun`)."""
         try:
             self.requests.send(request)
-            if not self.replies.poll(timeout_s):
-                return TIMEOUT, None
+            if self.replies.poll(POLL_S):  # nearly every verdict: no clock read at all
+                return self.replies.recv()
+            clock = _Clock(self.stats, since_s=POLL_S)  # the first POLL_S uncounted: a limit's error under 0.05 s
+            while not self.replies.poll(POLL_S):
+                usage = clock.usage()
+                over = overrun(usage, config)
+                if over is not None:
+                    return over, usage
             return self.replies.recv()
         except (EOFError, OSError) as err:
-            try:
-                code = self.process.wait(timeout=1.0)
-            except subprocess.TimeoutExpired:
-                code = None
-            return "died", f"the grading worker died ({_exit(code)}; {err!r})"
+            return "died", f"the grading worker died ({_exit(self._code())}; {err!r})"
+
+    def _code(self) -> int | None:
+        try:
+            return self.process.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -210,13 +370,20 @@ def _exit(code: int | None) -> str:
 
 
 def serve(requests: Connection, replies: Connection) -> None:
-    """The worker's loop: take the parent's import path and the memory limit, load the task,
-    limit the memory, answer each request until the pipe closes."""
-    path, memory_mb = requests.recv()
+    """The worker's loop: take the parent's import path, the memory limit and the parent's pid,
+    load the task, limit the memory, say it is ready, answer each request until the pipe closes
+    (or the parent is gone)."""
+    path, memory_mb, parent = requests.recv()
     sys.path[:] = path
-    task = pickle.loads(requests.recv_bytes())
+    try:
+        task = pickle.loads(requests.recv_bytes())
+    except Exception as err:
+        replies.send(("failed", repr(err)[:500]))
+        return
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     if memory_mb:
         _limit_memory(memory_mb)
+    replies.send(("ready", None))
     while True:
         try:
             problem, completion, truncated = requests.recv()
@@ -229,6 +396,13 @@ def serve(requests: Connection, replies: Connection) -> None:
         except Exception as err:
             reply = ("error", repr(err)[:500])
         replies.send(reply)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """End the worker once its parent is gone, even while a verifier is stuck in it."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def _limit_memory(memory_mb: int) -> None:
@@ -249,6 +423,7 @@ def _limit_memory(memory_mb: int) -> None:
 
 
 if __name__ == "__main__":  # the worker: requests on stdin, verdicts on stdout (what a verifier prints goes to stderr)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the run stops it; a Ctrl-C is the run's to report
     replies_fd = os.dup(1)
     os.dup2(2, 1)
     serve(Connection(os.dup(0), writable=False), Connection(replies_fd, readable=False))
