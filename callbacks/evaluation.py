@@ -26,7 +26,11 @@ class HeldOutEval(PortClient, Callback):
     """Evaluates the policy on the data module's held-out problems before the first update
     (`--data.eval.at_start`) and at the end of every flywheel round (called by the round
     protocol, callbacks.rounds). Its settings are the data module's, all under `--data.eval.*`
-    (how) and `--data.problems.*` (which problems), read through the port the CLI connects."""
+    (how) and `--data.problems.*` (which problems), read through the port the CLI connects.
+    It samples with the fit's own generator, so it runs where the trainer put the policy
+    (`--trainer.accelerator`; auto takes CUDA when present, the rule of `eval --device auto`,
+    flywheel.policies.device) in the generator's dtype (`--data.generator.init_args.dtype`; its
+    auto is the policy's own dtype off the CPU: `--model.dtype=bfloat16` on a bf16 GPU)."""
 
     def __init__(self, summary: RunSummary | None = None) -> None:
         self.summary = summary
@@ -38,7 +42,8 @@ class HeldOutEval(PortClient, Callback):
     # ------------------------------------------------------------------ hooks
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.port.eval.at_start and self.summary.base is None:
-            base = self.run_eval(trainer, pl_module, "base")
+            with self.wall.once():
+                base = self.run_eval(trainer, pl_module, "base")
             self._log(pl_module, base)
             self._log_round(trainer, 0, base)
             self.summary.set_base(trainer, base)

@@ -49,20 +49,34 @@ class RunSummary(PortClient, Callback):
         self._started = time.perf_counter()
         self._wall_before = 0.0
         """Wall seconds of the run before this process (restored on resume)."""
+        self._fit_ended = False
+        """`on_fit_end` ran: the report is drawn at teardown."""
 
     def wall_seconds(self) -> float:
         """Wall time of the run so far, over every resumed part."""
         return self._wall_before + time.perf_counter() - self._started
 
     # ------------------------------------------------------------------ hooks
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._started = time.perf_counter()
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # The clock of the wall split (callbacks.wall_time) starts here too, so a round's
+        # `wall_seconds` and its split agree; from `on_train_start` it missed the first
+        # epoch's search (the data loader is built before it) in every part of a resumed run.
+        if stage == "fit":
+            self._started = time.perf_counter()
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.write(trainer)
         if trainer.is_global_zero and self.rounds:
             cfg = self.port.eval
             log.info("held-out results (T=%s, %d samples per problem):\n%s", cfg.temperature, cfg.samples, self.table())
+        self._fit_ended = True
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        """The report of a fit that ended, drawn after every callback's `on_fit_end`: the wall
+        split (callbacks.wall_time) adds the last round's own time in its own, after this one's."""
+        if stage != "fit" or not self._fit_ended:
+            return
+        self._fit_ended = False
         written = self.write_report(trainer)
         if written:
             log.info("run report: %s, %s", *written)

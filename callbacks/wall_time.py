@@ -14,7 +14,9 @@ The split (its parts add up to the wall time; flywheel.reporting.wall_split coun
   rebuild             the rest of building an epoch's data loader: starting the generator,
                       batching, run files, the epoch's metrics (SearchDataModule.train_dataloader)
   other               the wall time minus all of the above (Lightning's loops and logging, ...)
-with search_s = generator + bookkeeping and busy_fraction = (search_generator + train) / wall.
+with search_s = generator + bookkeeping and busy_fraction = (search_generator + train) / wall;
+beside the split, one_time_s: the wall seconds of work done once (`once`: the base evaluation
+and screening, the generator's launch), which the projected end of the fit leaves out.
 
 An epoch runs from the start of its data loader's rebuild to the start of the next one (the
 first from the fit's start, the last to its end), so the epochs add up to the run and each
@@ -35,8 +37,8 @@ from lightning.pytorch.callbacks import Callback
 
 from callbacks.round_scalars import log_round_scalars
 from callbacks.run_summary import RunSummary
-from flywheel.reporting.wall_split import (CHECKPOINT, PARTS, REBUILD, SEARCH, SEARCH_GENERATOR, TRAIN, WallSplit,
-                                           difference, projected_finish, timed)
+from flywheel.reporting.wall_split import (CHECKPOINT, ONE_TIME, PARTS, REBUILD, SEARCH, SEARCH_GENERATOR, TRAIN,
+                                           WallSplit, difference, projected_finish, timed)
 
 __all__ = ["PARTS", "WallTime", "split_of"]
 
@@ -46,9 +48,10 @@ log = logging.getLogger(__name__)
 
 def split_of(totals: dict[str, float]) -> dict[str, float]:
     """A `WallSplit.totals()` (or a difference of two) as reported: `<part>_s` for PARTS, any
-    other section and `other` (together: `wall_s`), `search_s`, `busy_fraction`; rounded to ms."""
+    other section and `other` (together: `wall_s`), `search_s`, `busy_fraction`, `one_time_s`
+    (inside the parts, not one of them); rounded to ms."""
     seconds = {("search_bookkeeping" if k == SEARCH else k): v for k, v in totals.items()
-               if k not in ("wall", "other") and not k.startswith("overlapped/")}
+               if k not in ("wall", "other", ONE_TIME) and not k.startswith("overlapped/")}
     names = [*PARTS, *sorted(set(seconds) - set(PARTS))]
     out = {f"{name}_s": round(seconds.get(name, 0.0), 3) for name in names}
     out["other_s"] = round(totals.get("other", 0.0), 3)
@@ -57,6 +60,7 @@ def split_of(totals: dict[str, float]) -> dict[str, float]:
     wall = totals.get("wall", 0.0)
     out["busy_fraction"] = round((seconds.get(SEARCH_GENERATOR, 0.0) + seconds.get(TRAIN, 0.0)) / wall, 4) if wall > 0 else 0.0
     out.update({f"{k}_s": round(v, 3) for k, v in totals.items() if k.startswith("overlapped/")})
+    out["one_time_s"] = round(totals.get(ONE_TIME, 0.0), 3)
     return out
 
 
@@ -138,6 +142,10 @@ class WallTime(Callback):
         with self.split.section(REBUILD):
             yield
 
+    def once(self) -> AbstractContextManager:
+        """Work the fit does once (WallSplit.once), left out of the epochs' pace."""
+        return self.split.once()
+
     def add_overlapped(self, name: str, seconds: float) -> None:
         """Seconds of work that ran beside this thread (the search ahead), outside the split's sum."""
         self.split.add_overlapped(name, seconds)
@@ -157,8 +165,10 @@ class WallTime(Callback):
         self.epochs = [r for r in self.epochs if r["epoch"] != self._epoch] + [row]  # a resumed epoch again: replaced
         self._epoch_mark = now
         log_round_scalars(trainer, {f"compute/wall/{k}": v for k, v in row.items() if k != "epoch"}, self._epoch)
-        if trainer.is_global_zero and (line := projected_finish([r["wall_s"] for r in self.epochs], trainer.max_epochs,
-                                                                time.time())):
+        # Rows restored from a checkpoint written before one-time work was counted have none.
+        one_time = sum(r.get("one_time_s", 0.0) for r in self.epochs)
+        if trainer.is_global_zero and (line := projected_finish([r["wall_s"] for r in self.epochs], one_time,
+                                                                trainer.max_epochs, time.time())):
             log.info("%s%s", line, " (sooner if --budget.max_tokens runs out)" if self.budgeted else "")
         if self.summary is None:
             return

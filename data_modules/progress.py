@@ -1,13 +1,13 @@
 """The progress bar of a search, flat sampling or screening pass, which is also where a
-SIGTERM stops the pass (flywheel.run.preemption): after every round of generator calls."""
+SIGTERM stops the pass (flywheel.run.preemption): after every round of generator calls. Off a
+terminal the bar is a log line every 30 s (flywheel.reporting.bars)."""
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from tqdm.auto import tqdm
-
+from flywheel.reporting.bars import progress_bar
 from flywheel.reporting.sample_bar import sample_bar
 from flywheel.run.preemption import stop_point
 
@@ -26,7 +26,7 @@ def progress(total: int, desc: str, trainer: Any, show: bool, generator: Any = N
 
             yield advance_samples
         return
-    bar = tqdm(total=total, desc=desc, unit="problem", leave=False, disable=not show)
+    bar = progress_bar(total, desc, "problem", show, leave=False)
 
     def advance(done: int, tokens: int | None = None) -> None:
         stop_point(trainer)

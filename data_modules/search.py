@@ -44,7 +44,7 @@ from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
-from flywheel.objectives.credit import Credit, check as check_credit
+from flywheel.objectives.credit import Credit, check as check_credit, fit_cautions
 from flywheel.ports import PolicyPort, WallClock
 from flywheel.prm import ValueFn
 from flywheel.run.preemption import SIGTERMException, stop_requested
@@ -86,13 +86,13 @@ class SearchDataModule(L.LightningDataModule):
         credit: how trajectories are credited (advantage rule, std normalisation, uniform
             groups, the degenerate-response filter, ReST-MCTS* path weights).
         hard_set: the Pass1@K hard set: screening samples K, threshold delta, screening
-            temperature (deepsearch.md §7); `rescreen=all` re-measures the pool every round.
+            temperature (the DeepSearch paper's Eq. 8-9, arXiv 2509.25454); `rescreen=all` re-measures the pool every round.
             `--data.hard_set.enabled=false` trains on every problem.
         replay: the replay buffer of cached correct solutions and its registration rule.
         eval: the held-out evaluation: samples per problem, k, temperature, before training.
         grading: the grading guard every response of the search, the screening and the
-            evaluation goes through (flywheel.tasks.grading): a verdict over `timeout_s` or one
-            that fails is graded wrong (reasons "timeout" / "error") and counted
+            evaluation goes through (flywheel.tasks.grading): a verdict over `timeout_s` of CPU,
+            one asleep past `backstop_s` or one that fails is graded wrong (reasons "timeout" / "error") and counted
             (`search/grading_timeouts`, `search/grading_errors`; the run's totals in summary.json).
         epochs_per_round: epochs per flywheel round; at each round's end the hard set is
             re-measured and the held-out set evaluated.
@@ -208,6 +208,14 @@ class SearchDataModule(L.LightningDataModule):
         """Score the next searches' new nodes with `value_fn` (None = no value model)."""
         self.value_fn = value_fn
 
+    def setup(self, stage: str) -> None:
+        """At the start of every fit (resumed ones too), rank 0 logs the measured flaw of the rule
+        crediting the trees (`fit_cautions`: the paper's node credit on chains, docs/credit.md)."""
+        if stage != "fit" or getattr(self.trainer, "global_rank", 0) != 0:
+            return
+        for caution in fit_cautions(self.credit, self.rollout):
+            log.warning(caution)
+
     def teardown(self, stage: str) -> None:
         """Release the generator backend (stops a search ahead, then a launched vLLM server) and
         the grading worker."""
@@ -268,7 +276,8 @@ class SearchDataModule(L.LightningDataModule):
         start = time.perf_counter()
         at_start = self.state_dict()
         try:
-            self.start_generator(policy, tokenizer)  # every rank at once: a sidecar's launch is collective
+            with self.wall.once():  # a no-op after the first epoch of this process
+                self.start_generator(policy, tokenizer)  # every rank at once: a sidecar's launch is collective
             return self.epoch_search(tokenizer, epoch, rank, world, start)
         except SIGTERMException:
             self.load_state_dict(at_start)
@@ -317,7 +326,8 @@ class SearchDataModule(L.LightningDataModule):
         run = {"trainer": self.trainer, "generator": self.generator, "tokenizer": tokenizer, "wall": self.wall}
         if self.pool.config.stream:
             return self.screening.draw(self.batching.problems_per_epoch, **run)
-        self.screening.start(**run)
+        with self.wall.once():  # D_hard(0): a no-op once screened, and in a resumed run
+            self.screening.start(**run)
         return self.next_problems(self.batching.problems_per_epoch)[rank::world]
 
     def rollouts(self, problems: Sequence[Problem], tokenizer: Any, epoch: int, rank: int) -> Rollouts:

@@ -1,5 +1,5 @@
-"""`python -m flywheel fit|validate|test --config conf/X.yaml`, and `eval`, `diagnose`, `tree`,
-`get-policy`: the command line. It imports nothing heavy until the command line has passed the
+"""`python -m flywheel fit|validate|test --config conf/X.yaml`, and `eval`, `diagnose`, `report`,
+`tree`, `get-policy` (`COMMANDS`): the command line. It imports nothing heavy until the command line has passed the
 checks that need no Lightning (a missing config file is one line in about a second); the
 LightningCLI of `fit|validate|test` is flywheel.run.cli.
 
@@ -31,10 +31,12 @@ On SIGTERM or Ctrl-C, fit stops at the next safe point, writes last.ckpt and exi
 
 def check_command_line(argv: list[str]) -> None:
     """What LightningCLI would accept but run badly: `fit` without a config (a 1000-epoch run
-    of the defaults into ./lightning_logs), and config files that do not parse, hold nothing,
-    or come in the wrong order (flywheel.run.command_line)."""
+    of the defaults into ./lightning_logs), config files that do not parse, hold nothing,
+    or come in the wrong order (flywheel.run.command_line), and an overlay with no recipe
+    (flywheel.run.overlays)."""
     from flywheel.run.command_line import check_configs, config_files
     from flywheel.run.errors import PreflightError
+    from flywheel.run.overlays import refuse_an_overlay_alone
 
     if argv[:1] == ["fit"] and not config_files(argv) and not any(
             a in ("-h", "--help", "--print_config") or a.startswith("--print_config") for a in argv):
@@ -43,6 +45,9 @@ def check_command_line(argv: list[str]) -> None:
             "(CPU, minutes), or the paper's recipe with `--config conf/deepsearch.yaml --model.policy=FOLDER`"
         )
     check_configs(argv)
+    if argv[:1] in (["fit"], ["validate"], ["test"]) and not any(
+            a in ("-h", "--help") or a.startswith("--print_config") for a in argv):
+        refuse_an_overlay_alone(argv)
 
 
 NOISE = (
@@ -69,6 +74,22 @@ def quiet_what_users_cannot_act_on() -> None:
         rank_zero.addFilter(_not_an_advert)
 
 
+def lightning_logs_once() -> None:
+    """Each Lightning log record printed once, by the root handler that `main` sets up (with the
+    time and the logger's name): the `lightning` package logger has a console handler of its own
+    (`INFO: GPU available...`) and also passes every record on to the root's, which printed it a
+    second time. `lightning.pytorch` and `lightning.fabric`, which keep their records to themselves
+    when imported before logging was set up, pass them on too; FLYWHEEL_LOG_LEVEL governs all three."""
+    if not logging.getLogger().handlers:
+        return
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if type(h) is logging.StreamHandler]:
+            logger.removeHandler(handler)
+        logger.propagate = True
+        logger.setLevel(logging.NOTSET)
+
+
 def main(args: list[str] | None = None, run: bool = True):
     """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `diagnose` to
     flywheel.reporting.diagnose; `report` to flywheel.reporting.report; `tree` to
@@ -76,11 +97,14 @@ def main(args: list[str] | None = None, run: bool = True):
     SystemExit(143), by Ctrl-C with 130. An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
     with OutputWriteError naming the folder (flywheel.io)."""
     from flywheel.io import OutputWriteError, cannot_write_message, failed_write
+    from flywheel.reporting.bars import is_terminal
     from flywheel.run.command_line import LOG_LEVEL_VARIABLE, check_log_level
     from flywheel.run.errors import CheckpointReadError, GeneratorFailure, PreflightError
 
     level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    if not is_terminal(sys.stderr):  # transformers' "Loading weights" bar: carriage-return frames in a log
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = sys.argv[1:] if args is None else list(args)
     try:
         return _dispatch(argv, args is None, run)
@@ -96,8 +120,13 @@ def main(args: list[str] | None = None, run: bool = True):
         raise OutputWriteError(cannot_write_message(failed, hint)) from err
 
 
+COMMANDS = ("eval", "diagnose", "report", "tree", "get-policy")
+"""flywheel's own subcommands (besides LightningCLI's fit|validate|test), each dispatched by `_dispatch`."""
+
+
 def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
-    """The subcommands that are not Lightning's, each its module's `main(argv)`; the rest is `_lightning`."""
+    """The subcommands that are not Lightning's (`COMMANDS`), each its module's `main(argv)`,
+    imported by name here so the import-graph test sees each edge; the rest is `_lightning`."""
     if argv[:1] == ["eval"]:
         from flywheel.reporting.eval_command import main as eval_main
 
@@ -152,6 +181,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
     from flywheel.run.preemption import EXIT_CODE
     from flywheel.run.settings import RunSettings
 
+    lightning_logs_once()  # Lightning is imported now, with its console handler
     # jsonargparse's errors become one line (parse_error_line); no abbreviated flags (flywheel.run.flags)
     raise_errors = {"exit_on_error": False, "allow_abbrev": False}
     try:
@@ -161,7 +191,8 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
             trainer_defaults={"reload_dataloaders_every_n_epochs": 1, "use_distributed_sampler": False, "num_sanity_val_steps": 0},
             save_config_callback=RunSettings,
             save_config_kwargs={"overwrite": True},
-            parser_kwargs={"description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
+            parser_kwargs={"prog": "python -m flywheel",
+                           "description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
                                           "fit needs a --config (the quickstart: --config conf/quickstart.yaml).",
                            **raise_errors, **{sub: raise_errors for sub in SUBCOMMANDS}},
             args=parsed,

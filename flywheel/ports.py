@@ -56,6 +56,10 @@ class WallClock(Protocol):
     def rebuild(self) -> AbstractContextManager:
         """An epoch's data loader being built: the split's epoch boundary, then section `rebuild`."""
 
+    def once(self) -> AbstractContextManager:
+        """Work the fit does once (the base evaluation and screening, the generator's launch):
+        timed in its sections as usual, and left out of the epochs' pace that projects the fit's end."""
+
     def add_overlapped(self, name: str, seconds: float) -> None:
         """Seconds of work that ran beside the training thread (the search ahead)."""
 

@@ -209,6 +209,31 @@ def test_settings_that_waste_a_run_are_refused_before_it(tmp_path):
     refused(["fit", "--config", QUICK, "--config", str(outer)], f"{outer}: nested config {nested}:2")
 
 
+def test_an_overlay_alone_is_refused_naming_the_recipes_it_can_follow(tmp_path):
+    # Before: "No seed found", "max_epochs was not set. Setting it to 1000 epochs", and the
+    # defaults' screening of 32,000 problems.
+    conf = ROOT / "conf"
+    dapo = conf / "dapo.yaml"
+    # (--trainer.max_epochs=0: were the overlay let through, the preflight would stop the run, not 1000 epochs)
+    message = refused(["fit", "--config", str(dapo), "--trainer.max_epochs=0"], f"--config {dapo}: an overlay (no seed_everything",
+                      f"give the recipe first: --config {conf / 'quickstart.yaml'} --config {dapo} ")
+    recipes = [f"{conf / name}" for name in ("chain.yaml", "deepsearch.yaml", "deepsearch_cpu.yaml", "quickstart.yaml",
+                                             "smollm2_cpu.yaml", "step_tree.yaml")]
+    assert message.endswith(f"(it can follow {', '.join(recipes)})")
+    # conf/data/*.yaml set a MathTask: only the MathTask recipes, from the folder above
+    gsm8k = conf / "data" / "gsm8k.yaml"
+    message = refused(["fit", "-c", str(gsm8k)], f"--config {conf / 'deepsearch.yaml'} --config {gsm8k} ")
+    assert message.endswith(f"(it can follow {conf / 'deepsearch.yaml'}, {conf / 'deepsearch_cpu.yaml'}, "
+                            f"{conf / 'smollm2_cpu.yaml'})")
+    refused(["validate", "--config", str(dapo), "--config", str(conf / "cispo.yaml")], "overlays (no seed_everything")
+    mine = write(tmp_path / "mine.yaml", "model:\n  objective:\n    kl_coef: 0.0\n")  # no recipe beside it
+    refused(["fit", "--config", str(mine)], "a recipe is a file that sets seed_everything, e.g. conf/quickstart.yaml")
+    # with the recipe first it is what it was; --print_config of the overlay alone prints it
+    assert main(["--config", QUICK, "--config", str(dapo)], run=False).datamodule.rollout == "flat"
+    with pytest.raises(SystemExit):
+        main(["fit", "--config", str(dapo), "--print_config"])
+
+
 def test_training_on_the_held_out_split_is_said(tmp_path, caplog):
     # Before: `--data.problems.train_split=test` trained on the held-out problems without a word.
     cli = main(["--config", QUICK, *TINY, "--data.problems.train_split=test", "--data.problems.max_train_problems=null",

@@ -321,3 +321,28 @@ def test_chain_failures_reads_the_tiny_chain_policy(capsys):
     result = dict(kv.split("=") for kv in capsys.readouterr().out.splitlines()[-1].split()[1:])
     assert set(result) == {"tiny-chain_pass1", "tiny-chain_one_wrong", "tiny-chain_incomplete", "tiny-chain_tokens"}
     assert 0.0 <= float(result["tiny-chain_pass1"]) <= 1.0 and float(result["tiny-chain_tokens"]) > 10
+
+
+def test_the_shipped_chain_policies_and_the_chain_task_agree_on_plain_prompts():
+    """`flywheel eval` of a shipped chain policy with the command its run.json records warned that
+    ChainTask "asks for the tokenizer's chat template", which no chain policy of the project has:
+    the task now asks for it only when told (`chat_template=true`, for a pretrained chat model)."""
+    import shlex
+
+    from transformers import AutoTokenizer
+
+    from flywheel.policies.check import chat_template_warning
+    from flywheel.tasks.math import MathTask
+
+    shipped = ROOT / "results" / "chain_long" / "deepsearch_seed0"
+    command = shlex.split(json.loads((shipped / "run.json").read_text())["eval_command"])
+    assert "--task" in command and not any("chat_template" in a for a in command)
+    folder = str(ROOT / command[command.index("--policy") + 1])
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert not tokenizer.chat_template
+    assert ChainTask().chat_template is False
+    assert chat_template_warning(ChainTask(lengths=[6, 7, 8]), tokenizer, folder, "--task.init_args.chat_template") is None
+    # A task that does ask for it is still warned about (issue 49).
+    assert "asks for the tokenizer's chat template" in chat_template_warning(ChainTask(chat_template=True), tokenizer,
+                                                                             folder, "--task.init_args.chat_template")
+    assert chat_template_warning(MathTask(), tokenizer, folder, "--task.init_args.chat_template") is not None

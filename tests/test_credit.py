@@ -305,6 +305,40 @@ def test_a_rule_the_rollout_does_not_use_is_warned_about():
     assert check(Credit(), "flat") == check(Credit(advantage="self_training"), "flat") == []
 
 
+def test_node_credit_gives_the_wrong_step_of_an_all_wrong_tree_a_positive_advantage():
+    """The flaw `fit_cautions` names (docs/credit.md). A tree of T2 and T3 only: mu = (-1.0 - 1.5) / 2 = -1.25.
+    node: T3's wrong first step B -0.4 - 0.5 (overlong) + 1.25 = +0.35, pushed UP; B1 -1.5 + 1.25 = -0.25.
+    subtree: V(root) = -1.25, V(B) = -1.5 on 1 trajectory: B 2 (-1.5 + 1.25) = -0.5; B1 0 + (-0.25).
+    outcome: every step -1.5 + 1.25 = -0.25."""
+    assert close(tree_rows(T2, T3, advantage="node")[1].advantages, [0.35, -0.25, -0.25])
+    assert close(tree_rows(T2, T3, advantage="subtree")[1].advantages, [-0.5, -0.25, -0.25])
+    assert close(tree_rows(T2, T3, advantage="outcome")[1].advantages, [-0.25] * 3)
+
+
+@pytest.mark.parametrize("advantage, rollout, cautioned", [
+    ("node", "search", True), ("subtree", "search", False), ("outcome", "search", False),
+    ("pass_at_k", "search", False), ("node", "flat", False),  # flat groups under "node" are DAPO's, no tree
+])
+def test_a_fit_crediting_trees_by_the_paper_node_rule_logs_its_measured_flaw(caplog, advantage, rollout, cautioned):
+    import logging
+
+    from data_modules.search import SearchDataModule
+
+    data = SearchDataModule(rollout=rollout, credit=Credit(advantage=advantage))
+    with caplog.at_level(logging.WARNING, logger="data_modules.search"):
+        data.setup("validate")  # not a fit: nothing
+        assert caplog.records == []
+        data.setup("fit")
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    if not cautioned:
+        assert lines == []
+        return
+    (line,) = lines
+    assert line.startswith("--data.credit.advantage=node (the paper's Tree-GRPO node credit, the default) was "
+                           "measured collapsing on chains")
+    assert "79-82%" in line and "docs/results.md" in line and "--data.credit.advantage=subtree" in line
+
+
 def test_the_self_training_rule_and_the_self_training_loss_go_together():
     check_loss("self_training", "self_training")
     check_loss("subtree", "cispo")

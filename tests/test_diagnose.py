@@ -86,3 +86,19 @@ def test_docstring_examples():
     import flywheel.reporting.diagnose as diagnose
 
     assert doctest.testmod(diagnose).failed == 0
+
+
+def test_diagnose_takes_a_fit_overlay_and_the_device_flags(tmp_path, monkeypatch):
+    # Before: "Option 'data.task.init_args.gold_format' is not accepted", and no --device.
+    rows = [{"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in ((2, 3), (7, 8))]
+    problems = tmp_path / "gsm.jsonl"
+    problems.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["diagnose", "--config", str(ROOT / "conf" / "data" / "gsm8k.yaml"), "--policy", "tiny-countdown",
+            "--files", str(problems), "--task.init_args.step_tokens=16", "--task.init_args.max_response_tokens=64",
+            "--max_depth", "4", "--max_problems", "1", "--out", str(tmp_path / "out"), *SMALL]
+    report = main(args + ["--device", "cpu", "--dtype", "auto"])
+    assert (report["task"], report["device"], report["dtype"], report["pool"]["problems"]) == ("MathTask", "cpu", "float32", 1)
+    assert "#### 5" not in report["first_prompt"] and report["first_prompt"].startswith("What is 2 plus 3? Let's think")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    with pytest.raises(PreflightError, match="--device=cuda:0: this machine has no CUDA device"):
+        main(args + ["--device", "cuda:0"])

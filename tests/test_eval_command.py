@@ -2,6 +2,7 @@
 to JSON and TensorBoard; sharded across processes without double counting."""
 
 import json
+import logging
 import os
 import socket
 import sys
@@ -17,6 +18,7 @@ from procs import run_group
 from flywheel.reporting.evaluation import merge_shards, shard
 from flywheel.reporting.evaluation import EvalResult
 from flywheel.tasks import Problem
+from flywheel.run.errors import PreflightError
 from flywheel.tasks.countdown import CountdownTask
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +109,80 @@ def test_eval_reports_each_file_and_matches_under_two_processes(tmp_path):
     for name in ("a", "b"):
         assert double["results"][name]["per_problem"] == single["results"][name]["per_problem"]
         assert double["results"][name]["pass@1"] == single["results"][name]["pass@1"]
+
+
+# ---------------------------------------------------------------------- fit overlays, the recorded task, --device
+GSM8K = ROOT / "conf" / "data" / "gsm8k.yaml"
+GSM_ROWS = [{"question": f"What is {a} plus {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in ((2, 3), (7, 8))]
+SHORT = ["--samples", "1", "--max_problems", "2"]
+
+
+@pytest.fixture
+def gsm_file(tmp_path) -> Path:
+    path = tmp_path / "gsm.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in GSM_ROWS))
+    return path
+
+
+@pytest.fixture(scope="module")
+def math_checkpoint(tmp_path_factory) -> Path:
+    """A checkpoint as `fit --config conf/deepsearch_cpu.yaml --config conf/data/gsm8k.yaml` records
+    its task (flywheel.run.settings), around the tiny policy's weights: no fit needed."""
+    from flywheel.policies.load import load_policy
+    from flywheel.run.settings import SETTINGS_KEY
+
+    model, _ = load_policy("tiny-countdown")
+    task = "--data.task.init_args."
+    settings = {"--data.task.class_path": "flywheel.tasks.math.MathTask", f"{task}step_tokens": 16,
+                f"{task}max_response_tokens": 64, f"{task}gold_format": "hashes", f"{task}system_prompt": None,
+                f"{task}prompt_suffix": " Let's think step by step and output the final answer within \\boxed{}.",
+                "--data.problems.columns.problem": "question", "--seed_everything": 0}
+    path = tmp_path_factory.mktemp("ckpt") / "math.ckpt"
+    torch.save({"state_dict": {f"policy.{k}": v for k, v in model.state_dict().items()}, "global_step": 3,
+                "hyper_parameters": {"policy": "tiny-countdown"}, SETTINGS_KEY: settings}, path)
+    return path
+
+
+def test_a_fit_overlay_reaches_eval_s_task_and_columns(gsm_file, tmp_path):
+    # Before: "Option 'data.task.init_args.gold_format' is not accepted".
+    from flywheel.reporting.eval_command import run_eval
+    from flywheel.run.overlays import fit_config_flags
+
+    args = fit_config_flags(["--config", str(GSM8K), "--task.init_args.max_response_tokens=64"], run_eval, "eval")
+    assert args[:2] == ['--task={"class_path": "flywheel.tasks.math.MathTask", "init_args": {"gold_format": "hashes", '
+                        '"prompt_suffix": " Let\'s think step by step and output the final answer within \\\\boxed{}."}}',
+                        '--columns={"problem": "question", "answer": "answer"}']
+    report = main(["eval", "--config", str(GSM8K), "--policy", "tiny-countdown", "--files", str(gsm_file),
+                   "--task.init_args.max_response_tokens=64", "--device", "cpu", *SHORT, "--out", str(tmp_path / "e")])
+    assert report["results"]["gsm"]["problems"] == 2
+    assert (report["task"], report["device"], report["dtype"]) == ("flywheel.tasks.math.MathTask", "cpu", "float32")
+
+
+def test_eval_of_a_checkpoint_takes_its_recorded_task_and_layers_flags_on_it(math_checkpoint, gsm_file, tmp_path, caplog):
+    # Before: the default Countdown task, refused with "evaluate it with --task flywheel.tasks.math.MathTask".
+    base = ["eval", "--checkpoint", str(math_checkpoint), "--files", str(gsm_file), "--columns.problem=question",
+            *SHORT, "--out", str(tmp_path / "e")]
+    with caplog.at_level(logging.INFO, logger="flywheel.eval"):
+        report = main(base)
+    assert report["task"] == "flywheel.tasks.math.MathTask"
+    assert (f"evaluating with the task recorded in {math_checkpoint}: MathTask(step_tokens=16, max_response_tokens=64, "
+            "gold_format='hashes')") in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="flywheel.eval"):
+        main(base + ["--config", str(GSM8K)])  # the run's own overlay changes nothing: no warning
+    assert "evaluating with the task recorded in" in caplog.text and "differs" not in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="flywheel.eval"):
+        main(base + ["--task.init_args.max_response_tokens=32"])  # the recorded task, one setting changed
+    assert (f"the task given differs from the one {math_checkpoint} was trained with: max_response_tokens 64 -> 32"
+            in caplog.text)
+    with pytest.raises(PreflightError) as err:  # another task class: refused before the policy loads
+        main(base + ["--task=flywheel.tasks.chain.ChainTask"])
+    assert (f"--task flywheel.tasks.chain.ChainTask: {math_checkpoint} was trained on flywheel.tasks.math.MathTask; "
+            "leave --task (and a --config that sets data.task) out") in str(err.value)
+
+
+def test_eval_refuses_a_gpu_this_machine_lacks_before_loading(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(PreflightError, match="--device=cuda: this machine has no CUDA device"):
+        main(["eval", "--policy", "tiny-countdown", "--device", "cuda", "--out", str(tmp_path)])

@@ -278,3 +278,12 @@ def test_eval_reads_mapped_columns_and_names_its_own_flag(tmp_path):
     report = main(base + ["--columns.problem=prompt", "--columns.answer=reward_model.ground_truth",
                           "--columns.id=extra_info.index", "--out", str(tmp_path / "eval")])
     assert report["results"]["verl"]["problems"] == 2
+
+
+def test_a_missing_column_lists_the_columns_of_the_row_as_read(tmp_path):
+    """With `problem` read from `question`, a row of question and solution was said to have
+    "problem, question, solution": the task saw the mapped row. The message lists the file's."""
+    f = write_jsonl(tmp_path / "q.jsonl", [{"question": "1+1?", "solution": "2"}])
+    with pytest.raises(ValueError) as err:
+        load_problems(MathTask(), [f], "train", columns=Columns(problem="question"))
+    assert f"{f}:1: no column 'answer' (--data.problems.columns.answer); the row has: question, solution; " in str(err.value)

@@ -114,3 +114,19 @@ def test_a_bad_dtype_is_refused_naming_the_flag(model, tok):
         HFBackend(dtype="float16")
     with pytest.raises(ValueError, match="--data.generator.init_args.dtype"):
         HFGenerator(model, tok, dtype="half")
+
+
+def test_the_dtype_hint_names_the_flag_of_the_running_command(model, tok, caplog):
+    """`eval` and `diagnose` set the backend's flag to theirs (`--generator`): the logged hint named
+    `fit`'s --data.generator.init_args.dtype, which eval refuses."""
+    caplog.set_level(logging.INFO, logger="flywheel.generation.precision")
+    HFBackend().build(model, tok)
+    assert "(--data.generator.init_args.dtype=float32|bfloat16 to choose)" in caplog.text  # fit's
+    caplog.clear()
+    backend = HFBackend()
+    backend.flag = "--generator"  # as eval_command.run_eval and diagnose.run_diagnose set it
+    backend.build(model, tok)
+    assert "(--generator.init_args.dtype=float32|bfloat16 to choose)" in caplog.text
+    assert "--data.generator" not in caplog.text
+    with pytest.raises(ValueError, match=r"^--generator\.init_args\.dtype must be one of"):
+        HFGenerator(model, tok, dtype="half", dtype_flag="--generator.init_args.dtype")

@@ -3,6 +3,7 @@ browser loads and runs (screenshot taken); plus its colour scale and expansion o
 
 import functools
 import json
+import re
 import shutil
 import subprocess
 
@@ -64,9 +65,51 @@ def test_page_explains_its_labels_and_shows_the_prompt_as_the_policy_saw_it(tree
     seen = {**tree_json, "prompt_seen": "<s>" + tree_json["prompt_text"]}  # as the run writes it: special tokens kept
     page = render_tree_html(seen)
     assert '<span id="prompt">&lt;s&gt;' in page
-    for label in ("q~", "PRM V", "expansion #n", "mean NLL"):
+    for label in ("q~", "PRM V", "#n", "eN", "mean NLL"):
         assert f"<dt>{label}</dt>" in page
     assert len(LABELS) == page.count("<dt>")
+
+
+def test_labels_and_links_agree_and_the_caption_fits_any_task(tree_json, tmp_path):
+    """The nodes were labelled #n by expansion order while `#node=12` opened node id 12, and the
+    prompt was captioned as a Countdown one on a chain run; `tree` wrote tree_<id>.html where its
+    --help said tree.html."""
+    page = render_tree_html(tree_json)
+    order = expansion_order(tree_json["nodes"])
+    labels = re.findall(r'<text class="order"[^>]*>([^<]*)</text>', page)
+    assert sorted(labels) == sorted(f"e{n}" for n in order.values())  # expansion order: eN, never #N
+    for node in tree_json["nodes"]:  # the id, the anchor's number, is #id in the hover text
+        assert re.search(rf'data-id="{node["id"]}"[^>]*>[^<]*<title>#{node["id"]} depth', page)
+    assert "location.hash.match(/(node|expansion)=(\\d+)/)" in page
+    assert "Countdown" not in page
+    trees = tmp_path / "trees"
+    trees.mkdir()
+    (trees / "epoch_0000.jsonl").write_text(json.dumps({**tree_json, "problem_id": "data/x.jsonl:12"}) + "\n")
+    assert main(["tree", str(tmp_path)]) == tmp_path / "tree_data_x.jsonl_12.html"
+    assert "default: tree_<problem id>.html beside the input" in " ".join(viewer_help().split())
+
+
+def viewer_help() -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        main(["tree", "--help"])
+    return out.getvalue()
+
+
+def test_headless_chromium_opens_a_node_by_its_expansion_label(tree_json, tmp_path):
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("headless Chromium is not installed (Debian package `chromium`; .ci/run installs it)")
+    order = expansion_order(tree_json["nodes"])
+    node, place = max(order.items(), key=lambda item: item[1])
+    page = tmp_path / "tree.html"
+    page.write_text(render_tree_html(tree_json))
+    dom = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom",
+                          page.as_uri() + f"#expansion={place}"], capture_output=True, text=True, timeout=120).stdout
+    assert f"node #{node}  depth" in dom and f"expansion e{place}" in dom
 
 
 def test_headless_chromium_shows_a_linked_nodes_whole_path_from_the_root(tree_json, tmp_path):

@@ -127,3 +127,30 @@ def test_the_reported_split_names_every_part_and_adds_up_to_the_wall():
     # A section of a name not among the parts is reported too, so the sum still holds.
     assert split_of({"warmup": 1.0, "wall": 2.0, "other": 1.0})["warmup_s"] == 1.0
     assert split_of({"wall": 0.0, "other": 0.0})["busy_fraction"] == 0.0
+
+
+def test_one_time_work_stays_in_its_sections_and_is_counted_apart(clock):
+    split = WallSplit(clock)
+    with split.section("rebuild"):
+        with split.once():  # the generator's launch, inside the first rebuild
+            clock.t = 30
+        clock.t = 40  # the search, after it
+    with split.once(), split.section("eval"):  # the base evaluation
+        with split.once():  # a once inside a once counts with the outer one
+            clock.t = 60
+    clock.t = 70
+    # rebuild 40 + eval 20 = 60 of 70 s; one-time 30 + 20 = 50 s, inside those sections.
+    assert split.totals() == {"rebuild": 40, "eval": 20, "wall": 70, "other": 10, "one_time": 50}
+    reported = split_of(split.totals())
+    assert reported["one_time_s"] == 50 and reported["wall_s"] == 70
+    assert sum(reported[f"{p}_s"] for p in PARTS) + reported["other_s"] == reported["wall_s"]  # not a part
+    resumed = WallSplit(FakeClock())
+    resumed.load_state_dict(split.state_dict())
+    with resumed.once():  # the resumed process launches its generator again
+        resumed.clock.t = 5
+    assert resumed.totals()["one_time"] == 55
+    old = split.state_dict()
+    del old["one_time"]  # a checkpoint from before one-time work was counted
+    legacy = WallSplit(FakeClock())
+    legacy.load_state_dict(old)
+    assert "one_time" not in legacy.totals() and split_of(legacy.totals())["one_time_s"] == 0.0

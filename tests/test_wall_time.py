@@ -65,6 +65,9 @@ def test_a_fit_writes_its_wall_split_per_epoch_round_and_in_total(first):
         assert total[f"{part}_s"] > 0, (part, total)
     assert total["weight_sync_s"] < ROUNDING and total["value_model_s"] == 0
     assert total["search_generator_s"] > total["search_bookkeeping_s"]
+    # The base screening and evaluation (and the generator's start) were one-time work, inside
+    # the epoch's screening and evaluation seconds: the projected end of the fit leaves them out.
+    assert epoch["screening_s"] < epoch["one_time_s"] < epoch["screening_s"] + epoch["eval_s"] + epoch["rebuild_s"]
 
     ea = EventAccumulator(log_dir, size_guidance={"scalars": 0})
     ea.Reload()
@@ -82,7 +85,7 @@ def test_the_wall_split_survives_a_resume(first):
     # Epoch 0 ran in the first process: its search, screening and evaluation come back from
     # the checkpoint (re-measured, they would be 0 in the resumed process).
     (old,) = before["wall_split"]["epochs"]
-    for part in ("search_generator", "search_bookkeeping", "train", "eval", "screening"):
+    for part in ("search_generator", "search_bookkeeping", "train", "eval", "screening", "one_time"):
         assert split["epochs"][0][f"{part}_s"] == old[f"{part}_s"], part
     # The total is the run's, both processes: the sum of its epochs.
     total = split["total"]

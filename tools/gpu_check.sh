@@ -3,7 +3,8 @@
 # installs the carried wheels (.whl/: jsonargparse[signatures], deepspeed + deps), tries
 # tools/gpu_smoke.sh (records what it says is missing), then runs on CUDA what can run:
 # (a) conf/deepsearch.yaml fit, tiny policy, in-process generator, bf16; (b) the same on
-# DeepSpeed ZeRO-2; (c) flywheel eval of (a)'s checkpoint (in-process); (d) flat-sampling
+# DeepSpeed ZeRO-2; (c) flywheel eval of (a)'s checkpoint on CUDA (--device auto: the GPU, bf16
+# where native; the task recorded in the checkpoint), in-process; (d) flat-sampling
 # tokens/s of the in-process generator on CUDA. Logs go to $OUT (or /tmp/gpu_check).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -30,9 +31,9 @@ echo "STEP fit_auto rc=$? $(( $(date +%s)-t ))s"; grep -aE "held-out|^ *(base|[0
 t=$(date +%s); timeout 150 python -m flywheel fit "${FIT[@]}" \
  --trainer.logger.init_args.save_dir=$W/b --trainer.callbacks.init_args.dirpath=$W/b/ckpt > $OUT/fit_zero2.log 2>&1
 echo "STEP fit_zero2 rc=$? $(( $(date +%s)-t ))s"; grep -aE "held-out|^ *(base|[0-9]) |wall split|Error|error" $OUT/fit_zero2.log | tail -8
-t=$(date +%s); timeout 90 python -m flywheel eval --checkpoint $W/a/ckpt/last.ckpt --task=flywheel.tasks.MathTask \
- --task.init_args.max_response_tokens=64 --split arith_test --max_problems 32 --samples 4 --k "[1,4]" --out $W/eval > $OUT/eval.log 2>&1
-echo "STEP eval rc=$? $(( $(date +%s)-t ))s"; tail -4 $OUT/eval.log
+t=$(date +%s); timeout 90 python -m flywheel eval --checkpoint $W/a/ckpt/last.ckpt --device auto --dtype auto \
+ --split arith_test --max_problems 32 --samples 4 --k "[1,4]" --out $W/eval > $OUT/eval.log 2>&1
+echo "STEP eval rc=$? $(( $(date +%s)-t ))s"; grep -aE "policy runs on|task recorded" $OUT/eval.log; tail -4 $OUT/eval.log
 timeout 90 python - > $OUT/tps.log 2>&1 <<'PY'
 import time, torch
 from flywheel.policies.load import load_policy

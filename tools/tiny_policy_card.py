@@ -224,8 +224,8 @@ Verdicts of all samples:
   waiting for them; {recipe.steps} x the median step is about {recipe.steps * summary['median_step_seconds']:.0f} s of SFT.
   torch {torch.__version__}, transformers {transformers.__version__}.
 
-Recipe and its measurements: shared/notes/tiny-countdown-rl.md (an undertrained correct-only
-SFT base gains the most from RL).
+Why an undertrained SFT base of correct solutions only: it gains the most from RL, as the RL runs
+on this policy in flywheel's docs/results.md show.
 """
 
 

@@ -53,6 +53,10 @@ class GeneratorBackend(ABC):
     """Its generator honours `SamplingParams.distinct_first_token` (`--data.search.distinct_children`
     is refused for a backend that does not)."""
 
+    flag: str = "--data.generator"
+    """The running command's flag of the backend, which its messages name (`fit`'s; `eval` and
+    `diagnose` set theirs, `--generator`)."""
+
     run_dir: Path | None = None
     """The run's log folder (set by the data module before `build`): where a backend that
     starts processes writes their logs."""
@@ -120,7 +124,7 @@ class HFBackend(GeneratorBackend):
 
         return HFGenerator(
             model, tokenizer, max_batch_size=self.max_batch_size, compact_fraction=self.compact_fraction, seed=self.seed,
-            prefix_cache_mb=self.prefix_cache_mb, dtype=self.dtype,
+            prefix_cache_mb=self.prefix_cache_mb, dtype=self.dtype, dtype_flag=f"{self.flag}.init_args.dtype",
         )
 
 

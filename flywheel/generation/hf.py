@@ -115,6 +115,7 @@ class HFGenerator:
             "bfloat16" (a copy of the policy in that dtype, following its weights, when the
             policy has another) or "auto" (bf16 for a real model on a CPU with native bf16).
             Default "float32": the policy's weights as they are, in fp32.
+        dtype_flag: the running command's flag of `dtype`, for its messages.
     """
 
     def __init__(
@@ -127,13 +128,14 @@ class HFGenerator:
         compact_fraction: float = 0.25,
         prefix_cache_mb: float = PREFIX_CACHE_MB,
         dtype: str = "float32",
+        dtype_flag: str = "--data.generator.init_args.dtype",
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if compact_fraction < 0:
             raise ValueError(f"compact_fraction must be >= 0, got {compact_fraction}")
         self.model = model
-        self.weights = SamplingWeights(model, resolve_dtype(model, dtype))
+        self.weights = SamplingWeights(model, resolve_dtype(model, dtype, dtype_flag))
         self.sampler = model
         """The model this call samples from: `model`, or its copy in the sampling dtype."""
         self.tokenizer = tokenizer

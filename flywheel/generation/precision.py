@@ -46,11 +46,11 @@ def cpu_has_bf16() -> bool:
     return bool(check and check())
 
 
-def resolve_dtype(model: nn.Module, requested: str) -> torch.dtype:
-    """The dtype to sample `model` in for `requested` (one of `SAMPLING_DTYPES`); "auto" is decided and logged."""
+def resolve_dtype(model: nn.Module, requested: str, flag: str = "--data.generator.init_args.dtype") -> torch.dtype:
+    """The dtype to sample `model` in for `requested` (one of `SAMPLING_DTYPES`); "auto" is decided and logged.
+    `flag`: the running command's flag of the setting (`fit`'s default; `eval`'s is --generator.init_args.dtype)."""
     if requested not in SAMPLING_DTYPES:
-        raise ValueError(f"--data.generator.init_args.dtype must be one of {', '.join(SAMPLING_DTYPES)}; "
-                         f"got {requested!r}")
+        raise ValueError(f"{flag} must be one of {', '.join(SAMPLING_DTYPES)}; got {requested!r}")
     parameter = next(model.parameters())
     if requested != "auto":
         return getattr(torch, requested)
@@ -63,8 +63,8 @@ def resolve_dtype(model: nn.Module, requested: str) -> torch.dtype:
         chosen, why = torch.float32, "this CPU has no native bf16 matmuls (AVX512-BF16 / AMX-BF16)"
     else:
         chosen, why = torch.bfloat16, "a CPU with native bf16 matmuls; the trainer keeps fp32 weights"
-    logger.info("the in-process generator samples in %s: %s (--data.generator.init_args.dtype=float32|bfloat16 "
-                "to choose)", str(chosen).removeprefix("torch."), why)
+    logger.info("the in-process generator samples in %s: %s (%s=float32|bfloat16 to choose)",
+                str(chosen).removeprefix("torch."), why, flag)
     return chosen
 
 

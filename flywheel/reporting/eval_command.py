@@ -46,13 +46,19 @@ def load_checkpoint_policy(checkpoint: str, policy: str | None = None, dtype: st
     gone (then `policy` is where it is now). `task` must be of the class the run trained on
     (its settings in the checkpoint), when they name one."""
     from flywheel.run.checkpoint import read_checkpoint
-    from flywheel.policies.load import LoraSettings, add_lora, merged
-    from flywheel.policies.check import load_checked_policy
-    from flywheel.run.preflight import check_policy
 
     ckpt = read_checkpoint(checkpoint, "--checkpoint")
     if task is not None:
         check_task(ckpt.get(SETTINGS_KEY) or {}, task, checkpoint)
+    return checkpoint_policy(ckpt, checkpoint, policy, dtype)
+
+
+def checkpoint_policy(ckpt: dict[str, Any], checkpoint: str, policy: str | None, dtype: str):
+    """(model, tokenizer, global_step) of the read checkpoint `ckpt` (load_checkpoint_policy)."""
+    from flywheel.policies.load import LoraSettings, add_lora, merged
+    from flywheel.policies.check import load_checked_policy
+    from flywheel.run.preflight import check_policy
+
     recorded = (ckpt.get("hyper_parameters") or {}).get("policy")
     check_policy(recorded, policy, checkpoint, "--policy", ", or leave --policy out to use the checkpoint's own")
     source = policy or recorded
@@ -80,10 +86,118 @@ def check_task(settings: dict[str, Any], task: Task, checkpoint: str) -> None:
 
     recorded = settings.get("--data.task.class_path")
     given = f"{type(task).__module__}.{type(task).__qualname__}"
-    if isinstance(recorded, str) and recorded != given:
+    if isinstance(recorded, str) and recorded != given and named_class(recorded) is not type(task):
         raise PreflightError(
-            f"--task {given}: {checkpoint} was trained on {recorded}; evaluate it with --task {recorded} (and the "
-            f"--task.init_args of its run's config.yaml), or pass a checkpoint of a {type(task).__name__} run")
+            f"--task {given}: {checkpoint} was trained on {recorded}; leave --task (and a --config that sets "
+            f"data.task) out to evaluate it with the task recorded in it (--task {recorded} with its run's settings), "
+            f"or pass a checkpoint of a "
+            f"{type(task).__name__} run")
+
+
+def named_class(path: str) -> type | None:
+    """The class a dotted `path` names (`flywheel.tasks.MathTask` is `flywheel.tasks.math.MathTask`), or None."""
+    import importlib
+
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def recorded_task_config(settings: dict[str, Any]) -> dict[str, Any] | None:
+    """{"class_path", "init_args"} of the task a run trained on, from its flattened settings
+    stored in a checkpoint (flywheel.run.settings); None when they name none (an older checkpoint)."""
+    class_path = settings.get("--data.task.class_path")
+    if not isinstance(class_path, str):
+        return None
+    init_args: dict[str, Any] = {}
+    prefix = "--data.task.init_args."
+    for key, value in settings.items():
+        if key.startswith(prefix):  # flattened: a dict-valued argument's keys are dotted on
+            *parents, last = key.removeprefix(prefix).split(".")
+            place = init_args
+            for parent in parents:
+                place = place.setdefault(parent, {})
+            place[last] = value
+    return {"class_path": class_path, "init_args": init_args}
+
+
+def recorded_task_flags(args: list[str]) -> list[str]:
+    """With `--checkpoint FILE` among `args`: the task its run trained on as one `--task` flag,
+    to put before `args`, so that --task.init_args.*, a fit overlay (--config) and --task
+    itself layer on it as they do on a recipe's task in `fit`; [] without a checkpoint, or for
+    one that records no task."""
+    import json
+
+    from flywheel.run.checkpoint import read_checkpoint
+
+    named = [a.split("=", 1)[1] for a in args if a.startswith("--checkpoint=")]
+    named += [args[i + 1] for i, a in enumerate(args[:-1]) if a == "--checkpoint"]
+    if not named or not Path(named[-1]).is_file():
+        return []  # the command says what is wrong with the flag
+    settings = read_checkpoint(named[-1], "--checkpoint", mmap=True).get(SETTINGS_KEY) or {}
+    config = recorded_task_config(settings)
+    return [f"--task={json.dumps(config)}"] if config is not None else []
+
+
+def build_task(config: dict[str, Any], checkpoint: str) -> Task:
+    """The Task of a {"class_path", "init_args"} `config`, built as `fit` builds it (jsonargparse)."""
+    from jsonargparse import ArgumentParser
+
+    from flywheel.run.errors import PreflightError
+
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--task", type=Task)
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in jsonargparse 4.49
+    try:
+        return instantiate(parser.parse_object({"task": config})).task
+    except (ValueError, TypeError, ImportError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise PreflightError(f"{checkpoint} was trained on {config['class_path']}, which cannot be built here "
+                             f"({first}); pass --task") from None
+
+
+def checkpoint_task(settings: dict[str, Any], task: Task | None, checkpoint: str) -> Task:
+    """The task to evaluate `checkpoint` with: `task` (None: the one its run trained on, else
+    Countdown for a checkpoint that records none). Another task class than the recorded one is
+    refused (check_task); the recorded class with other settings is a warning naming each; the
+    task used is said in one log line."""
+    from flywheel.tasks.countdown import CountdownTask
+
+    if task is not None:
+        check_task(settings, task, checkpoint)
+    config = recorded_task_config(settings)
+    if config is None:
+        task = task if task is not None else CountdownTask()
+        log.info("%s records no task (written before runs recorded their settings); using %s", checkpoint,
+                 type(task).__name__)
+        return task
+    recorded = build_task(config, checkpoint)
+    if task is None or task_settings(task) == task_settings(recorded):
+        shown = {k: v for k, v in config["init_args"].items() if v != default_argument(type(recorded), k)}
+        log.info("evaluating with the task recorded in %s: %s(%s)", checkpoint, type(recorded).__name__,
+                 ", ".join(f"{k}={v!r}" for k, v in shown.items()))
+        return recorded
+    differ = sorted(k for k in task_settings(task).keys() | task_settings(recorded).keys()
+                    if task_settings(task).get(k) != task_settings(recorded).get(k))
+    log.warning("the task given differs from the one %s was trained with: %s; the scores are of the task as "
+                "given (leave --task and the --config overlays out to evaluate with the recorded one)", checkpoint,
+                "; ".join(f"{k} {task_settings(recorded).get(k)!r} -> {task_settings(task).get(k)!r}" for k in differ))
+    return task
+
+
+def task_settings(task: Task) -> dict[str, Any]:
+    """What a task was built with, read back from its public attributes."""
+    return {k: v for k, v in vars(task).items() if not k.startswith("_")}
+
+
+def default_argument(cls: type, name: str) -> Any:
+    """The default of `cls`'s constructor argument `name` (a sentinel where it has none)."""
+    import inspect
+
+    parameter = inspect.signature(cls).parameters.get(name)
+    return parameter.default if parameter is not None else inspect.Parameter.empty
 
 
 def metrics(result: EvalResult, ks: Sequence[int]) -> dict[str, float]:
@@ -117,7 +231,8 @@ def run_eval(
     skip_bad_rows: bool = False,
     columns: Columns = Columns(),
     problems_per_batch: int = EvalConfig.problems_per_batch,
-    dtype: str = "float32",
+    device: str = "auto",
+    dtype: str = "auto",
     grading: GradingConfig = GradingConfig(),
     out: str = "runs/eval",
 ) -> dict[str, Any]:
@@ -135,7 +250,10 @@ def run_eval(
             `Dataset.save_to_disk` folders or `hf://` datasets (docs/data.md), `[a.jsonl,b.parquet]`
             or one path; each is reported on its own.
         split: a built-in split of the task (used when no files are given; default "test").
-        task: the task that prompts and grades (default: Countdown).
+        task: the task that prompts and grades. Default: with `checkpoint`, the task its run
+            trained on (its class and settings, recorded in the checkpoint), on which
+            `--task.init_args.*` and a fit overlay (`--config conf/data/gsm8k.yaml`) layer as on
+            a recipe's; another task class is refused. Without: Countdown.
         generator: the sampling backend (default: in-process transformers).
         samples: responses per problem (the n of pass@k and mean@n).
         k: the k values of pass@k (default: 1 and `samples`).
@@ -147,36 +265,41 @@ def run_eval(
         columns: where the problem, answer and id are in the files' rows (`fit`'s
             `--data.problems.columns.*`, docs/data.md), e.g. `--columns.problem=question`.
         problems_per_batch: problems per generator call.
-        dtype: parameter dtype of the evaluated policy.
+        device: where the policy runs: auto (CUDA when present, else the CPU), cpu, cuda or cuda:N.
+        dtype: parameter dtype of the evaluated policy; auto: the device's own (bfloat16 on a
+            CUDA device with bf16, else float32; flywheel.policies.device).
         grading: the grading guard (flywheel.tasks.grading, `fit`'s `--data.grading.*`): a
-            verdict over `timeout_s`, or one that fails, is graded wrong and counted
+            verdict over `timeout_s` of CPU, one asleep past `backstop_s`, or one that fails, is
+            graded wrong and counted
             (grading_timeouts, grading_errors in eval.json).
         out: folder of eval.json and the TensorBoard events.
     """
+    from flywheel.policies.device import placement
     from flywheel.run.preflight import PreflightError, check_folder
-    from flywheel.tasks.countdown import CountdownTask
 
     # 1. Every setting, the checkpoint's existence and the output folder, before anything loads.
     if checkpoint is None and policy is None:
         raise PreflightError("give --checkpoint FILE.ckpt or --policy FOLDER_OR_NAME (or both)")
     ks = sorted(set(k or [1, samples]))
     check_eval_settings(samples, ks, temperature, top_p, max_problems, problems_per_batch)
-    check_policy_flags(checkpoint, dtype)
+    device, dtype = placement(device, dtype)
+    check_policy_flags(checkpoint)
     config = EvalConfig(samples=samples, k=max(ks), temperature=temperature, top_p=top_p, seed=seed,
                         problems_per_batch=problems_per_batch)
-    task = task if task is not None else CountdownTask()
     sources = eval_sources(files, split)
     check_folder(out, "--out")
     # 2. The policy, then every source read and every prompt checked against its context.
-    model, tokenizer, step = load_eval_policy(checkpoint, policy, dtype, task)
+    model, tokenizer, step, task = load_eval_policy(checkpoint, policy, dtype, task, device)
     loaded = load_sources(sources, task, tokenizer, model, split or "test", skip_bad_rows, max_problems, columns)
     # 3. Sample and grade every source; rank 0 writes the report.
     rank, world = _distributed()
     report: dict[str, Any] = {
-        "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step, "samples": samples,
-        "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
+        "format": EVAL_FORMAT, "checkpoint": checkpoint, "policy": policy, "global_step": step,
+        "task": f"{type(task).__module__}.{type(task).__qualname__}", "device": str(device), "dtype": dtype,
+        "samples": samples, "k": ks, "temperature": temperature, "top_p": top_p, "seed": seed, "world_size": world, "results": {},
     }
     backend = generator if generator is not None else HFBackend()
+    backend.flag = "--generator"  # its messages name this command's flag
     grader = Grader(task, grading)
     try:
         sampler = backend.build(model, tokenizer)
@@ -190,12 +313,10 @@ def run_eval(
     return report
 
 
-def check_policy_flags(checkpoint: str | None, dtype: str) -> None:
-    """--dtype names a dtype; --checkpoint, when given, is a file."""
-    from flywheel.policies.check import check_dtype
+def check_policy_flags(checkpoint: str | None) -> None:
+    """--checkpoint, when given, is a file."""
     from flywheel.run.preflight import PreflightError
 
-    check_dtype(dtype, "--dtype")
     if checkpoint is not None and not Path(checkpoint).exists():
         raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit` "
                              "(e.g. runs/quickstart/checkpoints/last.ckpt), or --policy FOLDER_OR_NAME")
@@ -213,20 +334,29 @@ def eval_sources(files: list[str] | str | None, split: str | None) -> dict[str, 
     return sources
 
 
-def load_eval_policy(checkpoint: str | None, policy: str | None, dtype: str, task: Task) -> tuple[Any, Any, int]:
-    """(model in eval mode, tokenizer, global_step): a checkpoint's policy, or a policy folder or
-    name at step 0; with a warning when a chat task meets a tokenizer without a chat template."""
+def load_eval_policy(checkpoint: str | None, policy: str | None, dtype: str, task: Task | None,
+                     device: torch.device) -> tuple[Any, Any, int, Task]:
+    """(model in eval mode on `device`, tokenizer, global_step, task): a checkpoint's policy and
+    the task to evaluate it with (checkpoint_task), or a policy folder or name at step 0 and
+    `task` (default Countdown); with a warning when a chat task meets a tokenizer without a
+    chat template."""
     from flywheel.policies.check import chat_template_warning, load_checked_policy
+    from flywheel.run.checkpoint import read_checkpoint
+    from flywheel.tasks.countdown import CountdownTask
 
     if checkpoint is not None:
-        model, tokenizer, step = load_checkpoint_policy(checkpoint, policy, dtype, task)
+        ckpt = read_checkpoint(checkpoint, "--checkpoint")
+        task = checkpoint_task(ckpt.get(SETTINGS_KEY) or {}, task, checkpoint)  # before the policy loads
+        model, tokenizer, step = checkpoint_policy(ckpt, checkpoint, policy, dtype)
     else:
+        task = task if task is not None else CountdownTask()
         model, tokenizer = load_checked_policy(policy, dtype, "--policy", "--dtype")
         model.eval()
         step = 0
+    model.to(device)
     if policy is not None and (warning := chat_template_warning(task, tokenizer, policy, "--task.init_args.chat_template")):
         log.warning(warning)
-    return model, tokenizer, step
+    return model, tokenizer, step, task
 
 
 def load_sources(sources: dict[str, list[str] | None], task: Task, tokenizer: Any, model: Any, split: str,
@@ -313,6 +443,10 @@ def _metric_names(report: dict[str, Any]) -> list[str]:
 
 
 def main(args: list[str]) -> dict[str, Any]:
+    """`eval`'s command line: a fit config's task, columns and grading as eval's flags
+    (flywheel.run.overlays), on top of the task recorded in `--checkpoint`."""
     from flywheel.run.command_line import function_cli
+    from flywheel.run.overlays import fit_config_flags
 
-    return function_cli(run_eval, args, "eval")
+    args = fit_config_flags(args, run_eval, "eval")
+    return function_cli(run_eval, recorded_task_flags(args) + args, "eval")

@@ -4,7 +4,7 @@ minutes when the bar moved once per call), with the tokens generated, tokens/s a
 
 The backend reports through `GenerationStats.live` (per decode step in process, per finished
 request from a vLLM server); a backend that does not report still moves the bar per finished
-problem through `advance`.
+problem through `advance`. Off a terminal the bar is a log line every 30 s (flywheel.reporting.bars).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
-from tqdm.auto import tqdm
+from flywheel.reporting.bars import progress_bar
 
 REFRESH_S = 1.0
 """The bar's token count is redrawn at most this often between finished samples."""
@@ -23,7 +23,7 @@ REFRESH_S = 1.0
 def sample_bar(generator: Any, problems: int, samples: int, desc: str, show: bool) -> Iterator[Callable[[int], None]]:
     """A bar of `problems * samples` samples listening to `generator`'s stats for the block; yields
     `advance(problems_done)`, the per-problem floor for backends that do not report."""
-    bar = tqdm(total=problems * samples, desc=desc, unit="sample", leave=False, disable=not show, dynamic_ncols=True)
+    bar = progress_bar(problems * samples, desc, "sample", show, leave=False, dynamic_ncols=True)
     stats = getattr(generator, "stats", None)
     before = getattr(stats, "live", None)
     start, tokens, drawn = time.perf_counter(), 0, 0.0

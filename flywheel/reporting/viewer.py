@@ -4,15 +4,19 @@
     python -m flywheel tree runs/quickstart/version_0 --epoch 3 --index 1 --out tree.html
     python -m flywheel tree some_tree.json
 
+The page goes to `--out`, by default `tree_<problem id>.html` beside the input (one page per
+problem shown).
+
 Reads the trees a run saves (`<log_dir>/trees/epoch_NNNN.jsonl`, format
 "flywheel.search.tree/v1", `--data.save_trees`) or a single dumped tree. Nodes are coloured
 by their soft-clipped value q~ (red -1, white 0, green +1), terminals are squares outlined by
 their verdict, the K backed-up trajectories are drawn in blue with their backup order, and
-each expanded node carries its place in the expansion order (#1 = the root's expansion),
-which shows where the frontier selection went next. Hover a node for its step text; click
-it for every statistic and the whole text of its path from the root. The prompt is shown as the
-policy saw it (chat template and special tokens included) and every label is explained under
-the tree. No network access: the page has no external resources.
+each expanded node carries its place in the expansion order (e1 = the root's expansion),
+which shows where the frontier selection went next. Hover a node for its id (#12) and step
+text; click it for every statistic and the whole text of its path from the root. A link
+opens with a node shown: `tree.html#node=12` by its id, `tree.html#expansion=3` by its label.
+The prompt is shown as the policy saw it (chat template and special tokens included) and
+every label is explained under the tree. No network access: the page has no external resources.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import html
 import json
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +108,8 @@ def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
     for n in nodes:
         x, y = pos[n["id"]]
         text = n.get("text") if n["id"] else tree.get("prompt_text")
-        tip = html.escape(f"#{n['id']} depth {n['depth']}: {text if text is not None else n['token_ids']}")
+        tip = html.escape(f"#{n['id']} depth {n['depth']}{expansion_label(order, n['id'])}: "
+                          f"{text if text is not None else n['token_ids']}")
         fill = value_colour(n.get("q_soft"))
         attrs = f'class="node" data-id="{n["id"]}" fill="{fill}"'
         if n["terminal"]:
@@ -115,7 +121,7 @@ def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
             shapes.append(f'<circle {attrs} cx="{x:.1f}" cy="{y:.1f}" r="{RADIUS}" stroke="#444" stroke-width="1">'
                           f"<title>{tip}</title></circle>")
         if n["id"] in order:
-            shapes.append(f'<text class="order" x="{x + RADIUS + 2:.1f}" y="{y - RADIUS:.1f}">#{order[n["id"]]}</text>')
+            shapes.append(f'<text class="order" x="{x + RADIUS + 2:.1f}" y="{y - RADIUS:.1f}">e{order[n["id"]]}</text>')
         if n["terminal"] and n.get("backup_index") is not None:
             shapes.append(f'<text class="k" x="{x - 6:.1f}" y="{y + RADIUS + 14:.1f}">K{n["backup_index"] + 1}</text>')
     data = json.dumps({"tree": tree, "order": order}).replace("</", "<\\/")
@@ -133,6 +139,11 @@ def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
     )
 
 
+def expansion_label(order: dict[int, int], node: int) -> str:
+    """`, expansion e3` for the third node expanded; "" for a node never expanded."""
+    return f", expansion e{order[node]}" if node in order else ""
+
+
 def seen_prompt(tree: dict[str, Any]) -> str:
     """The prompt as the policy saw it: its tokens decoded with the special tokens and the chat
     template (`prompt_seen`, written by the run), else the plain decoded text."""
@@ -145,8 +156,9 @@ LABELS = (
     ("q", "the node's backed-up value (the constrained backup of the rewards below it); Q: the mean over its visits"),
     ("N", "how often the backups passed through the node"),
     ("PRM V", "the value model's estimate of the node (ReST-MCTS*, --prm_update); - when the run has no value model"),
-    ("expansion #n", "the order in which the search expanded the node (#1 = the root, the first expansion); - "
-                     "for a node never expanded"),
+    ("#n", "the node's id (its place in the order of creation; tree.html#node=n opens with it shown)"),
+    ("eN", "the order in which the search expanded the node (e1 = the root, the first expansion; "
+           "tree.html#expansion=N opens with it shown); - for a node never expanded"),
     ("mean NLL", "the policy's mean negative log-likelihood of the node's step tokens"),
     ("K1, K2, ...", "the terminals backed up, in backup order (blue: their paths)"),
 )
@@ -166,7 +178,7 @@ def _legend() -> str:
     )
     return (f"q~: {swatches} &nbsp; terminals: {verdicts} &nbsp; "
             f'<span class="sw" style="background:{TRAJECTORY_COLOUR}"></span>backed-up trajectory (K1 = first) '
-            "&nbsp; #n = expansion order")
+            "&nbsp; eN = the N-th expansion")
 
 
 _PAGE = """<!DOCTYPE html>
@@ -188,8 +200,7 @@ text.k {{ font-size: 10px; fill: {trajectory}; font-weight: bold; }}
 </style></head>
 <body>
 <h2>{title}</h2>
-<div>prompt, as the policy saw it (special tokens and chat template included; a Countdown prompt is the
-numbers, then <code>|</code> and the target): <span id="prompt">{prompt}</span></div>
+<div>prompt, as the policy saw it (special tokens and chat template included): <span id="prompt">{prompt}</span></div>
 <div id="summary">{summary}</div>
 <div id="legend">{legend}</div>
 <div id="canvas"><svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">
@@ -216,7 +227,7 @@ function show(id) {{
   document.querySelectorAll(".node.selected").forEach(e => e.classList.remove("selected"));
   document.querySelector(`.node[data-id="${{id}}"]`).classList.add("selected");
   const lines = [
-    `node ${{n.id}}  depth ${{n.depth}}  parent ${{fmt(n.parent)}}  expansion #${{fmt(payload.order[n.id])}}`,
+    `node #${{n.id}}  depth ${{n.depth}}  parent ${{fmt(n.parent)}}  expansion ${{n.id in payload.order ? "e" + payload.order[n.id] : "-"}}`,
     `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}  PRM V ${{fmt(n.prm_value)}}`,
     n.terminal ? `terminal: ${{n.kind}}  reward ${{fmt(n.reward)}}  backup ${{n.backup_index === null ? "not backed up" : "K" + (n.backup_index + 1)}}` : `children ${{n.children.length}}`,
     n.verdict ? `verdict: ${{n.verdict.reason}}  answer ${{fmt(n.verdict.answer)}}` : "",
@@ -226,8 +237,11 @@ function show(id) {{
   document.getElementById("details").textContent = lines.filter(Boolean).join("\\n");
 }}
 document.querySelectorAll(".node").forEach(e => e.addEventListener("click", () => show(Number(e.dataset.id))));
-const linked = location.hash.match(/node=(\\d+)/);  // tree.html#node=12 opens with node 12 shown
-if (linked && nodes.has(Number(linked[1]))) show(Number(linked[1]));
+// tree.html#node=12 opens with node #12 shown, tree.html#expansion=3 with the node labelled e3
+const byExpansion = new Map(Object.entries(payload.order).map(([id, e]) => [e, Number(id)]));
+const linked = location.hash.match(/(node|expansion)=(\\d+)/);
+const target = linked && (linked[1] === "node" ? Number(linked[2]) : byExpansion.get(Number(linked[2])));
+if (target !== undefined && target !== null && nodes.has(target)) show(target);
 document.body.dataset.rendered = String(nodes.size);
 </script>
 </body></html>
@@ -301,17 +315,24 @@ def _bad_tree(where: Any, why: str) -> ValueError:
                           "`flywheel fit --data.save_trees`")
 
 
+def default_page_name(tree: dict[str, Any]) -> str:
+    """`tree_<problem id>.html`, the id's characters outside [A-Za-z0-9_.-] (a file row's
+    `data/x.jsonl:12`) written `_`."""
+    return f"tree_{re.sub(r'[^A-Za-z0-9_.-]', '_', str(tree.get('problem_id', 'x')))}.html"
+
+
 def main(args: list[str]) -> Path:
     parser = StrictParser(prog="python -m flywheel tree", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("path", help="a run's log folder, a trees/epoch_NNNN.jsonl file or a tree .json file")
     parser.add_argument("--epoch", type=int, default=None, help="epoch of a run folder's trees (default: the last saved)")
     parser.add_argument("--index", type=int, default=0, help="which tree of that epoch's file (0 = first)")
-    parser.add_argument("--out", type=Path, default=None, help="HTML file to write (default: tree.html beside the input)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="HTML file to write (default: tree_<problem id>.html beside the input)")
     ns = parser.parse_args(args)
     tree = load_tree(ns.path, ns.epoch, ns.index)
     source = Path(ns.path)
-    out = ns.out or (source if source.is_dir() else source.parent) / f"tree_{tree.get('problem_id', 'x')}.html"
+    out = ns.out or (source if source.is_dir() else source.parent) / default_page_name(tree)
     atomic_write_bytes(out, render_tree_html(tree).encode())
     print(f"written: {out}")
     return out

@@ -6,7 +6,10 @@ an inner one runs), so no second is counted twice and `other = wall - sum(sectio
 nothing measured. A part of a section that another clock measures (the generator's own
 seconds inside the search) is `carve`d out of it into a section of its own. Time spent on
 another thread or process at the same time (a search overlapping training) belongs to no
-section of this thread; `add_overlapped` keeps it apart, outside the sum.
+section of this thread; `add_overlapped` keeps it apart, outside the sum. Work a fit does once
+(the base evaluation and screening, the generator's launch) is marked with `once`: it stays in
+its sections, and its wall seconds are also counted apart, so that the epochs' pace, which
+projects the fit's end, leaves it out.
 
 Pure: no Lightning, no I/O; the clock is injected (tests use a fake one). The callback that
 feeds it and reports it is callbacks.wall_time.
@@ -28,6 +31,8 @@ SEARCH_WAIT = "search_wait"
 SEARCH_AHEAD, CHECKPOINT_WRITE = "search_ahead", "checkpoint_write"
 """Work beside the trainer's thread (`WallSplit.add_overlapped`): the search ahead, and the
 checkpoint files written in the background (`--checkpoint_writes=background`)."""
+ONE_TIME = "one_time"
+"""Not a section: the wall seconds inside `WallSplit.once` blocks (in `totals()` when any)."""
 PARTS = (SEARCH_GENERATOR, "search_bookkeeping", TRAIN, EVAL, SCREENING, WEIGHT_SYNC, VALUE_MODEL, CHECKPOINT, REBUILD)
 """The reported parts, in order; `other` follows them."""
 
@@ -46,6 +51,9 @@ class WallSplit:
         self._wall_before = 0.0
         self._open: list[list] = []
         """The open sections, innermost last: [name, time its own clock last resumed, its own seconds so far]."""
+        self.one_time = 0.0
+        """Wall seconds of the `once` blocks over the run (they are also in their sections)."""
+        self._once_open = 0
 
     # ------------------------------------------------------------------ measuring
     def wall(self) -> float:
@@ -94,6 +102,19 @@ class WallSplit:
             if part is not None:
                 self.carve(name, part[0], min(max(part[1]() - counted, 0.0), own))
 
+    @contextmanager
+    def once(self) -> Iterator[None]:
+        """Count the block's wall seconds as one-time work, besides the sections it runs in
+        (a `once` inside another counts with the outer one)."""
+        start = self.clock()
+        self._once_open += 1
+        try:
+            yield
+        finally:
+            self._once_open -= 1
+            if not self._once_open:
+                self.one_time += self.clock() - start
+
     def carve(self, name: str, part: str, seconds: float) -> None:
         """Move `seconds` of section `name` to section `part`."""
         self.seconds[name] = self.seconds.get(name, 0.0) - seconds
@@ -111,19 +132,22 @@ class WallSplit:
     # ------------------------------------------------------------------ reading
     def totals(self) -> dict[str, float]:
         """Seconds per section so far (the open innermost one included), `wall` and `other`
-        (wall minus every section), and `overlapped/<name>`."""
+        (wall minus every section), `overlapped/<name>`, and `one_time` when any."""
         if self._open:
             self._charge(self._open[-1], self.clock())
         out = dict(self.seconds)
         out["wall"] = self.wall()
         out["other"] = out["wall"] - sum(self.seconds.values())
         out.update({f"overlapped/{k}": v for k, v in self.overlapped.items()})
+        if self.one_time:
+            out[ONE_TIME] = self.one_time
         return out
 
     # ------------------------------------------------------------------ resume
     def state_dict(self) -> dict[str, object]:
         totals = self.totals()
-        return {"seconds": dict(self.seconds), "overlapped": dict(self.overlapped), "wall": totals["wall"]}
+        return {"seconds": dict(self.seconds), "overlapped": dict(self.overlapped), "wall": totals["wall"],
+                "one_time": self.one_time}
 
     def load_state_dict(self, state: dict) -> None:
         """Add an earlier part of the run (its checkpoint's `state_dict`) to this one's counts."""
@@ -132,6 +156,7 @@ class WallSplit:
         for key, value in state.get("overlapped", {}).items():
             self.add_overlapped(key, float(value))
         self._wall_before += float(state["wall"])
+        self.one_time += float(state.get("one_time", 0.0))  # absent from checkpoints written before it was counted
 
 
 def difference(now: dict[str, float], before: dict[str, float]) -> dict[str, float]:
@@ -139,13 +164,16 @@ def difference(now: dict[str, float], before: dict[str, float]) -> dict[str, flo
     return {key: value - before.get(key, 0.0) for key, value in now.items()}
 
 
-def projected_finish(epoch_seconds: list[float], max_epochs: int | None, now: float) -> str | None:
+def projected_finish(epoch_seconds: list[float], one_time: float, max_epochs: int | None, now: float) -> str | None:
     """A line on when the fit ends at the pace of its closed epochs (each holds its epoch-end
-    work: weight push, a round's evaluation, the checkpoint), from `now` (a Unix time). None
-    when the number of epochs is open (`max_epochs` None or -1), when none has closed yet and
-    when none is left.
+    work: weight push, a round's evaluation, the checkpoint), from `now` (a Unix time).
+    `one_time`: the seconds of those epochs spent on work done once (`WallSplit.once`: the base
+    evaluation and screening, the generator's launch), left out of the pace (counted in, a
+    first epoch of 17 min that held 13 min of it projected a 15-epoch fit at 4 h; it took
+    72 min). None when the number of epochs is open (`max_epochs` None or -1), when none has
+    closed yet and when none is left.
 
-    `projected_finish([40.0, 50.0], 4, now)`: 2 of 4 epochs done at 45 s each, 90 s to go.
+    `projected_finish([40.0, 50.0], 0.0, 4, now)`: 2 of 4 epochs done at 45 s each, 90 s to go.
     """
     done = len(epoch_seconds)
     if not done or max_epochs is None or max_epochs < 0:
@@ -153,13 +181,16 @@ def projected_finish(epoch_seconds: list[float], max_epochs: int | None, now: fl
     left = max_epochs - done
     if left <= 0:
         return None
-    remaining = sum(epoch_seconds) / done * left
+    spent = sum(epoch_seconds)
+    pace = max(spent - one_time, 0.0) / done
+    remaining = pace * left
     finish = time.strftime("%H:%M:%S", time.localtime(now + remaining))
-    return (f"{done} of {max_epochs} epochs done ({_duration(sum(epoch_seconds))}, {_duration(sum(epoch_seconds) / done)} "
-            f"an epoch); at that pace the fit ends in about {_duration(remaining)}, around {finish}")
+    once = f", {duration(one_time)} of it one-time work" if round(one_time) else ""
+    return (f"{done} of {max_epochs} epochs done ({duration(spent)}{once}; {duration(pace)} an epoch); "
+            f"at that pace the fit ends in about {duration(remaining)}, around {finish}")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     """`45 s`, `3 min 20 s`, `2 h 05 min`."""
     seconds = round(seconds)
     if seconds < 60:
@@ -178,6 +209,9 @@ class Untimed:
         return nullcontext()
 
     def rebuild(self) -> AbstractContextManager:
+        return nullcontext()
+
+    def once(self) -> AbstractContextManager:
         return nullcontext()
 
     def add_overlapped(self, name: str, seconds: float) -> None:

@@ -7,6 +7,7 @@ after Lightning's imports)."""
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 from lightning.pytorch.cli import LightningCLI
@@ -23,8 +24,17 @@ def seed_the_data(config) -> None:
     data.seed = seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
-SUBCOMMANDS = ("fit", "validate", "test")
-"""LightningCLI's subcommands that flywheel runs (the others: `eval`, `diagnose`, `tree`, `get-policy`)."""
+SUBCOMMAND_HELP = {
+    "fit": "train the policy: search, credit and optimize, round after round (--config conf/quickstart.yaml "
+           "is the quickstart)",
+    "validate": "held-out pass@1 and pass@k of the policy (--data.eval.*, --data.problems.eval_split), logged as "
+                "eval/pass@k",
+    "test": "the held-out evaluation of `validate`, logged as test/pass@k",
+}
+"""What each of LightningCLI's subcommands does in flywheel, for --help (Lightning's own lines,
+the first lines of the Trainer's docstrings, stop mid-sentence and speak of validation sets)."""
+SUBCOMMANDS = tuple(SUBCOMMAND_HELP)
+"""LightningCLI's subcommands that flywheel runs (the others: flywheel.__main__.COMMANDS)."""
 
 
 class FlywheelCLI(LightningCLI):
@@ -43,6 +53,13 @@ class FlywheelCLI(LightningCLI):
     def subcommands() -> dict[str, set[str]]:
         """Lightning's subcommands but `predict`, which has nothing to predict here."""
         return {name: keys for name, keys in LightningCLI.subcommands().items() if name in SUBCOMMANDS}
+
+    def _add_subcommands(self, parser, **kwargs) -> None:
+        for name, description in SUBCOMMAND_HELP.items():
+            kwargs[name] = {**kwargs.get(name, {}), "description": description}
+        super()._add_subcommands(parser, **kwargs)
+        for choice in parser._subcommands_action._choices_actions:  # the list under "subcommands:"
+            choice.help = SUBCOMMAND_HELP.get(choice.dest, choice.help)
 
     def parse_arguments(self, parser, args) -> None:
         from argparse import ArgumentError
@@ -139,6 +156,7 @@ class FlywheelCLI(LightningCLI):
             # the data module's pre-batched loader. DeepSpeed uses it for throughput logs only.
             strategy.config.setdefault("train_micro_batch_size_per_gpu", 1)
         checkpoints_beside_the_run(trainer)
+        lines_off_a_terminal(trainer)
         wall = add_round_protocol(trainer, self.datamodule, self.model)
         from flywheel.run.preemption import Preemption
 
@@ -285,6 +303,24 @@ def checkpoints_beside_the_run(trainer) -> None:
         callback._enable_version_counter = False
         if callback.dirpath is None and save_dir and name:
             callback.dirpath = str((Path(save_dir) / name / "checkpoints").expanduser().resolve())
+
+
+def lines_off_a_terminal(trainer, terminal: bool | None = None) -> None:
+    """Lightning's own progress bar (tqdm's or rich's, the default or configured) writes
+    carriage-return frames to stdout, which a file or a CI log keeps as one growing line: when
+    stdout is not a terminal (`terminal` None: ask it), a LineProgressBar takes its place."""
+    from lightning.pytorch.callbacks import RichProgressBar, TQDMProgressBar
+
+    from callbacks.line_progress import LineProgressBar
+    from flywheel.reporting.bars import is_terminal
+
+    if terminal is None:
+        terminal = is_terminal(sys.stdout)
+    if terminal:
+        return
+    for i, callback in enumerate(trainer.callbacks):
+        if type(callback) in (TQDMProgressBar, RichProgressBar):
+            trainer.callbacks[i] = LineProgressBar()
 
 
 def add_round_protocol(trainer, port, module) -> "WallTime":

@@ -10,6 +10,7 @@ line; `-c` is `--config`; and what jsonargparse still refuses becomes one line t
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import yaml
 
-from flywheel.run.flags import option_strings, suggestion
+from flywheel.run.flags import closest, option_strings, suggestion
 from flywheel.run.errors import PreflightError
 
 LOG_LEVEL_VARIABLE = "FLYWHEEL_LOG_LEVEL"
@@ -134,34 +135,106 @@ def check_configs(argv: list[str]) -> None:
 
 def parse_error_line(message: str, subcommand: str | None, known: Iterable[str] = ()) -> str:
     """jsonargparse's error (several lines: a Union's subtypes, the YAML parser's marks) as one
-    line naming the flag, with the closest of the `known` flags to an unknown one
-    (flywheel.run.flags) and where the options are listed."""
-    lines = [line.strip() for line in str(message).splitlines() if line.strip()]
-    if not lines:
-        lines = ["cannot parse the command line"]
-    head = lines[0]
-    key = re.match(r'Parser key "([^"]+)":\s*(.*)', head)
-    if key:
-        flag, rest = f"--{key.group(1)}", [key.group(2)] if key.group(2) else []
-        rest += lines[1:]
-        given = next((line.split(":", 1)[1].strip() for line in rest if line.startswith("Given value:")), None)
-        subtypes = next((line.split(":", 1)[1].strip() for line in rest if line.startswith("Subtypes:")), None)
-        why = (f"expected one of {subtypes}" if subtypes else
-               "; ".join(line for line in rest if "<unicode string>" not in line and not line.startswith("-"))[:300])
-        head = f"{flag}{'=' + given if given is not None else ''}: {why or 'invalid value'}"
+    line naming the flag, with the closest of the `known` flags to an unknown one, or of the
+    choices to a value a Literal refuses (flywheel.run.flags), and where the options are listed."""
+    raw = [line for line in str(message).splitlines() if line.strip()]
+    head = _refusal(raw) if raw else "cannot parse the command line"
     help_command = f"python -m flywheel {subcommand} --help" if subcommand else "python -m flywheel --help"
     return f"{head}{suggestion(message, known)} (`{help_command}` lists every option)"
 
 
+_KEY = re.compile(r'Parser key "([^"]+)":\s*(.*)')
+_LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)")
+_NESTED = re.compile(r"Given value: NestedArg\(key='([^']*)', val=(.*)\)$")
+
+
+def _refusal(raw: list[str], flag: str | None = None) -> str:
+    """The one line for jsonargparse's refusal `raw` (its lines, indented as given); `flag`: the
+    setting it is about when its first line names only the key inside a class."""
+    key = _KEY.match(raw[0].strip())
+    if not key:
+        return raw[0].strip()
+    flag = flag or f"--{key.group(1)}"
+    rest = ([key.group(2)] if key.group(2) else []) + raw[1:]
+    lines = [line.strip() for line in rest]
+    return _nested_setting(flag, rest) or _literal_choice(flag, lines) or _setting_line(flag, lines)
+
+
+def _literal_choice(flag: str, lines: list[str]) -> str | None:
+    """`--x=valeu: must be one of value, other; did you mean value?` for a Literal's refusal."""
+    refused = next((m for line in lines if (m := _LITERAL.search(line))), None)
+    if refused is None:
+        return None
+    choices = [c.strip().strip("'\"") for c in refused.group(1).split(",")]
+    given = refused.group(2).strip()
+    meant = closest(given, choices)
+    return f"{flag}={given}: must be one of {', '.join(choices)}" + (f"; did you mean {meant}?" if meant else "")
+
+
+def _nested_setting(flag: str, rest: list[str]) -> str | None:
+    """One line for `--x.init_args.key=value` refused: the class's own refusal of the setting, or,
+    with no class to set it on, the flag that names one."""
+    nested = next((m for line in rest if (m := _NESTED.search(line.strip()))), None)
+    if nested is None:
+        return None
+    key, value = nested.group(1), nested.group(2).strip().strip("'\"")
+    setting = f"{flag}.init_args.{key.removeprefix('init_args.')}"
+    at = next((i for i, line in enumerate(rest) if line.strip().startswith("- Problem with given class_path")), None)
+    if at is None:
+        base = re.search(r"Subtypes: \[<class '([\w.]+)'>", "\n".join(rest))
+        kind = f" (a subclass of {base.group(1).rsplit('.', 1)[-1]})" if base else ""
+        return (f"{setting}={value}: {flag} names no class to set {key!r} on; give it first, {flag}=CLASS{kind}, "
+                f"then {setting}=...")
+    owner, depth = rest[at].strip().split("'"), len(rest[at]) - len(rest[at].lstrip())
+    inner = list(itertools.takewhile(lambda line: len(line) - len(line.lstrip()) > depth, rest[at + 1:]))
+    why = _refusal(inner, setting) if inner else "invalid value"
+    return why if why.startswith(setting) else f"{setting}={value}: {why} ({owner[1] if len(owner) > 2 else 'the class'})"
+
+
+def _setting_line(flag: str, lines: list[str]) -> str:
+    """jsonargparse's refusal of `flag`'s value: the Union's subtypes, or its first lines."""
+    given = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Given value:")), None)
+    subtypes = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("Subtypes:")), None)
+    why = (f"expected one of {subtypes}" if subtypes else
+           "; ".join(line for line in lines if "<unicode string>" not in line and not line.startswith("-"))[:300])
+    return f"{flag}{'=' + given if given is not None else ''}: {why or 'invalid value'}"
+
+
+IMPLIED_CLASSES = {
+    "generator": "flywheel.generation.backends.HFBackend",
+    "task": "flywheel.tasks.countdown.CountdownTask",
+}
+"""The class a command's parameter of this name stands for when left None (`eval`'s and
+`diagnose`'s in-process generator and Countdown task): its settings alone
+(`--generator.init_args.dtype=bfloat16`) configure that class."""
+
+
+def implied_classes(args: list[str], parameters: Iterable[str]) -> list[str]:
+    """`args` with `--NAME=CLASS` first for each `IMPLIED_CLASSES` parameter among `parameters`
+    that `args` gives settings of (`--NAME.KEY=...`) but no class (`--NAME=...`,
+    `--NAME.class_path=...`). First, so a `--config` file that names a class still wins."""
+    implied = []
+    for name in IMPLIED_CLASSES.keys() & set(parameters):
+        flag = f"--{name}"
+        names = [a.split("=", 1)[0] for a in args if a.startswith(flag)]
+        settings = [n for n in names if n.startswith(flag + ".") and n not in (f"{flag}.help", f"{flag}.class_path")]
+        if settings and flag not in names and f"{flag}.class_path" not in names:
+            implied.append(f"{flag}={IMPLIED_CLASSES[name]}")
+    return [*sorted(implied), *args]
+
+
 def function_cli(function: Callable[..., Any], args: list[str], command: str) -> Any:
     """Run `function` with its keyword arguments from `args` as flags (jsonargparse, no
-    abbreviations: flywheel.run.flags); a bad command line is one PreflightError line naming
-    the flag, the closest known flag to an unknown one, and `python -m flywheel COMMAND --help`."""
+    abbreviations: flywheel.run.flags; `IMPLIED_CLASSES`); a bad command line is one PreflightError
+    line naming the flag, the closest known flag to an unknown one, and `python -m flywheel COMMAND --help`."""
+    import inspect
     from argparse import ArgumentError
 
     from jsonargparse import CLI
 
-    strict = {"as_positional": False, "exit_on_error": False, "allow_abbrev": False}
+    strict = {"as_positional": False, "exit_on_error": False, "allow_abbrev": False,
+              "prog": f"python -m flywheel {command}"}
+    args = implied_classes(args, inspect.signature(function).parameters)
     try:
         return CLI(function, args=args, **strict)
     except ArgumentError as err:  # one line, not jsonargparse's usage dump

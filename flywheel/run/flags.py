@@ -43,6 +43,7 @@ def unknown_flags(message: str) -> list[str]:
 
 def closest(flag: str, known: Iterable[str]) -> str | None:
     """The known flag `flag` most likely meant: one it abbreviates, else the nearest spelling.
+    A value and a Literal's choices read the same way (flywheel.run.command_line.parse_error_line).
 
     >>> closest("--trainer.max_epoch", ["--trainer.max_epochs", "--trainer.max_steps"])
     '--trainer.max_epochs'

@@ -12,8 +12,10 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -333,6 +335,27 @@ def check_one_run_per_folder(trainer: Any, resolved: str | None, settings: dict[
         )
 
 
+def say_what_the_checkpoint_folders_hold(trainer: Any, resolved: str | None) -> None:
+    """Lightning warns of any checkpoint folder that is not empty ("Checkpoint directory ... exists
+    and is not empty"), so every intended resume warned. Silent for the folder the run resumes
+    from (it holds the run's own checkpoints); for another folder that holds files (not
+    checkpoints: check_one_run_per_folder refused those), one line naming them instead."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    resumed_in = Path(str(resolved)).expanduser().resolve().parent if resolved is not None else None
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint) or not callback.dirpath or "://" in str(callback.dirpath):
+            continue
+        folder = Path(callback.dirpath).expanduser().resolve()
+        held = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+        if not held:
+            continue
+        if folder != resumed_in and trainer.is_global_zero:
+            log.warning("checkpoint folder %s holds files of no run (%s%s); this run writes its checkpoints beside them",
+                        folder, ", ".join(held[:3]), ", ..." if len(held) > 3 else "")
+        warnings.filterwarnings("ignore", message=re.escape(f"Checkpoint directory {callback.dirpath} exists and is not empty"))
+
+
 def _other_settings(last: Path, settings: dict[str, Any] | None) -> str:
     """`, run with other settings (--flag: theirs -> now, ...)` when `last` records its settings."""
     from flywheel.run.renames import rename_settings
@@ -392,6 +415,7 @@ def preflight(trainer: Any, model: Any, datamodule: SearchDataModule, subcommand
         if ckpt_path is None:  # the same command again resumes its run (README: running it twice)
             resolved = rerun_to_resume(trainer, settings)
         check_one_run_per_folder(trainer, resolved, settings)
+        say_what_the_checkpoint_folders_hold(trainer, resolved)
     if resolved is not None and Path(str(resolved)).is_file():
         meta = read_checkpoint_meta(str(resolved))
         recorded = (meta.get("hyper_parameters") or {}).get("policy")

@@ -46,8 +46,8 @@ class SearchConfig:
             selection after one does (§5, the paper's default); "vanilla_uct" = restart UCT from
             the root after each terminal (Table 3 baseline); "puct" = descend from the root
             every iteration by pUCT with sequence-level priors (the Countdown reference);
-            "puct_agents" = the seed's Countdown MCTS (rest-mcts-and-countdown.md §B,
-            flywheel.search.agents): `agents` workers descend one shared tree by pUCT each
+            "puct_agents" = the Countdown MCTS of at2005/llm-mcts ("Tree Search Distillation for
+            Language Models using PPO"; flywheel.search.agents): `agents` workers descend one shared tree by pUCT each
             round with virtual loss, a new node's Q starts at its value (a value model's V(s),
             a terminal's reward), an expansion backs up V of the expanded node, and after
             `iterations_per_agent` rounds the most-visited path to a terminal is the tree's ONE

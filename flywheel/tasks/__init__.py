@@ -1,7 +1,11 @@
-"""Tasks: prompt format, step definition, verifier and problem source, behind one seam."""
+"""Tasks: prompt format, step definition, verifier and problem source, behind one seam.
+
+Every task class is imported here: jsonargparse lists the subclasses of Task imported when a
+command's parser is built as `--task`'s and `--data.task`'s known classes."""
 
 from flywheel.tasks.base import Problem, StepSpec, Task
+from flywheel.tasks.chain import ChainProblem, ChainTask
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
 from flywheel.tasks.math import MathTask
 
-__all__ = ["CountdownProblem", "CountdownTask", "MathTask", "Problem", "StepSpec", "Task"]
+__all__ = ["ChainProblem", "ChainTask", "CountdownProblem", "CountdownTask", "MathTask", "Problem", "StepSpec", "Task"]

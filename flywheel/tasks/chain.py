@@ -96,7 +96,8 @@ class ChainTask(Task):
         prompt_template: the prompt as a str.format template with the fields {start} and
             {ops} ("+48 -19 *3"); BOS is added by the tokenizer, not here.
         chat_template: when the tokenizer has a chat template, the prompt is its user turn
-            (a pretrained chat model; the tiny policy's character tokenizer has none).
+            (true for a pretrained chat model). Off by default: the task's own policies (the
+            tiny chain policy and the ones trained from it) read plain prompts and have none.
         system_prompt: the chat's system turn (None: the template's default). Ignored
             without a chat template.
         step_delimiter: text that ends one search step (one trace line); None: fixed chunks of
@@ -116,7 +117,7 @@ class ChainTask(Task):
         split_files: dict[str, str] | None = None,
         lengths: list[int] | None = None,
         prompt_template: str = DEFAULT_PROMPT_TEMPLATE,
-        chat_template: bool = True,
+        chat_template: bool = False,
         system_prompt: str | None = None,
         step_delimiter: str | None = "\n",
         max_step_tokens: int = 32,

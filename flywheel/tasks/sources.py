@@ -125,10 +125,13 @@ def checked_rows(
                 raise ValueError(f"{where}: {row}")
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            as_read = row
             try:
-                row = map_columns(row, columns, where)
+                row = map_columns(as_read, columns, where)
                 problem = task.problem_from_row(row, where)
             except MissingColumn as err:
+                if err.inside is None:  # the task saw the mapped row (`problem` read from `question`): the file's own
+                    err.present = sorted(map(str, as_read))
                 role = f"{flags}{columns_flag}.{err.role}"
                 raise ValueError(f"{where}: no column {err.column!r} ({role}); {err.has()}; "
                                  f"map one with {role}=COLUMN") from None
