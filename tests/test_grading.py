@@ -197,9 +197,10 @@ def test_a_task_the_worker_cannot_load_stops_the_run_with_its_error():
 SCRIPT = """
 import os, signal, sys, threading, time
 sys.path[:0] = {path!r}
+from flywheel.tasks.countdown import CountdownProblem
 from flywheel.tasks.grading import Grader, GradingConfig
-from test_grading import PROBLEM, RIGHT
 from trap_task import TrapTask, set_traps
+PROBLEM, RIGHT = CountdownProblem.create("p1", [5, 9, 8], 67), {right!r}
 from pathlib import Path
 grader = Grader(TrapTask(trap_dir={traps!r}), GradingConfig(timeout_s=1.0, backstop_s=300.0))
 assert grader.score(PROBLEM, RIGHT).correct
@@ -220,10 +221,11 @@ else:  # end this process while its worker is stuck in a sleeping verifier
 
 def run_script(tmp_path: Path, action: str) -> tuple[int, subprocess.CompletedProcess]:
     here = str(Path(__file__).parent)
-    script = SCRIPT.format(path=[here, str(Path(here).parent)], traps=str(tmp_path / "traps"), action=action)
+    script = SCRIPT.format(path=[here, str(Path(here).parent)], traps=str(tmp_path / "traps"), action=action,
+                           right=RIGHT)
     (tmp_path / "traps").mkdir()
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], capture_output=True, text=True,
-                          timeout=120, start_new_session=True)
+                          timeout=600, start_new_session=True)  # minutes where the machine is loaded
     return int(done.stdout.split()[0]), done
 
 
@@ -242,12 +244,12 @@ def test_a_ctrl_c_reaches_the_run_and_not_its_grading_worker(tmp_path):
     worker, done = run_script(tmp_path, "interrupt")
     assert "stopped" in done.stdout and done.returncode == 0
     assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr, done.stderr
-    assert gone(worker, 10.0)
+    assert gone(worker, 30.0)
 
 
 def test_a_worker_stuck_in_a_verifier_ends_when_its_run_is_gone(tmp_path):
     worker, done = run_script(tmp_path, "exit")
-    assert done.returncode == 0 and gone(worker, 10.0)  # the verifier would sleep 600 s
+    assert done.returncode == 0 and gone(worker, 30.0)  # the verifier would sleep 600 s
 
 
 @pytest.mark.parametrize("settings", [{"timeout_s": 0.0}, {"timeout_s": float("inf")}, {"memory_mb": -1},
