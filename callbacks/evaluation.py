@@ -101,7 +101,7 @@ class HeldOutEval(PortClient, Callback):
         with self.wall.section(EVAL), sample_bar(port.generator, len(mine), port.eval.samples, f"eval {label}",
                                                      show=trainer.is_global_zero) as advance:
             result = evaluate_sharded(port.generator, pl_module.tokenizer, port.task, problems, port.eval,
-                                      progress=advance, grade=port.grader.score)
+                                      progress=advance, grader=port.grader)
         out = {"k": float(port.eval.pass_k), "problems": float(len(problems)),
                "pass1": result.pass_at(1), "passk": result.pass_at(port.eval.pass_k)}
         log.info("eval %s: pass@1 %.4f, pass@%d %.4f on %d problems", label, out["pass1"], port.eval.pass_k, out["passk"], len(problems))

@@ -19,7 +19,8 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
     `reward/answer_rule/<rule>`, the share of the epoch's trajectories whose answer it read
     (and `reward/answer_rule/none`: no answer read), so a policy that starts leaning on an
     unboxed fallback shows (issue 36); `data`: the curriculum's and the credit's counts,
-    logged as `data/<name>`."""
+    logged as `data/<name>`. An environment's epoch also logs its invalid actions (count and
+    share of the actions answered) and the observation tokens it prefilled."""
     searched = [r for r in results if r.mode == "search"]
     trajectories = [t for r in results for t in r.trajectories]
     metrics = {
@@ -44,6 +45,11 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
         read = Counter(t.verdict.answer_rule or "none" for t in trajectories)
         for rule in (*answer_rules, "none"):
             metrics[f"reward/answer_rule/{rule}"] = read[rule] / max(len(trajectories), 1)
+    actions = [turn for r in results for turn in r.tree.turns.values()]
+    if actions:  # an environment's episodes: actions it answered "invalid", and the prefilled observation tokens
+        metrics["search/invalid_actions"] = float(sum(turn.invalid for turn in actions))
+        metrics["search/invalid_action_share"] = metrics["search/invalid_actions"] / len(actions)
+        metrics["compute/epoch_observation_tokens"] = float(sum(len(o) for r in results for o in r.tree.observation))
     if stats.valued_nodes:
         metrics["search/prm_value_mean"] = stats.value_sum / stats.valued_nodes
     if generator is not None:

@@ -39,7 +39,7 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
         input_ids[i, : p + r] = torch.tensor(row.prompt_ids + row.response_ids)
         attention_mask[i, : p + r] = 1
         span = slice(p - 1, p - 1 + r)  # targets p .. p+r-1 are predicted at positions p-1 ..
-        loss_mask[i, span] = True
+        loss_mask[i, span] = torch.tensor(row.loss_mask) if row.loss_mask else True
         advantages[i, span] = torch.tensor(row.advantages)
         behaviour[i, span] = torch.tensor(row.behaviour_logprobs)
         step_ids[i, span] = torch.tensor(row.step_ids)

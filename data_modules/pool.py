@@ -83,7 +83,7 @@ class ProblemPool:
         """`problems` less those that are held-out problems when `drop_eval_overlap`; repeats
         and leaks are logged with their first ids (flywheel.tasks.overlap)."""
         cfg = self.config
-        overlap = find_overlap(problems, self.held_out(), self.task.prompt)
+        overlap = find_overlap(problems, self.held_out(), self.task.problem_key)
         train = f"--data.problems.train_files={cfg.train_files}" if cfg.train_files else f"--data.problems.train_split={cfg.train_split}"
         held = f"--data.problems.eval_files={cfg.eval_files}" if cfg.eval_files else f"--data.problems.eval_split={cfg.eval_split}"
         if overlap.repeats:
@@ -138,7 +138,7 @@ class ProblemPool:
         return self._directory
 
     def _held_out_texts(self) -> frozenset[str]:
-        """The held-out problems' normalised prompts, kept out of a stream when `drop_eval_overlap`."""
+        """The held-out problems' normalised keys (`Task.problem_key`), kept out of a stream when `drop_eval_overlap`."""
         if not self.config.drop_eval_overlap:
             return frozenset()
-        return frozenset(normalise(self.task.prompt(p)) for p in self.held_out())
+        return frozenset(normalise(self.task.problem_key(p)) for p in self.held_out())

@@ -16,18 +16,18 @@ from typing import Any, Callable, Literal, Sequence
 from data_modules.solved import solved_ids
 from data_modules.token_split import TokenSplit
 from flywheel.adaptive import CachedSolution, direct_samples_needed
-from flywheel.reporting.evaluation import encode_prompt
+from flywheel.reporting.problem_view import decoder, encode_prompt, eos_ids, search_problems
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import ROLLOUTS, Credit, Group, TrainingRow, credit_groups
 from flywheel.ports import PolicyPort
 from flywheel.prm import ValueFn
-from flywheel.rewards import Verdict
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import DriverStats, SearchDriver, SearchProblem, derive_seed
 from flywheel.search.flat import flat_responses, flat_rollouts
 from flywheel.search.outputs import TreeResult
 from flywheel.search.rule_table import SELECTION
 from flywheel.tasks import Problem, Task
+from flywheel.tasks.grading import Grader
 
 Rollout = Literal[tuple(ROLLOUTS)]  # the kinds of flywheel.objectives.credit.ROLLOUTS, for the command line
 
@@ -57,30 +57,6 @@ class Rollouts:
     mixed rollout's replayed cached solutions are not among `results`, so they do not count."""
 
 
-def decoder(tokenizer: Any) -> Callable[[Sequence[int]], str]:
-    """token ids -> text, exactly `tokenizer.decode(ids, skip_special_tokens=True)`. A fast
-    tokenizer that does no space clean-up is decoded by its Rust backend directly, the same
-    text without transformers' Python wrapper around it (which was ~15% of the search's
-    bookkeeping: the search decodes every step it grades)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is not None and getattr(tokenizer, "clean_up_tokenization_spaces", None) is False:
-        return functools.partial(backend.decode, skip_special_tokens=True)
-    return functools.partial(tokenizer.decode, skip_special_tokens=True)
-
-
-def eos_ids(tokenizer: Any) -> list[int]:
-    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-
-
-def search_problems(tokenizer: Any, task: Task, problems: Sequence[Problem],
-                    grade: Callable[..., Verdict] | None = None) -> list[SearchProblem]:
-    """The search's view of `problems`: prompt ids and the grading of a response, by `grade`
-    (the run's grading guard, flywheel.tasks.grading) or else `task.score` unguarded."""
-    score = grade or task.score
-    return [SearchProblem(prompt_ids=encode_prompt(tokenizer, task, p), score=functools.partial(score, p), id=p.id)
-            for p in problems]
-
-
 def value_head_fn(module: PolicyPort, config: SearchConfig) -> ValueFn | None:
     """The policy's own value head as the search's value function (search.selection=puct_agents)."""
     if SELECTION[config.selection].uses_value_head and getattr(module, "value_head", None) is not None:
@@ -104,7 +80,7 @@ def rollout(
     value_fn: ValueFn | None = None,
     node_values: ValueFn | None = None,
     progress: Callable[[int, int | None], None] | None = None,
-    grade: Callable[..., Verdict] | None = None,
+    grader: Grader | None = None,
 ) -> Rollouts:
     """Training rows per problem (in problem order), the rollout results and their cost.
 
@@ -117,12 +93,13 @@ def rollout(
     flat group, one with none gets a tree that starts from them (`SearchProblem.first_rollouts`).
     `value_fn` scores new search nodes
     when `search.prm_weight` > 0; otherwise `node_values` does (the policy's value head, for
-    `search.selection=puct_agents`). `progress(problems done, tokens or None)`. `grade`: the
-    grading guard every response goes through (default: `task.score` unguarded).
+    `search.selection=puct_agents`). `progress(problems done, tokens or None)`. `grader`: the
+    grading guard every response (and an environment's every answer) goes through (default: the
+    task unguarded).
     """
     buffered = [p for p in problems if cached(p.id)]
     fresh = [p for p in problems if not cached(p.id)]
-    sampler = Sampler(generator, task, tokenizer, search, max_concurrent_trees, grade)
+    sampler = Sampler(generator, task, tokenizer, search, max_concurrent_trees, grader)
     if kind == "search":
         found = search_fresh(fresh, sampler, flat_first, value_fn if search.prm_weight > 0 else node_values, progress)
     else:
@@ -147,15 +124,15 @@ class Sampler:
     every generator call, `tree_tokens` the tree search's share of them."""
 
     def __init__(self, generator: Generator, task: Task, tokenizer: Any, search: SearchConfig, max_concurrent_trees: int,
-                 grade: Callable[..., Verdict] | None) -> None:
+                 grader: Grader | None) -> None:
         self.generator, self.task, self.tokenizer, self.search = generator, task, tokenizer, search
-        self.max_concurrent_trees, self.grade = max_concurrent_trees, grade
+        self.max_concurrent_trees, self.grader = max_concurrent_trees, grader
         self.decode, self.eos = decoder(tokenizer), eos_ids(tokenizer)
         self.stats = DriverStats()
         self.tree_tokens = 0
 
     def problems(self, problems: Sequence[Problem]) -> list[SearchProblem]:
-        return search_problems(self.tokenizer, self.task, problems, self.grade)
+        return search_problems(self.tokenizer, self.task, problems, self.grader)
 
     def flat(self, problems: Sequence[Problem], n: int, on_done: Callable[[int], None] | None,
              config: SearchConfig | None = None) -> list[TreeResult]:

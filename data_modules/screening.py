@@ -18,7 +18,7 @@ from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Generator
 from flywheel.ports import WallClock
 from flywheel.reporting.wall_split import SCREENING, UNTIMED
-from flywheel.rewards import Verdict
+from flywheel.tasks.grading import Grader
 from flywheel.tasks import Problem, Task
 
 
@@ -31,13 +31,13 @@ def screen(
     config: HardSetConfig,
     seed: int,
     progress: Callable[[int], None] | None = None,
-    grade: Callable[..., Verdict] | None = None,
+    grader: Grader | None = None,
 ) -> tuple[dict[str, float], int]:
     """(Pass1@K rate of every problem of every rank's shard, tokens this rank generated), the
-    responses graded by `grade` (the run's grading guard; default `task.score`).
+    responses graded by `grader` (the run's grading guard; default the task unguarded).
     Collective: every rank calls it with its own shard and gets the same rates."""
     samples = EvalConfig(samples=config.k, temperature=config.temperature, top_p=config.top_p, seed=seed)
-    result = evaluate(generator, tokenizer, task, shard, samples, progress=progress, grade=grade)
+    result = evaluate(generator, tokenizer, task, shard, samples, progress=progress, grader=grader)
     gathered = all_gather((result.problem_ids, result.samples, result.correct))
     return pass1_rates(*(sum((list(part[i]) for part in gathered), []) for i in range(3))), result.generated_tokens
 
@@ -53,8 +53,8 @@ class Screening:
     """
 
     def __init__(self, pool: ProblemPool, curriculum: Curriculum, task: Task,
-                 grade: Callable[..., Verdict] | None = None) -> None:
-        self.pool, self.curriculum, self.task, self.grade = pool, curriculum, task, grade
+                 grader: Grader | None = None) -> None:
+        self.pool, self.curriculum, self.task, self.grader = pool, curriculum, task, grader
         self.tokens = 0
         """Tokens generated for screening over the run, all ranks (checkpointed by the data module)."""
 
@@ -66,7 +66,7 @@ class Screening:
                       samples=cfg.k) as advance, \
                 wall.section(SCREENING):
             rates, tokens = screen(shard, generator=generator, tokenizer=tokenizer, task=self.task, config=cfg,
-                                   seed=self.curriculum.screening_seed(), progress=advance, grade=self.grade)
+                                   seed=self.curriculum.screening_seed(), progress=advance, grader=self.grader)
         tokens = all_sum(tokens)  # every rank's: the same count on every rank, so any rank's checkpoint holds the run's
         self.tokens += tokens
         self.curriculum.count_tokens(TokenSplit(screening=tokens))

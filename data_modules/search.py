@@ -33,7 +33,7 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import Rollout, Rollouts, check_flat_first, decoder, rollout, search_outcomes, value_head_fn
+from data_modules.rollout import Rollout, Rollouts, check_flat_first, rollout, search_outcomes, value_head_fn
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -42,6 +42,7 @@ from data_modules.settings import AsyncSearchConfig, BatchingConfig, ProblemsCon
 from flywheel.adaptive import HardSetConfig, ReplayConfig
 from flywheel.run.distributed import all_gather, all_sum
 from flywheel.reporting.evaluation import EvalConfig
+from flywheel.reporting.problem_view import decoder
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
 from flywheel.objectives.credit import Credit, check as check_credit, fit_cautions
@@ -150,7 +151,7 @@ class SearchDataModule(L.LightningDataModule):
         self.wall: WallClock = UNTIMED
         """The run's wall clock (callbacks.wall_time.WallTime, handed over by the CLI wiring): the
         epoch's sections are timed on it; untimed without one."""
-        self.screening = Screening(self.pool, self.curriculum, self.task, self.grader.score)
+        self.screening = Screening(self.pool, self.curriculum, self.task, self.grader)
         """Pass1@K screening: the hard set, its refresh, a stream's draws."""
         self.generated_tokens = 0
         """Tokens generated for training over the run, all ranks (evaluation and screening excluded)."""
@@ -348,7 +349,7 @@ class SearchDataModule(L.LightningDataModule):
             max_concurrent_trees=self.batching.max_concurrent_trees, credit=self.credit,
             cached=cached or self.curriculum.cached, value_fn=self.value_fn,
             node_values=value_head_fn(self.policy_port, self.search), progress=advance,
-            grade=self.grader.score,
+            grader=self.grader,
         )
 
     def grading_metrics(self) -> dict[str, float]:

@@ -89,7 +89,7 @@ def usable_rows(task: Task, files: Sequence[str], skip_bad_rows: bool, columns: 
             if problem.id in seen:
                 raise ValueError(f"duplicate problem id {problem.id!r} at {where}; ids must be unique")
             seen.add(problem.id)
-            if exclude and normalise(task.prompt(problem)) in exclude:
+            if exclude and normalise(task.problem_key(problem)) in exclude:
                 dropped.append(problem.id)
                 continue
             items.append({"row": json.dumps({**row, "id": problem.id}, default=str), "where": where})

@@ -313,7 +313,7 @@ class TreeGRPOModule(PortClient, L.LightningModule):
         port = self.port
         pool = port.eval_problems()
         result = evaluate_sharded(port.generator, self.tokenizer, port.task, [pool[int(i)] for i in positions], port.eval,
-                                  grade=port.grader.score)
+                                  grader=port.grader)
         for k in sorted({1, port.eval.pass_k}):
             # The same number on every rank: the mean over ranks (sync_dist) leaves it as it is.
             self.log(f"{stage}/pass@{k}", result.pass_at(k), batch_size=len(result.samples), sync_dist=True)

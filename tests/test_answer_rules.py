@@ -78,7 +78,8 @@ def _result(*reasons: str):
     trajectories = [SimpleNamespace(steps=(SimpleNamespace(depth=1),), reward=0.0, verdict=Verdict(r.startswith("correct"), 0.0, None, r))
                     for r in reasons]
     stats = SimpleNamespace(expansions=1, nodes=2, max_depth=1)
-    return SimpleNamespace(mode="search", complete=True, stats=stats, trajectories=trajectories)
+    tree = SimpleNamespace(turns={}, observation=[()])  # not an environment's
+    return SimpleNamespace(mode="search", complete=True, stats=stats, trajectories=trajectories, tree=tree)
 
 
 def test_epoch_metrics_give_the_share_of_each_answer_rule():

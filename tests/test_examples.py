@@ -37,7 +37,7 @@ def test_behaviour_logprobs_are_filled_with_the_trainers_only_where_unknown():
 def test_the_search_decoder_gives_the_tokenizers_own_decode(tok):
     # The fast path (the Rust backend, no Python wrapper) must return exactly what
     # tokenizer.decode(ids, skip_special_tokens=True) returns, special tokens included.
-    from data_modules.rollout import decoder
+    from flywheel.reporting.problem_view import decoder
 
     decode = decoder(tok)
     assert decode.func == tok.backend_tokenizer.decode  # the fast path is the one taken

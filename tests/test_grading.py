@@ -281,7 +281,7 @@ def test_the_evaluation_grades_a_stuck_and_a_failing_verifier_wrong_and_finishes
     grader = grader_with(tmp_path, sleep=1, **{"raise": 1})
     try:
         result = evaluate(generator, tokenizer, grader.task, countdown_problems(3), EvalConfig(samples=2),
-                          grade=grader.score)
+                          grader=grader)
     finally:
         grader.close()
     reasons = dict(result.reasons)
@@ -298,7 +298,7 @@ def test_the_screening_grades_a_stuck_and_a_failing_verifier_wrong_and_finishes(
     problems = countdown_problems(2)
     try:
         rates, tokens = screen(problems, generator=generator, tokenizer=tokenizer, task=grader.task,
-                               config=HardSetConfig(k=2), seed=0, grade=grader.score)
+                               config=HardSetConfig(k=2), seed=0, grader=grader)
     finally:
         grader.close()
     assert set(rates) == {p.id for p in problems} and tokens > 0
@@ -315,7 +315,7 @@ def test_the_search_grades_a_stuck_and_a_failing_verifier_wrong_and_finishes(tin
     search = SearchConfig(max_depth=8, expansion_width=2, trajectories_per_tree=4, max_expansions_per_tree=8)
     try:
         out = rollout(countdown_problems(2), generator=generator, task=grader.task, tokenizer=tokenizer, kind="search",
-                      search=search, flat_samples=2, max_concurrent_trees=2, credit=Credit(), grade=grader.score)
+                      search=search, flat_samples=2, max_concurrent_trees=2, credit=Credit(), grader=grader)
     finally:
         grader.close()
     reasons = [t.verdict.reason for r in out.results for t in r.trajectories]

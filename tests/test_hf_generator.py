@@ -435,7 +435,7 @@ def test_qwen2_family(tok):
 def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thread):
     import functools
 
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.policies.load import load_policy
     from flywheel.search import SearchConfig, SearchDriver, SearchProblem
     from flywheel.tasks.countdown import CountdownTask

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flywheel.__main__ import main
-from flywheel.reporting.evaluation import encode_prompt
+from flywheel.reporting.problem_view import encode_prompt
 from flywheel.rewards.math import answers_equal, parse
 from flywheel.tasks import MathTask, Problem
 from flywheel.policies.tiny import build_char_tokenizer

@@ -81,7 +81,7 @@ def test_the_name_resolves_to_a_plain_folder_that_matches_its_conversion_referen
 
 
 def test_the_chat_prompt_keeps_the_templates_default_system_turn_unless_the_task_sets_one(tok):
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.tasks.math import DEEPSEARCH_PROMPT_SUFFIX, MathTask
 
     problem = arith(1)[0]
@@ -101,7 +101,7 @@ def test_stop_strings_and_step_ends_where_bpe_merges_the_delimiter(tok):
     from flywheel.search.config import SearchConfig
     from flywheel.search.driver import SearchDriver
     from flywheel.tasks.base import StepSpec
-    from data_modules.rollout import decoder
+    from flywheel.reporting.problem_view import decoder
 
     nl, nlnl, nlnl_spaces, dot = (tok.convert_tokens_to_ids(t) for t in ("Ċ", "ĊĊ", "ĊĊĠĠĠ", "."))
     assert [tok.decode([i]) for i in (nl, nlnl, nlnl_spaces)] == ["\n", "\n\n", "\n\n   "]
@@ -116,7 +116,7 @@ def test_stop_strings_and_step_ends_where_bpe_merges_the_delimiter(tok):
 
 
 def test_a_character_split_between_two_steps_reads_whole_in_the_tree(tok):
-    from data_modules.rollout import decoder
+    from flywheel.reporting.problem_view import decoder
     from flywheel.generation.base import Completion
     from flywheel.search.outputs import step_text
     from flywheel.search.tree import SearchTree
@@ -134,7 +134,7 @@ def test_a_character_split_between_two_steps_reads_whole_in_the_tree(tok):
 
 # ---------------------------------------------------------------- the model in-process
 def search(module, tok, task, problems, **settings):
-    from data_modules.rollout import decoder, eos_ids, search_problems
+    from flywheel.reporting.problem_view import decoder, eos_ids, search_problems
     from flywheel.generation.hf import HFGenerator
     from flywheel.search.config import SearchConfig
     from flywheel.search.driver import run_search
@@ -187,7 +187,7 @@ def test_bf16_sampling_agrees_with_fp32_on_the_real_model_and_reports_its_gap(mo
     CPU without native bf16 (AVX2 only) the bf16 matmuls are emulated, several times slower than fp32."""
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.hf import HFGenerator
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.tasks.math import MathTask
 
     task = MathTask()
@@ -207,7 +207,7 @@ def test_bf16_sampling_agrees_with_fp32_on_the_real_model_and_reports_its_gap(mo
 
 
 def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.hf import HFGenerator
     from flywheel.tasks.base import Problem
@@ -223,7 +223,7 @@ def test_a_generated_end_of_turn_ends_the_step_as_eos_and_is_kept(module, tok):
 
 
 def test_delimited_steps_and_rollouts_cut_the_real_text_at_the_delimiter(module, tok):
-    from data_modules.rollout import decoder
+    from flywheel.reporting.problem_view import decoder
     from flywheel.search.outputs import step_text
     from flywheel.tasks.math import MathTask
 

@@ -45,7 +45,7 @@ def sidecar(module, tok, tmp_path_factory):
 
 
 def test_served_greedy_steps_match_the_in_process_generator(sidecar, module, tok):
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.generation.base import GenerationRequest, SamplingParams
     from flywheel.generation.hf import HFGenerator
     from flywheel.tasks.math import MathTask

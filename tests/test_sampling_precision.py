@@ -75,7 +75,7 @@ def test_a_policy_already_in_the_sampling_dtype_is_sampled_as_it_is(model, tok):
 
 def test_greedy_bf16_samples_equal_fp32_on_most_prompts(tok):
     from flywheel.policies.load import load_policy
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.tasks.countdown import CountdownTask
 
     policy, tokenizer = load_policy("tiny-countdown")

@@ -22,6 +22,7 @@ def tree_state(tree) -> tuple:
         tree.logprobs, tree.entropies, tree.finish, tree.path_nll_sum, tree.path_nll_count,
         tree.path_entropy_sum, tree.path_length, tree.terminal, tree.kind, tree.reward, tree.backup_index,
         tree.expanded, tree.dead, tree.live_children, sorted(tree.frontier.items()), sorted(tree.texts.items()),
+        tree.observation,
         sorted((k, (v.correct, v.reward, v.answer, v.reason)) for k, v in tree.verdicts.items()),
     )
 
@@ -37,18 +38,18 @@ def digest(results) -> str:
 
 CASES = {
     # name: (SearchConfig overrides, step, eos_prob, pinned digest)
-    "frontier": ({}, StepSpec(4, delimiter="\n"), 0.15, "16b57f4a62531c36"),
+    "frontier": ({}, StepSpec(4, delimiter="\n"), 0.15, "3c402df7c209ada4"),
     "frontier_lambda2_log": ({"frontier_lambda2": 0.3, "depth_bonus": "log", "backup": "vanilla", "gamma_rule": "code"},
-                             StepSpec(6), 0.1, "9f91ac83467b7a49"),
+                             StepSpec(6), 0.1, "948053618c4558db"),
     "vanilla_uct_softmax": ({"selection": "vanilla_uct", "uct_sampling": "softmax"}, StepSpec(4, delimiter="\n"),
-                            0.15, "6122f049fa88cf6d"),
+                            0.15, "904f8918894bfd2e"),
     "puct_random": ({"selection": "puct", "terminal_choice": "random"}, StepSpec(4, delimiter="\n"), 0.2,
-                    "cff2f65c61b6e836"),
+                    "c916d50210203bbe"),
     "merge_backup_all_train_all": ({"merge_duplicate_steps": True, "backup_all_terminals": True,
-                                    "train_all_terminals": True}, StepSpec(2), 0.25, "0ee3907a3378fab3"),
-    "entropy": ({"terminal_choice": "entropy"}, StepSpec(4, delimiter="\n"), 0.15, "282c95f301677675"),
-    "rollout": ({"expansion": "rollout"}, StepSpec(4, delimiter="\n"), 0.1, "aa05113bc65ef8b6"),
-    "puct_agents": ({"selection": "puct_agents"}, StepSpec(4, delimiter="\n"), 0.15, "41ccb21360168927"),
+                                    "train_all_terminals": True}, StepSpec(2), 0.25, "329970a936ad927a"),
+    "entropy": ({"terminal_choice": "entropy"}, StepSpec(4, delimiter="\n"), 0.15, "7fb8c940cc91a9e0"),
+    "rollout": ({"expansion": "rollout"}, StepSpec(4, delimiter="\n"), 0.1, "8012e7371eba7c54"),
+    "puct_agents": ({"selection": "puct_agents"}, StepSpec(4, delimiter="\n"), 0.15, "b0922198634746d7"),
 }
 
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from flywheel.rewards.chain import verify as chain_verify
 from flywheel.rewards.countdown import verify as countdown_verify
 from flywheel.rewards.math import verify as math_verify
+from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 
 LENGTH = 200_000
 PER_CALL_SECONDS = 1.0
@@ -26,6 +27,8 @@ VERIFIERS = {
     "math": lambda completion: math_verify("3", completion),
     "countdown": lambda completion: countdown_verify([1, 2, 3], 6, completion),
     "chain": lambda completion: chain_verify(3, completion),
+    # an environment's grade: the transcript split into guess lines and replayed through respond
+    "mastermind": lambda completion: MastermindTask().score(MastermindProblem.create("s", (3, 5, 1, 2)), completion),
 }
 
 ATOMS = [" ", "\n", "\t", " \n", "{", "}", "(", ")", "$", "\\", "\\\\", "&", ",", ".", "-", "=", "1", "x", "`", "```",

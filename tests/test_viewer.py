@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from flywheel.__main__ import main
-from flywheel.reporting.evaluation import encode_prompt
+from flywheel.reporting.problem_view import encode_prompt
 from flywheel.generation.hf import HFGenerator
 from flywheel.policies.load import load_policy
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem

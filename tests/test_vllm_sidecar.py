@@ -297,7 +297,7 @@ def test_a_weight_push_that_fails_halfway_is_refused_and_the_next_push_heals(sid
 
 def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):
     """Closes the module's sidecar: the last test that uses it (pytest runs a file in order)."""
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.search import SearchConfig, SearchDriver, SearchProblem
     from flywheel.tasks.countdown import CountdownTask
 

@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from data_modules.rollout import decoder  # noqa: E402
-from flywheel.reporting.evaluation import encode_prompt  # noqa: E402
+from flywheel.reporting.problem_view import decoder  # noqa: E402
+from flywheel.reporting.problem_view import encode_prompt  # noqa: E402
 from flywheel.generation.base import GenerationRequest, SamplingParams  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.generation.vllm import VLLMSidecar  # noqa: E402

@@ -28,7 +28,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from flywheel.reporting.evaluation import encode_prompt  # noqa: E402
+from flywheel.reporting.problem_view import encode_prompt  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.policies.load import load_policy  # noqa: E402
 from flywheel.prm.model import PRMTrainConfig, ValueModel, auc, fit_value_model  # noqa: E402

@@ -248,7 +248,7 @@ def part_b(
     try:
         import torch
 
-        from data_modules.rollout import decoder  # the decoder fit's search uses
+        from flywheel.reporting.problem_view import decoder  # the decoder fit's search uses
         from flywheel.generation.hf import HFGenerator
         from flywheel.tasks.countdown import CountdownTask
     except Exception as err:  # the backend is built elsewhere; part (a) stands alone

@@ -42,7 +42,7 @@ FORMAT = "flywheel.adaptive.replay/v1"
 
 class Response(Protocol):
     """Anything with a response's token ids and text (a search `Trajectory`, a
-    `CachedSolution`); a `reward` attribute is copied when present."""
+    `CachedSolution`); `reward` and `loss_mask` attributes are copied when present."""
 
     @property
     def response_ids(self) -> Sequence[int]: ...
@@ -62,9 +62,16 @@ class CachedSolution:
     """The flywheel round whose search found it."""
     reward: float | None = None
     """Its outcome reward when it was found (None if not kept)."""
+    loss_mask: tuple[bool, ...] = ()
+    """Which of `response_ids` the policy wrote (an episode's observations are not trained on);
+    empty: every one."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "response_ids", tuple(self.response_ids))
+        object.__setattr__(self, "loss_mask", tuple(self.loss_mask))
+        if self.loss_mask and (len(self.loss_mask) != len(self.response_ids)
+                               or not all(isinstance(m, bool) for m in self.loss_mask)):
+            raise ValueError(f"problem {self.problem_id!r}: loss_mask must be one boolean per response token")
         if not isinstance(self.problem_id, str):
             raise ValueError(f"problem_id must be a string, got {self.problem_id!r}")
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.response_ids):
@@ -83,15 +90,19 @@ class CachedSolution:
         """Cache a response-like record (e.g. a correct `Trajectory`) of `problem_id`."""
         reward = getattr(response, "reward", None)
         reward = None if reward is None else float(reward)
-        return cls(problem_id, tuple(response.response_ids), response.response_text, round, reward)
+        return cls(problem_id, tuple(response.response_ids), response.response_text, round, reward,
+                   tuple(getattr(response, "loss_mask", ())))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "response_ids": list(self.response_ids),
             "response_text": self.response_text,
             "round": self.round,
             "reward": self.reward,
         }
+        if self.loss_mask:
+            out["loss_mask"] = list(self.loss_mask)
+        return out
 
 
 class ReplayBuffer:
@@ -321,8 +332,12 @@ def _entries(items: list[Any], key: str) -> list[tuple[str, tuple[CachedSolution
             missing = [k for k in ("response_text", "round") if k not in sol]
             if missing:
                 raise ValueError(f"{where}: solutions[{j}] is missing {missing}")
+            mask = sol.get("loss_mask", [])
+            if not isinstance(mask, list):
+                raise ValueError(f"{where}: solutions[{j}].loss_mask must be a list of booleans, got {type(mask).__name__}")
             try:
-                parsed.append(CachedSolution(pid, tuple(ids), sol["response_text"], sol["round"], sol.get("reward")))
+                parsed.append(CachedSolution(pid, tuple(ids), sol["response_text"], sol["round"], sol.get("reward"),
+                                             tuple(mask)))
             except ValueError as err:
                 raise ValueError(f"{where}: solutions[{j}]: {err}") from None
         out[pid] = tuple(parsed)

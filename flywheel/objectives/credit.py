@@ -345,7 +345,7 @@ def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Trainin
             problem_id=group.problem_id, group=0, prompt_ids=group.prompt_ids, response_ids=trajectory.response_ids,
             advantages=tuple(per_token(advantages, lengths)), behaviour_logprobs=trajectory.response_logprobs,
             step_ids=tuple(j for j, n in enumerate(lengths) for _ in range(n)), reward=trajectory.reward,
-            correct=trajectory.verdict.correct,
+            correct=trajectory.verdict.correct, loss_mask=trajectory.loss_mask,
         ))
     return rows
 
@@ -366,6 +366,6 @@ def _mixed_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Traini
         rows.append(TrainingRow(
             problem_id=group.problem_id, group=0, prompt_ids=group.prompt_ids, response_ids=tuple(item.response_ids),
             advantages=(advantages[0],) * length, behaviour_logprobs=(float("nan"),) * length if cached else item.response_logprobs,
-            step_ids=(0,) * length, reward=score, correct=ok,
+            step_ids=(0,) * length, reward=score, correct=ok, loss_mask=tuple(item.loss_mask),
         ))
     return rows

@@ -42,6 +42,9 @@ class SearchedPath(Protocol):
     def response_logprobs(self) -> tuple[float, ...]: ...
 
     @property
+    def loss_mask(self) -> tuple[bool, ...]: ...
+
+    @property
     def response_text(self) -> str: ...
 
     @property
@@ -89,6 +92,9 @@ class TrainingRow:
     reward: float
     correct: bool = False
     """Verified correct (a cached solution is)."""
+    loss_mask: tuple[bool, ...] = ()
+    """[len(response_ids)] which tokens are trained on (an episode's observations are not);
+    empty: every response token."""
     weight_version: int | None = None
     """The optimizer step of the generator's weights when its search started (stamped by the
     data module; None: not stamped). Under `--data.async_search` it lags the trained weights."""

@@ -155,7 +155,7 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
                    problems_per_part: int, seed: int, replicates: int) -> dict[str, Any]:
     """fork_gain of `model` on `problems` within `max_tokens`: the pool's line, one line per fork
     point kind, the fresh samples' line, and the recommendation (flywheel.reporting.fork_gain)."""
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.reporting.fork_gain import ROOT_KIND, ForkSetup, kind_line, kind_order, measure_within, recommend
     from flywheel.search import SearchDriver
     from flywheel.search.config import SearchConfig
@@ -237,7 +237,7 @@ def print_report(report: dict[str, Any]) -> None:
 def check_rollout_fits(tokenizer, task: Task, problems, max_depth: int, limit: int | None) -> None:
     """A rollout asks for up to max_depth x the step cap new tokens after its prompt (as the
     search's rollouts do): refused here, naming the flag, when that exceeds the context."""
-    from flywheel.reporting.evaluation import encode_prompt
+    from flywheel.reporting.problem_view import encode_prompt
     from flywheel.run.preflight import PreflightError
 
     if limit is None:

@@ -387,7 +387,7 @@ def evaluate_source(generator: Any, tokenizer: Any, task: Task, loaded: Any, con
     seconds, graded = generator.stats.seconds, grader.counts()
     with sample_bar(generator, len(shard(problems, rank, world)), config.samples, f"eval {name}", show=rank == 0) as advance:
         with torch.no_grad():
-            result = evaluate_sharded(generator, tokenizer, task, problems, config, progress=advance, grade=grader.score)
+            result = evaluate_sharded(generator, tokenizer, task, problems, config, progress=advance, grader=grader)
     scores = metrics(result, ks)
     if rank == 0:
         log.info("%s: %s on %d problems", name, ", ".join(f"{m} {v:.4f}" for m, v in scores.items()), len(problems))

@@ -21,8 +21,13 @@ from flywheel.finite import check_finite_fields
 from flywheel.generation.base import GenerationRequest, Generator, SamplingParams
 from flywheel.reporting.metrics import pass_at_k
 from flywheel.rewards import Verdict
+from flywheel.reporting.problem_view import decoder, encode_prompt, eos_ids, search_problems
+from flywheel.search.config import SearchConfig
 from flywheel.search.driver import derive_seed
+from flywheel.search.flat import flat_rollouts
 from flywheel.tasks import Problem, Task
+from flywheel.tasks.environment import EnvironmentTask
+from flywheel.tasks.grading import Grader
 
 log = logging.getLogger(__name__)
 
@@ -107,22 +112,6 @@ class EvalResult:
         return sum(pass_at_k(n, c, k) for n, c in zip(self.samples, self.correct)) / len(self.samples)
 
 
-def encode_prompt(tokenizer: Any, task: Task, problem: Problem) -> tuple[int, ...]:
-    """The prompt's token ids: the user turn of the tokenizer's chat template (with the
-    generation prompt; after the task's `system_prompt` when it sets one) when the task asks
-    for it and the tokenizer has one, else the plain text (the tokenizer adds BOS / its own
-    special tokens)."""
-    text = task.prompt(problem)
-    if task.chat_template and getattr(tokenizer, "chat_template", None):
-        system = task.system_prompt
-        messages = ([{"role": "system", "content": system}] if system is not None else []) + [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "keys"):  # a BatchEncoding in newer transformers
-            ids = ids["input_ids"]
-        return tuple(int(i) for i in ids)
-    return tuple(tokenizer(text)["input_ids"])
-
-
 def evaluate(
     generator: Generator,
     tokenizer: Any,
@@ -132,11 +121,12 @@ def evaluate(
     *,
     progress: Callable[[int], None] | None = None,
     request_seed: Callable[[Problem], int] | None = None,
-    grade: Callable[..., Verdict] | None = None,
+    grader: Grader | None = None,
 ) -> EvalResult:
     """Sample `samples` full responses for every problem and grade them with the task
-    (`grade(problem, text, truncated=...)`: the run's grading guard, flywheel.tasks.grading;
-    default `task.score` unguarded).
+    (through `grader`: the run's grading guard, flywheel.tasks.grading; default the task
+    unguarded). An environment's task (flywheel.tasks.environment) plays `samples` episodes
+    of each problem instead, turn by turn (`episodes`).
 
     Request seeds depend on (seed, problem id) only, so evaluating two checkpoints on the
     same problems uses common random numbers (their difference is less noisy), whatever the
@@ -146,18 +136,24 @@ def evaluate(
     params = SamplingParams(max_new_tokens=task.max_response_tokens, temperature=config.temperature, top_p=config.top_p)
     chunk, samples, seed = config.problems_per_batch, config.samples, config.seed
     seed_of = request_seed or (lambda p: derive_seed(seed, zlib.crc32(p.id.encode())))
-    score = grade or task.score
+    score = grader.score if grader is not None else task.score
     correct: list[int] = []
     reasons: Counter[str] = Counter()
     tokens = 0
     for first in range(0, len(problems), chunk):
         part = problems[first : first + chunk]
-        requests = [GenerationRequest(prompt_ids=encode_prompt(tokenizer, task, p), n=samples, params=params, seed=seed_of(p))
-                    for p in part]
-        for problem, completions in zip(part, generator.sample(requests)):
-            tokens += sum(len(c.token_ids) for c in completions)
-            verdicts = [score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                              truncated=c.finish_reason == "length") for c in completions]
+        if isinstance(task, EnvironmentTask):
+            verdicts_of, part_tokens = episodes(generator, tokenizer, task, part, config, [seed_of(p) for p in part], grader)
+        else:
+            requests = [GenerationRequest(prompt_ids=encode_prompt(tokenizer, task, p), n=samples, params=params,
+                                          seed=seed_of(p)) for p in part]
+            outputs = generator.sample(requests)
+            part_tokens = sum(len(c.token_ids) for completions in outputs for c in completions)
+            verdicts_of = [[score(problem, tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                  truncated=c.finish_reason == "length") for c in completions]
+                           for problem, completions in zip(part, outputs)]
+        tokens += part_tokens
+        for verdicts in verdicts_of:
             correct.append(sum(v.correct for v in verdicts))
             reasons.update(v.reason for v in verdicts)
         if progress is not None:
@@ -169,6 +165,22 @@ def evaluate(
         generated_tokens=tokens,
         reasons=tuple(reasons.most_common()),
     )
+
+
+def episodes(generator: Generator, tokenizer: Any, task: EnvironmentTask, problems: Sequence[Problem],
+             config: EvalConfig, seeds: Sequence[int], grader: Grader | None) -> tuple[list[list[Verdict]], int]:
+    """`config.samples` episodes of each problem, turn by turn (the search's flat rollouts: one
+    generator call a turn for every episode still going), each problem's from its own seed:
+    the verdicts of each problem's episodes and the tokens the policy generated (the
+    observations are prefilled, not counted)."""
+    from flywheel.reporting.problem_view import decoder, eos_ids, search_problems  # the search's view of a problem: the glue's
+
+    search = SearchConfig(max_depth=task.max_turns, temperature=config.temperature, top_p=config.top_p,
+                          overlong_penalty=False)
+    results = flat_rollouts(search_problems(tokenizer, task, problems, grader), generator, n=config.samples,
+                            step=task.step, decode=decoder(tokenizer), config=search,
+                            max_concurrent_problems=max(len(problems), 1), eos_token_ids=eos_ids(tokenizer), seeds=seeds)
+    return [[t.verdict for t in r.trajectories] for r in results], sum(r.stats.generated_tokens for r in results)
 
 
 def shard(problems: Sequence[Problem], rank: int, world_size: int) -> list[Problem]:
@@ -209,11 +221,11 @@ def evaluate_sharded(
     *,
     progress: Callable[[int], None] | None = None,
     request_seed: Callable[[Problem], int] | None = None,
-    grade: Callable[..., Verdict] | None = None,
+    grader: Grader | None = None,
 ) -> EvalResult:
     """`evaluate` over every rank: this rank counts `shard(problems, rank, world)`, and every
     rank returns the merged counts of all `problems` (tokens and reasons summed). Collective."""
     rank, size = world()
     part = evaluate(generator, tokenizer, task, shard(problems, rank, size), config, progress=progress,
-                    request_seed=request_seed, grade=grade)
+                    request_seed=request_seed, grader=grader)
     return merge_shards(problems, all_gather(part))

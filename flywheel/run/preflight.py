@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 import torch
 
-from flywheel.reporting.evaluation import encode_prompt
+from flywheel.reporting.problem_view import encode_prompt
 from flywheel.run.settings import SETTINGS_KEY
 from flywheel.run.errors import CheckpointReadError, PreflightError  # noqa: F401  (PreflightError: raised here and imported from here)
 from flywheel.tasks import Problem, Task

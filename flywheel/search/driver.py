@@ -118,6 +118,10 @@ class SearchDriver:
         """The tree of `problem`. One with `first_rollouts` (`--data.batching.flat_first`) starts
         from them before its first round: absorbed as the root's first expansion, their new
         steps scored by the value model (if any), then its first fork chosen."""
+        if problem.respond is not None and self.config.whole_rollouts:
+            raise ValueError(f"problem {problem.id!r} is an environment's episode, whose actions the environment answers "
+                             f"one by one; --data.search.expansion={self.config.expansion} samples whole responses in one "
+                             "call: use a step expansion (--data.search.expansion=step)")
         tree = self.new_tree(index, problem)
         if problem.first_rollouts:
             if not self.config.whole_rollouts or not isinstance(tree, LiveTree):

@@ -15,8 +15,13 @@ from flywheel.search.config import SearchConfig
 from flywheel.search.terminal import is_terminal_step, terminal_kind, terminal_reward
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
+from flywheel.tasks.environment import Turn
 
 Decode = Callable[[Sequence[int]], str]
+
+Respond = Callable[[tuple[str, ...]], tuple[Turn, tuple[int, ...]]]
+"""An environment problem's answer to the actions of an episode so far (their texts, in order):
+the turn (flywheel.tasks.environment.Turn) and its observation's token ids."""
 
 
 @dataclass(frozen=True)
@@ -29,12 +34,16 @@ class SearchProblem:
     `first_rollouts`: whole responses to the prompt sampled before the tree (the flat samples
     of `--data.batching.flat_first`): a rollout-expansion tree starts from them as its first
     chains, without generating them again (flywheel.search.live.LiveTree.start_from).
+    `respond`: set for an environment's episode (flywheel.tasks.environment): each step is an
+    action the environment answers, its observation extends the context, and the episode is
+    graded by its last turn, not by `score`.
     """
 
     prompt_ids: tuple[int, ...]
     score: Callable[..., Verdict]
     id: str = ""
     first_rollouts: tuple[Completion, ...] = ()
+    respond: Respond | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(self.prompt_ids))  # a list is accepted
@@ -101,7 +110,11 @@ def grade_terminal(
     A trajectory without EOS was cut by the length limit: it is graded as `truncated`.
     `graded` memoises (text, verdict) by response token ids and EOS within one tree: siblings
     often repeat a response exactly, and decoding and grading are pure. `ids`: the response
-    token ids when the caller already has them (siblings share their parent's)."""
+    token ids when the caller already has them (siblings share their parent's). An episode's
+    terminal is graded by its environment's last turn (`grade_episode`)."""
+    if problem.respond is not None:
+        grade_episode(tree, node, decode, eos, config)
+        return
     if ids is None:
         ids = tuple(tree.response_ids(node))
     key = (ids, eos)
@@ -117,6 +130,52 @@ def grade_terminal(
             graded[key] = (text, verdict)
     kind = terminal_kind(verdict, emitted_eos=eos)
     tree.texts[node] = text
+    tree.verdicts[node] = verdict
+    tree.kind[node] = kind
+    tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)
+
+
+def environment_turns(tree: SearchTree, node: int, completions: Sequence[Completion], problem: SearchProblem,
+                      decode: Decode) -> list[tuple[Turn, tuple[int, ...]]]:
+    """The environment's answer to each completion as the next action after `node`'s episode
+    (`problem.respond`); siblings that wrote the same action text share one answer."""
+    assert problem.respond is not None
+    actions = tuple(decode(tree.tokens[v]) for v in tree.path(node)[1:])
+    answers: dict[str, tuple[Turn, tuple[int, ...]]] = {}
+    out = []
+    for completion in completions:
+        action = decode(completion.token_ids)
+        if action not in answers:
+            answers[action] = problem.respond(actions + (action,))
+        out.append(answers[action])
+    return out
+
+
+def child_ends(tree: SearchTree, node: int, completions: Sequence[Completion], problem: SearchProblem, decode: Decode,
+               max_depth: int, eos_token_ids: frozenset[int]
+               ) -> tuple[list[tuple[bool, bool]], list[tuple[Turn, tuple[int, ...]]] | None]:
+    """(terminal, emitted EOS) of each completion as a new child of `node` (§1: EOS, or max
+    depth), and for an environment's episode the environment's answers to them (`environment_turns`),
+    a child whose answer is done being terminal too."""
+    depth = tree.depth[node] + 1
+    ends = [step_end(c, depth, max_depth, eos_token_ids) for c in completions]
+    if problem.respond is None:
+        return ends, None
+    turns = environment_turns(tree, node, completions, problem, decode)
+    return [(terminal or turn.done, eos) for (terminal, eos), (turn, _) in zip(ends, turns)], turns
+
+
+def grade_episode(tree: SearchTree, node: int, decode: Decode, eos: bool, config: SearchConfig) -> None:
+    """Grade the episode ending at `node` by its last turn: the environment's verdict when it
+    said done; else lost, "ended_by_policy" (EOS) or "turn_limit" (cut at max depth: incomplete).
+    Its text is the whole episode, observations included."""
+    turn = tree.turns[node]
+    if turn.done:
+        verdict = turn.verdict(decode(tree.tokens[node]))
+    else:
+        verdict = Verdict(correct=False, reward=-1.0, answer=None, reason="ended_by_policy" if eos else "turn_limit")
+    kind = terminal_kind(verdict, emitted_eos=eos or turn.done)
+    tree.texts[node] = decode(tree.context_ids(node))
     tree.verdicts[node] = verdict
     tree.kind[node] = kind
     tree.reward[node] = terminal_reward(kind, verdict, config.incomplete_reward)

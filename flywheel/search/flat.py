@@ -15,7 +15,8 @@ from typing import Callable, Iterable, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, derive_seed, grade_terminal, step_end, step_sampling_params
+from flywheel.search.expansion import (Decode, SearchProblem, child_ends, derive_seed, grade_terminal,
+                                       step_sampling_params)
 from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
 from flywheel.search.tree import ROOT, SearchTree
@@ -27,9 +28,11 @@ class _FlatProblem:
 
     def __init__(
         self, index: int, problem: SearchProblem, n: int, params: SamplingParams, config: SearchConfig,
-        decode: Decode, eos_ids: frozenset[int],
+        decode: Decode, eos_ids: frozenset[int], seed: tuple[int, int] | None = None,
     ) -> None:
         self.index = index
+        self.seed = seed if seed is not None else (config.seed, index)
+        """What its request seeds derive from: (the config's seed, its index), or its own."""
         self.problem = problem
         self.n = n
         self.params = params
@@ -48,15 +51,15 @@ class _FlatProblem:
         return [j for j, leaf in enumerate(self.leaves) if not self.tree.terminal[leaf]]
 
     def requests(self) -> list[GenerationRequest]:
-        cfg, tree = self.config, self.tree
+        tree = self.tree
         if not self.leaves:  # first round: n samples of the prompt in one request
             self.chains = [list(range(self.n))]
-            return [GenerationRequest(tree.prompt_ids, self.n, self.params, derive_seed(cfg.seed, self.index, 0),
+            return [GenerationRequest(tree.prompt_ids, self.n, self.params, derive_seed(*self.seed, 0),
                                       affinity=self.index)]
         self.chains = [[j] for j in self.open_chains()]
         return [
             GenerationRequest(tree.prefix_ids(self.leaves[j]), 1, self.params,
-                              derive_seed(cfg.seed, self.index, tree.depth[self.leaves[j]], j), affinity=self.index)
+                              derive_seed(*self.seed, tree.depth[self.leaves[j]], j), affinity=self.index)
             for (j,) in self.chains
         ]
 
@@ -86,6 +89,7 @@ def flat_rollouts(
     eos_token_ids: Iterable[int] = (),
     stats: DriverStats | None = None,
     progress: Callable[[int], None] | None = None,
+    seeds: Sequence[int] | None = None,
 ) -> list[TreeResult]:
     """n independent rollouts per problem, graded at their ends; results in input order.
 
@@ -97,6 +101,8 @@ def flat_rollouts(
         max_concurrent_problems: problems in flight; finished ones are replaced at once.
         stats: accumulate rounds / tokens / generator time into this DriverStats.
         progress: called with the number of finished problems after every round.
+        seeds: one per problem, what its request seeds derive from instead of (config.seed,
+            its index): the same samples of a problem wherever it stands in the input.
     """
     if n < 1:
         raise ValueError(f"flat rollouts need n >= 1, got {n}")
@@ -104,7 +110,8 @@ def flat_rollouts(
         raise ValueError(f"max_concurrent_problems must be >= 1, got {max_concurrent_problems}")
     params = step_sampling_params(step, config)
     eos_ids = frozenset(eos_token_ids)
-    groups = (_FlatProblem(i, p, n, params, config, decode, eos_ids) for i, p in enumerate(problems))
+    groups = (_FlatProblem(i, p, n, params, config, decode, eos_ids, None if seeds is None else (seeds[i], 0))
+              for i, p in enumerate(problems))
     finished = 0
 
     def on_round(live: list[_FlatProblem], ended: list[_FlatProblem]) -> None:
@@ -130,15 +137,15 @@ def _extend(
     tree = fp.tree
     fp.generated_tokens += sum(len(c.token_ids) for c in completions)
     if not fp.leaves:  # the first round's n completions are the root's n children
-        flags = [step_end(c, 1, config.max_depth, eos_ids) for c in completions]
-        fp.leaves = tree.add_children(ROOT, completions, [t for t, _ in flags])
+        flags, turns = child_ends(tree, ROOT, completions, fp.problem, decode, config.max_depth, eos_ids)
+        fp.leaves = tree.add_children(ROOT, completions, [t for t, _ in flags], turns=turns)
         ends = [(leaf, e) for leaf, (_, e) in zip(fp.leaves, flags)]
     else:
         ends = []
         for j, completion in zip(chains, completions):
             leaf = fp.leaves[j]
-            terminal, e = step_end(completion, tree.depth[leaf] + 1, config.max_depth, eos_ids)
-            (child,) = tree.add_children(leaf, [completion], [terminal])
+            ((terminal, e),), turns = child_ends(tree, leaf, [completion], fp.problem, decode, config.max_depth, eos_ids)
+            (child,) = tree.add_children(leaf, [completion], [terminal], turns=turns)
             fp.leaves[j] = child
             ends.append((child, e))
     for node, e in ends:

@@ -81,7 +81,7 @@ class LiveTree:
         tree, node = self.tree, self.next_node
         params = self.mode.sampling_params(self, node, params)
         if node != ROOT and tree.parent[node] == self._prefix_node:
-            prefix = self._prefix + tree.tokens[node]
+            prefix = self._prefix + tree.tokens[node] + tree.observation[node]
         else:
             prefix = tree.prefix_ids(node)
         self._prefix_node, self._prefix = node, prefix

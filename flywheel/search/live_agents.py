@@ -21,7 +21,7 @@ from flywheel.generation.base import Completion, GenerationRequest, SamplingPara
 from flywheel.rewards import Verdict
 from flywheel.search.agents import add_pending, back_up_value, greedy_terminal, initial_value
 from flywheel.search.config import SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, derive_seed, distinct_steps, step_end
+from flywheel.search.expansion import Decode, SearchProblem, child_ends, derive_seed, distinct_steps
 from flywheel.search.live import finished_result
 from flywheel.search.outputs import TreeResult, build_trajectory
 from flywheel.search.step_expansion import grade_children
@@ -82,9 +82,8 @@ class AgentTree:
             tree.expanded[leaf] += 1
             if cfg.merge_duplicate_steps:
                 completions = distinct_steps(completions)
-            depth = tree.depth[leaf] + 1
-            ends = [step_end(c, depth, cfg.max_depth, eos_ids) for c in completions]
-            children = tree.add_children(leaf, completions, [t for t, _ in ends], initial_visit=False)
+            ends, turns = child_ends(tree, leaf, completions, self.problem, decode, cfg.max_depth, eos_ids)
+            children = tree.add_children(leaf, completions, [t for t, _ in ends], initial_visit=False, turns=turns)
             grade_children(tree, leaf, children, ends, self.problem, decode, cfg, self.graded)
             for child, (is_terminal, _) in zip(children, ends):
                 if is_terminal:

@@ -40,6 +40,9 @@ class StepRecord:
     terminal step (§6); the terminal reward for every step of a flat rollout (DAPO)."""
     visits: int
     finish_reason: str
+    observation_ids: tuple[int, ...] = ()
+    """An environment's answer after the step (prefilled, never trained on); empty outside
+    environments."""
 
 
 @dataclass(frozen=True)
@@ -63,15 +66,28 @@ class Trajectory:
 
     @property
     def response_ids(self) -> tuple[int, ...]:
-        return tuple(t for step in self.steps for t in step.token_ids)
+        """Every token after the prompt: each step, and in an episode the observation after it."""
+        return tuple(t for step in self.steps for t in step.token_ids + step.observation_ids)
 
     @property
     def response_logprobs(self) -> tuple[float, ...]:
-        return tuple(lp for step in self.steps for lp in step.logprobs)
+        """The behaviour log-prob of each token of `response_ids` (NaN on observations)."""
+        nan = float("nan")
+        return tuple(lp for step in self.steps for lp in step.logprobs + (nan,) * len(step.observation_ids))
 
     @property
     def step_lengths(self) -> tuple[int, ...]:
-        return tuple(len(step.token_ids) for step in self.steps)
+        """Tokens of each step in `response_ids` (its observation counted with it)."""
+        return tuple(len(step.token_ids) + len(step.observation_ids) for step in self.steps)
+
+    @property
+    def loss_mask(self) -> tuple[bool, ...]:
+        """Which tokens of `response_ids` the policy generated (and is trained on): empty when
+        every one is (no observations)."""
+        if not any(step.observation_ids for step in self.steps):
+            return ()
+        return tuple(m for step in self.steps
+                     for m in (True,) * len(step.token_ids) + (False,) * len(step.observation_ids))
 
     @property
     def final_score(self) -> float:
@@ -153,6 +169,7 @@ def step_record(tree: SearchTree, node: int, config: SearchConfig, mode: str = "
         q_soft=node_soft_value(tree, node, config, mode),
         visits=tree.visits[node],
         finish_reason=tree.finish[node] or "",
+        observation_ids=tree.observation[node],
     )
 
 
@@ -211,7 +228,7 @@ def step_text(tree: SearchTree, node: int, decode: Callable[[Sequence[int]], str
     before: list[int] = []
     parent = tree.parent[node]
     while parent > 0 and len(before) < _CONTEXT_TOKENS:
-        before[:0] = tree.tokens[parent]
+        before[:0] = tree.tokens[parent] + tree.observation[parent]
         parent = tree.parent[parent]
     before = before[-_CONTEXT_TOKENS:]
     head = decode(before).rstrip("\ufffd")  # a partial character at its end is completed by this step
@@ -252,6 +269,11 @@ def tree_to_json(
             entry["logprobs"] = [_num(lp) for lp in tree.logprobs[node]]
         if decode is not None and node:
             entry["text"] = step_text(tree, node, decode)
+        if node in tree.turns:  # an environment's answer to the node's action
+            turn = tree.turns[node]
+            entry["observation_ids"] = list(tree.observation[node])
+            entry["turn"] = {"observation": turn.observation, "done": turn.done, "invalid": turn.invalid,
+                             "reason": turn.reason}
         if verdict is not None:
             entry["verdict"] = {
                 "correct": verdict.correct,

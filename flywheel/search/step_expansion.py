@@ -13,7 +13,7 @@ from flywheel.generation.base import Completion, SamplingParams
 from flywheel.rewards import Verdict
 from flywheel.search.backup import backup_trajectory
 from flywheel.search.config import SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, distinct_steps, emitted_eos, grade_terminal
+from flywheel.search.expansion import Decode, SearchProblem, child_ends, distinct_steps, grade_terminal
 from flywheel.search.terminal import choose_terminals
 from flywheel.search.tree import SearchTree
 
@@ -41,14 +41,11 @@ class StepExpansion:
     def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
                eos_ids: frozenset[int]) -> tuple[list[int], bool]:
         cfg, tree, node = live.config, live.tree, live.next_node
-        depth = tree.depth[node] + 1
         if cfg.merge_duplicate_steps:
             completions = distinct_steps(completions)
-        # step_end for the whole expansion: a child is terminal if it emitted EOS or sits at d_T (§1).
-        at_max_depth = depth >= cfg.max_depth
-        ends = [(at_max_depth or eos, eos) for eos in [emitted_eos(c, eos_ids) for c in completions]]
+        ends, turns = child_ends(tree, node, completions, live.problem, decode, cfg.max_depth, eos_ids)
         terminal = [t for t, _ in ends]
-        children = tree.add_children(node, completions, terminal)
+        children = tree.add_children(node, completions, terminal, turns=turns)
         new_terminals: list[int] = []
         new_live: list[int] = []
         for child, is_terminal in zip(children, terminal):

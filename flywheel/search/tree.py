@@ -1,11 +1,12 @@
 """SearchTree: one problem's search tree, stored as flat per-node lists indexed by node id.
 
 Node 0 is the root (the prompt, depth 0); every other node is one reasoning step, a span
-of generated token ids. A node stores only its own step; the prefix it continues is
-rebuilt by walking parents (no full-prefix copy per node). Per node we keep what the
-rules need in O(1): visit count N, accumulated value q (a SUM, deepsearch.md §4), and
-running sums along the path from the root (NLL, entropy, response length) so that a
-terminal's trajectory statistics cost nothing to read.
+of generated token ids; in an environment's episode (flywheel.tasks.environment) a step is one
+action, followed by the environment's observation (prefilled tokens the next step continues).
+A node stores only its own step; the prefix it continues is rebuilt by walking parents (no
+full-prefix copy per node). Per node we keep what the rules need in O(1): visit count N,
+accumulated value q (a SUM, deepsearch.md §4), and running sums along the path from the root
+(NLL, entropy, response length) so that a terminal's trajectory statistics cost nothing to read.
 
 The tree does no search logic beyond the structural bookkeeping of §1 (a new non-terminal
 child starts with N = 1) and two derived sets the selection rules read:
@@ -20,6 +21,7 @@ from typing import Sequence
 
 from flywheel.generation.base import Completion
 from flywheel.rewards import Verdict
+from flywheel.tasks.environment import Turn
 
 ROOT = 0
 
@@ -60,6 +62,10 @@ class SearchTree:
         """A value model's score of the node (NaN = not scored)."""
         # The step itself.
         self.tokens: list[tuple[int, ...]] = [()]
+        """The node's own generated tokens (its step, or its action)."""
+        self.observation: list[tuple[int, ...]] = [()]
+        """An environment's answer to the node's action, as token ids after its step: prefilled,
+        never sampled or trained on; empty outside environments."""
         self.logprobs: list[tuple[float, ...]] = [()]
         self.entropies: list[tuple[float, ...] | None] = [None]
         self.finish: list[str | None] = [None]
@@ -80,6 +86,8 @@ class SearchTree:
         self.expanded: list[int] = [0]
         """Generator requests made for this node (1 for a step-mode expansion; a rollout-mode
         node is expanded once per fork from it; 0 for steps that came inside a rollout)."""
+        self.turns: dict[int, Turn] = {}
+        """An environment's answer to each node's action (nodes of an episode only)."""
         self.verdicts: dict[int, Verdict] = {}
         self.texts: dict[int, str] = {}
         """Graded terminals: the decoded response text the verifier saw."""
@@ -102,6 +110,7 @@ class SearchTree:
         initial_visit: bool = True,
         extend: bool = False,
         mid_step: Sequence[bool] | None = None,
+        turns: Sequence[tuple[Turn, tuple[int, ...]]] | None = None,
     ) -> list[int]:
         """Attach one child per completion under the leaf `node`; return the new ids.
 
@@ -110,7 +119,8 @@ class SearchTree:
         terminal children start at N = 0 and get their visit from the backup (§4).
         `extend`: `node` may already have children (rollout expansion forks from inner
         nodes); the new ones are added after them. `mid_step[i]`: child i ends inside a step
-        (it keeps `node`'s depth; see `depth`); None = every child ends its step.
+        (it keeps `node`'s depth; see `depth`); None = every child ends its step. `turns[i]`:
+        the environment's answer to child i's action and its observation's token ids.
         """
         k = len(completions)
         self._check_expansion(node, k, terminal, extend, mid_step)
@@ -119,6 +129,12 @@ class SearchTree:
         self._append_shared(node, k, terminal, mid_step)
         live = self._append_steps(node, new_ids, completions, terminal, initial_visit)
         self._attach(node, new_ids, live)
+        if turns is not None:
+            if len(turns) != k:
+                raise ValueError(f"{k} completions but {len(turns)} environment turns")
+            for child, (turn, observation) in zip(new_ids, turns):
+                self.turns[child] = turn
+                self.observation[child] = tuple(observation)
         return new_ids
 
     def _check_expansion(self, node: int, k: int, terminal: Sequence[bool], extend: bool,
@@ -140,6 +156,7 @@ class SearchTree:
         extend each (this runs for every expansion of every live tree, issue 18)."""
         self.parent.extend([node] * k)
         self.children.extend([()] * k)
+        self.observation.extend([()] * k)
         if mid_step is None:
             self.depth.extend([self.depth[node] + 1] * k)
             self.mid_step.extend([False] * k)
@@ -237,15 +254,24 @@ class SearchTree:
         return out
 
     def response_ids(self, node: int) -> list[int]:
-        """The generated token ids from the root to `node` (the prompt excluded)."""
+        """The generated token ids from the root to `node` (the prompt and observations excluded)."""
         out: list[int] = []
         for step in self.path(node)[1:]:
             out.extend(self.tokens[step])
         return out
 
+    def context_ids(self, node: int) -> list[int]:
+        """Everything after the prompt up to `node`: each step and the observation after it."""
+        out: list[int] = []
+        for step in self.path(node)[1:]:
+            out.extend(self.tokens[step])
+            out.extend(self.observation[step])
+        return out
+
     def prefix_ids(self, node: int) -> tuple[int, ...]:
-        """Prompt + response up to `node`: what the generator continues to expand `node`."""
-        return self.prompt_ids + tuple(self.response_ids(node))
+        """Prompt + response up to `node` (with any observation after it): what the generator
+        continues to expand `node`."""
+        return self.prompt_ids + tuple(self.context_ids(node))
 
     def mean_q(self, node: int) -> float:
         """Q(s) = q(s) / N(s), 0 for an unvisited node (used only for selection, §5)."""

@@ -6,6 +6,8 @@ command's parser is built as `--task`'s and `--data.task`'s known classes."""
 from flywheel.tasks.base import Problem, StepSpec, Task
 from flywheel.tasks.chain import ChainProblem, ChainTask
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
+from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 from flywheel.tasks.math import MathTask
 
-__all__ = ["ChainProblem", "ChainTask", "CountdownProblem", "CountdownTask", "MathTask", "Problem", "StepSpec", "Task"]
+__all__ = ["ChainProblem", "ChainTask", "CountdownProblem", "CountdownTask", "MastermindProblem", "MastermindTask",
+           "MathTask", "Problem", "StepSpec", "Task"]

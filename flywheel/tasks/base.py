@@ -73,6 +73,11 @@ class Task(ABC):
         `truncated`: the response was cut by the length limit (it never emitted EOS); a task
         may grade such a response by stricter rules."""
 
+    def problem_key(self, problem: Problem) -> str:
+        """What two copies of one problem share (flywheel.tasks.overlap compares it normalised):
+        the prompt, which holds the whole problem for a task that shows it."""
+        return self.prompt(problem)
+
     @abstractmethod
     def problems(self, split: str) -> list[Problem]:
         """The task's built-in problems of `split` ("train", "test", ...)."""

@@ -1,8 +1,10 @@
 """The grading guard: a task's verifier run on the policy's responses with a time and memory
 limit, so one pathological response can never stall a search, an evaluation or a screening.
 
-`Grader.score` has the signature of `Task.score`. With `isolate` (the default) every call is
-answered by a worker process that holds a copy of the task. A verdict is limited by the CPU time
+`Grader.score` has the signature of `Task.score`, and `Grader.respond` that of
+`EnvironmentTask.respond` (an environment's answer to an action: flywheel.tasks.environment).
+With `isolate` (the default) every call is answered by a worker process that holds a copy of
+the task. A verdict is limited by the CPU time
 the worker spends on it (`timeout_s`), not by the wall clock, so a busy machine slows a verdict
 without making it wrong; the wall clock is only a backstop (`backstop_s`) for a verifier that
 waits instead of computing. The outcomes:
@@ -12,6 +14,9 @@ waits instead of computing. The outcomes:
   graded again once in a fresh worker, and "timeout" only if that one is starved too;
 - over `backstop_s` of wall time otherwise (a verifier that sleeps or blocks): "timeout";
 - a verifier that raises, runs out of its `memory_mb` or kills its worker: "error".
+
+An environment's answer is limited the same way: past a limit, or failing, the episode ends lost
+with the same reason (`flywheel.tasks.environment.guard_turn`).
 
 A killed worker's replacement starts at once, and a verdict's clock runs only after its worker
 has said it is ready, so a worker's start (a fresh interpreter importing the task) is never
@@ -43,11 +48,15 @@ from typing import Any, NamedTuple
 
 from flywheel.rewards import Verdict
 from flywheel.tasks.base import Problem, Task
+from flywheel.tasks.environment import EnvironmentTask, Turn, guard_turn
 
 log = logging.getLogger(__name__)
 
 TIMEOUT, ERROR = "timeout", "error"
 """The reasons of a verdict the guard gave instead of the verifier."""
+
+CALLS = ("score", "respond")
+"""The task's methods a worker answers: a verdict, an environment's turn."""
 
 LOGGED_EVENTS = 5
 """Timeouts, errors and retries logged one by one per grader; later ones are only counted."""
@@ -157,44 +166,59 @@ class Grader:
 
     def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Verdict:
         """`task.score(problem, completion, truncated=truncated)`, or the guard's verdict."""
+        value, reason = self._call("score", problem, (completion,), {"truncated": truncated},
+                                   f"a response of {len(completion)} characters")
+        return value if reason is None else guard_verdict(reason)
+
+    def respond(self, problem: Problem, actions: tuple[str, ...]) -> Turn:
+        """`task.respond(problem, actions)` (an environment's answer to the last action), or the
+        guard's turn: the episode ends lost, reason "timeout" or "error"."""
+        if not isinstance(self.task, EnvironmentTask):
+            raise TypeError(f"{type(self.task).__name__} is not an environment (flywheel.tasks.environment.EnvironmentTask)")
+        value, reason = self._call("respond", problem, (tuple(actions),), {},
+                                   f"an action of {len(actions[-1]) if actions else 0} characters after {len(actions) - 1}")
+        return value if reason is None else guard_turn(reason)
+
+    def _call(self, method: str, problem: Problem, args: tuple, kwargs: dict[str, Any], what: str) -> tuple[Any, str | None]:
+        """(the task's answer, None), or (None, "timeout" | "error") when the guard answered."""
         with self._lock:
             started = time.perf_counter()
-            if self.config.isolate:
-                verdict, detail = self._isolated(problem, completion, truncated)
-            else:
-                verdict, detail = self._inline(problem, completion, truncated)
-            if verdict.reason in (TIMEOUT, ERROR) and detail is not None:
-                self._count(verdict.reason, problem, completion, time.perf_counter() - started, detail)
-            return verdict
+            call = (method, problem, args, kwargs)
+            value, reason, detail = self._isolated(call) if self.config.isolate else self._inline(call)
+            if reason is not None:
+                self._count(reason, problem, what, time.perf_counter() - started, detail)
+            return value, reason
 
-    def _inline(self, problem: Problem, completion: str, truncated: bool) -> tuple[Verdict, str | None]:
+    def _inline(self, call: tuple) -> tuple[Any, str | None, str]:
+        method, problem, args, kwargs = call
         clock = _Clock(_thread_stats)
         try:
-            verdict = self.task.score(problem, completion, truncated=truncated)
+            value = getattr(self.task, method)(problem, *args, **kwargs)
         except Exception as err:  # a verifier must never raise: grade it wrong, say which problem
-            return guard_verdict(ERROR), repr(err)
+            return None, ERROR, repr(err)
         usage = clock.usage()
         over = overrun(usage, self.config)
         if over in ("cpu", "stalled"):  # a starved verdict that came back is the verifier's own
-            return guard_verdict(TIMEOUT), f"{_describe(over, usage, self.config)} (graded in this process)"
-        return verdict, None
+            return None, TIMEOUT, f"{_describe(over, usage, self.config)} (graded in this process)"
+        return value, None, ""
 
-    def _isolated(self, problem: Problem, completion: str, truncated: bool) -> tuple[Verdict, str | None]:
+    def _isolated(self, call: tuple) -> tuple[Any, str | None, str]:
+        problem = call[1]
         for attempt in (1, 2):
             worker = self._ready_worker()
-            outcome, value = worker.call((problem, completion, truncated), self.config)
+            outcome, value = worker.call(call, self.config)
             if outcome == "ok":
-                return value, None
+                return value, None, ""
             if outcome == "error":
-                return guard_verdict(ERROR), value
+                return None, ERROR, value
             self._replace_worker()
             if outcome == "died":
-                return guard_verdict(ERROR), value
+                return None, ERROR, value
             if outcome == "starved" and attempt == 1:
                 self._retried(problem, value)
                 continue
             detail = _describe(outcome, value, self.config)
-            return guard_verdict(TIMEOUT), f"{detail}{'; graded twice' if attempt == 2 else ''}; the worker was restarted"
+            return None, TIMEOUT, f"{detail}{'; graded twice' if attempt == 2 else ''}; the worker was restarted"
         raise AssertionError("unreachable: the second attempt always returns")
 
     def _ready_worker(self) -> _Worker:
@@ -219,15 +243,15 @@ class Grader:
                         "CPU (the machine is saturated); graded again in a fresh worker", problem.id, usage.wall_s,
                         usage.waiting_s or 0.0)
 
-    def _count(self, reason: str, problem: Problem, completion: str, seconds: float, detail: str) -> None:
+    def _count(self, reason: str, problem: Problem, what: str, seconds: float, detail: str) -> None:
         if reason == TIMEOUT:
             self.timeouts += 1
         else:
             self.errors += 1
         events = self.timeouts + self.errors
         if events <= LOGGED_EVENTS:
-            log.warning("grading %s: problem %r, a response of %d characters, %.1f s: %s; graded wrong%s",
-                        reason, problem.id, len(completion), seconds, detail,
+            log.warning("grading %s: problem %r, %s, %.1f s: %s; graded wrong%s",
+                        reason, problem.id, what, seconds, detail,
                         "" if events < LOGGED_EVENTS else " (later ones are only counted: search/grading_timeouts, "
                         "search/grading_errors)")
 
@@ -297,7 +321,7 @@ def _thread_stats() -> tuple[float, float] | None:
 class _Worker:
     """One worker process (a fresh interpreter: none of this process's threads, CUDA state or
     main module in it; its own process group, so a Ctrl-C at the terminal reaches only the run)
-    answering (problem, completion, truncated) with a verdict over a pipe. It starts when made;
+    answering the task's calls (`CALLS`: a verdict, an environment's turn) over a pipe. It starts when made;
     `wait_ready` waits until it has loaded the task."""
 
     def __init__(self, task: Task, memory_mb: int) -> None:
@@ -333,7 +357,7 @@ class _Worker:
         self.ready = True
 
     def call(self, request: tuple, config: GradingConfig) -> tuple[str, Any]:
-        """("ok", verdict), ("error", why), ("died", why), or ("cpu" | "starved" | "stalled",
+        """`request` is (method, problem, args, kwargs). ("ok", the answer), ("error", why), ("died", why), or ("cpu" | "starved" | "stalled",
         Usage) when the verdict ran past a limit (`overrun`)."""
         try:
             self.requests.send(request)
@@ -386,11 +410,13 @@ def serve(requests: Connection, replies: Connection) -> None:
     replies.send(("ready", None))
     while True:
         try:
-            problem, completion, truncated = requests.recv()
+            method, problem, args, kwargs = requests.recv()
         except (EOFError, OSError):
             return
         try:
-            reply: tuple[str, Any] = ("ok", task.score(problem, completion, truncated=truncated))
+            if method not in CALLS:
+                raise ValueError(f"the grading worker answers {CALLS}, not {method!r}")
+            reply: tuple[str, Any] = ("ok", getattr(task, method)(problem, *args, **kwargs))
         except MemoryError:
             reply = ("error", f"the verifier needed more than grading.memory_mb={memory_mb} MB")
         except Exception as err:

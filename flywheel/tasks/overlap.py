@@ -1,10 +1,11 @@
 """Repeated problems: training problems that repeat one another, and training problems that are
 held-out problems (a leak: held-out pass@k would then measure memory, not generalisation).
 
-Two problems are the same when their prompts' normalised texts are equal: Unicode NFKC, case
-folded, every run of whitespace one space, stripped. The prompt, not the question alone, because
-a task's question may not be the whole problem (a Countdown question is its numbers; the
-target is in the prompt). Pure: the caller logs and drops.
+Two problems are the same when their keys' normalised texts are equal (Unicode NFKC, case
+folded, every run of whitespace one space, stripped); the key is the task's `problem_key`: the
+prompt, not the question alone, because a task's question may not be the whole problem (a
+Countdown question is its numbers; the target is in the prompt), and for an environment the
+prompt and the answer it hides. Pure: the caller logs and drops.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class Overlap:
 
 def find_overlap(train: Sequence[Problem], held_out: Sequence[Problem], text: Callable[[Problem], str]) -> Overlap:
     """The repeats within `train` and its problems that are also in `held_out`, comparing
-    `normalise(text(problem))` (`text`: the task's prompt)."""
+    `normalise(text(problem))` (`text`: the task's `problem_key`)."""
     held = {normalise(text(p)) for p in held_out}
     first: dict[str, str] = {}
     repeats: list[tuple[str, str]] = []

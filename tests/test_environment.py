@@ -1,0 +1,231 @@
+"""Episodes of an environment (flywheel.tasks.environment) through the search, the flat rollouts,
+the credit and the batch, on the two-turn guessing game of tests/toy_env.py, by hand."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import pytest
+import torch
+
+from data_modules.examples import collate
+from flywheel.reporting.problem_view import Observations
+from flywheel.generation.base import Completion
+from flywheel.objectives.credit import Credit, Group, credit_groups
+from flywheel.search.config import SearchConfig
+from flywheel.search.driver import SearchDriver, SearchProblem
+from flywheel.search.flat import flat_rollouts
+from flywheel.search.scripted import ScriptedGenerator
+from flywheel.tasks.base import Problem
+from flywheel.tasks.environment import Turn, guard_turn
+from flywheel.tasks.grading import Grader, GradingConfig
+from toy_env import EOS, GuessTask, decode, encode
+
+TASK = GuessTask()
+SECRET_3 = Problem("s3", "", "3")
+PROMPT = encode("G:")
+
+
+def step(text: str, eos: bool = False) -> Completion:
+    """One action as the generator returns it: one token a character, log-prob -0.5 each."""
+    ids = encode(text) + ((EOS,) if eos else ())
+    return Completion(ids, (-0.5,) * len(ids), "eos" if eos else "stop")
+
+
+def episode_problem(problem: Problem = SECRET_3, respond=None) -> SearchProblem:
+    respond = respond or (lambda actions: TASK.respond(problem, actions))
+    return SearchProblem(PROMPT, lambda text, truncated=False: TASK.score(problem, text, truncated=truncated),
+                         problem.id, respond=Observations(respond, encode))
+
+
+# ------------------------------------------------------------------------------ the task
+def test_the_environment_answers_each_action_after_the_ones_before():
+    assert TASK.respond(SECRET_3, ["1\n"]) == Turn("hi\n")
+    assert TASK.respond(SECRET_3, ["1\n", "3\n"]) == Turn("ok\n", done=True, reward=1.0, correct=True, reason="win")
+    assert TASK.respond(SECRET_3, ["4\n", "2\n"]) == Turn("hi\n", done=True, reward=-1.0, reason="out_of_turns")
+    assert TASK.respond(SECRET_3, ["x\n"]) == Turn("?\n", invalid=True)
+    assert [t.observation for t in TASK.episode(SECRET_3, ["4\n", "3\n", "1\n"])] == ["lo\n", "ok\n"]  # stops at done
+
+
+def test_a_transcript_of_actions_is_graded_by_its_last_turn():
+    assert TASK.score(SECRET_3, "1\n3\n").reason == "win" and TASK.score(SECRET_3, "1\n3\n").correct
+    lost = TASK.score(SECRET_3, "4\n2\n")
+    assert (lost.correct, lost.reward, lost.answer, lost.reason) == (False, -1.0, "2\n", "out_of_turns")
+    assert TASK.score(SECRET_3, "1\n").reason == "unfinished"  # an episode not over is lost
+    assert TASK.split_actions("1\n3") == ["1\n", "3"]
+    assert pickle.loads(pickle.dumps(TASK)).respond(SECRET_3, ["3\n"]).correct
+
+
+# ------------------------------------------------------------------------------ the tree
+def test_the_tree_forks_at_turns_and_each_action_continues_after_its_observation():
+    # Root: "1" (hi, the episode goes on) and "3" (a win at the first turn). The only live node is
+    # "1", so it is expanded next, from the prompt + "1\n" + the observation "hi\n": "2" ends the
+    # episode lost (out of turns, hi), "3" wins. The generator's prefixes prove where the observation went.
+    generator = ScriptedGenerator({
+        PROMPT: [step("1\n"), step("3\n")],
+        PROMPT + encode("1\nhi\n"): [step("2\n"), step("3\n")],
+    })
+    config = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=4, overlong_penalty=False)
+    driver = SearchDriver(generator, config, step=TASK.step, decode=decode, eos_token_ids=[EOS])
+    (result,) = driver.run([episode_problem()])
+    tree = result.tree
+    assert [decode(t) for t in tree.tokens] == ["", "1\n", "3\n", "2\n", "3\n"]
+    assert [decode(o) for o in tree.observation] == ["", "hi\n", "ok\n", "hi\n", "ok\n"]
+    assert tree.parent == [-1, 0, 0, 1, 1] and tree.depth == [0, 1, 1, 2, 2]
+    assert tree.terminal == [False, False, True, True, True]
+    assert [tree.kind[n] for n in (2, 3, 4)] == ["correct", "incorrect", "correct"]
+    assert [tree.verdicts[n].reason for n in (2, 3, 4)] == ["win", "out_of_turns", "win"]
+    assert tree.texts[4] == "1\nhi\n3\nok\n"  # the episode as the policy read it
+    assert [t.terminal_id for t in result.trajectories] == [2, 4] and result.status == "complete"
+    # Generated tokens are the actions only: 2 + 2 + 2 + 2 characters; the observations are prefilled.
+    assert result.stats.generated_tokens == 8 and driver.stats.generated_tokens == 8
+    second = result.trajectories[1]
+    assert decode(second.response_ids) == "1\nhi\n3\nok\n"
+    assert second.loss_mask == (True, True, False, False, False, True, True, False, False, False)
+    assert second.step_lengths == (5, 5)
+    lps = second.response_logprobs
+    assert lps[:2] == (-0.5, -0.5) and all(math.isnan(x) for x in lps[2:5]) and lps[5:7] == (-0.5, -0.5)
+    assert result.to_json(decode)["nodes"][1]["turn"] == {"observation": "hi\n", "done": False, "invalid": False,
+                                                          "reason": ""}
+
+
+def test_an_episode_ends_at_max_depth_without_the_environment_incomplete_and_by_eos_incorrect():
+    generator = ScriptedGenerator({PROMPT: [step("1\n"), step("2\n", eos=True)]})
+    config = SearchConfig(expansion_width=2, trajectories_per_tree=1, max_depth=1, overlong_penalty=False,
+                          backup_all_terminals=True)
+    (result,) = SearchDriver(generator, config, step=TASK.step, decode=decode, eos_token_ids=[EOS]).run([episode_problem()])
+    tree = result.tree
+    assert [tree.kind[n] for n in (1, 2)] == ["incomplete", "incorrect"]
+    assert [tree.verdicts[n].reason for n in (1, 2)] == ["turn_limit", "ended_by_policy"]
+
+
+def test_rollout_expansion_is_refused_for_an_episode():
+    config = SearchConfig(expansion="rollout", trajectories_per_tree=2)
+    driver = SearchDriver(ScriptedGenerator({}), config, step=TASK.step, decode=decode)
+    with pytest.raises(ValueError, match="environment's episode.*--data.search.expansion=step"):
+        driver.run([episode_problem()])
+
+
+# ------------------------------------------------------------------ flat episodes, credit, batch
+def flat_pair():
+    """Two flat episodes of secret 3: "1" hi "3" ok (won at turn 2) and "4" lo "2" hi (lost)."""
+    generator = ScriptedGenerator({
+        PROMPT: [step("1\n"), step("4\n")],
+        PROMPT + encode("1\nhi\n"): [step("3\n")],
+        PROMPT + encode("4\nlo\n"): [step("2\n")],
+    })
+    config = SearchConfig(max_depth=8, overlong_penalty=False)
+    (result,) = flat_rollouts([episode_problem()], generator, n=2, step=TASK.step, decode=decode, config=config,
+                              eos_token_ids=[EOS])
+    return result
+
+
+def test_flat_episodes_go_turn_by_turn():
+    result = flat_pair()
+    assert [t.response_text for t in result.trajectories] == ["1\nhi\n3\nok\n", "4\nlo\n2\nhi\n"]
+    assert [(t.reward, t.verdict.reason) for t in result.trajectories] == [(1.0, "win"), (-1.0, "out_of_turns")]
+    assert result.stats.generated_tokens == 8 and result.stats.expansions == 3  # one request of n=2, then one a chain
+
+
+def test_observations_are_credited_but_never_trained_on():
+    # DAPO on the flat pair: final scores +1 and -1, mean 0: every token of the win +1, of the loss -1.
+    credited = credit_groups([Group.of(flat_pair())], Credit(advantage="outcome"), "flat")
+    won, lost = credited.rows[0]
+    assert won.advantages == (1.0,) * 10 and lost.advantages == (-1.0,) * 10
+    assert won.loss_mask == (True, True, False, False, False) * 2
+    batch = collate([won, lost], pad_id=0)
+    # Position t predicts token t+1: the prompt is 2 tokens, so the response's tokens are predicted at 1..10.
+    expected = torch.zeros(11, dtype=torch.bool)
+    expected[[1, 2, 6, 7]] = True
+    assert torch.equal(batch["loss_mask"][0], expected) and torch.equal(batch["loss_mask"][1], expected)
+
+
+# ---------------------------------------------------------------------------- the guard
+FAST = GradingConfig(timeout_s=1.0, backstop_s=2.0)
+
+
+@pytest.mark.parametrize("trap, reason", [("hang", "timeout"), ("fail", "error")])
+def test_a_hanging_or_raising_environment_ends_its_episode_lost_and_the_next_answer_comes(trap, reason):
+    grader = Grader(GuessTask(trap=trap), FAST)
+    try:
+        assert grader.respond(SECRET_3, ("1\n", "9\n")) == guard_turn(reason)
+        assert grader.respond(SECRET_3, ("1\n", "3\n")).correct  # a fresh worker, or the same one, answers
+        assert grader.counts() == {"timeouts": reason == "timeout", "errors": reason == "error"}
+    finally:
+        grader.close()
+
+
+def test_a_guarded_episode_in_the_search_is_graded_lost_with_the_guards_reason():
+    grader = Grader(GuessTask(trap="fail"), FAST)
+    generator = ScriptedGenerator({PROMPT: [step("9\n"), step("3\n")]})
+    config = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=2, overlong_penalty=False,
+                          backup_all_terminals=True)
+    try:
+        problem = episode_problem(respond=lambda actions: grader.respond(SECRET_3, actions))
+        (result,) = SearchDriver(generator, config, step=TASK.step, decode=decode).run([problem])
+    finally:
+        grader.close()
+    assert sorted((t.verdict.reason, t.reward) for t in result.trajectories) == [("error", -1.0), ("win", 1.0)]
+
+
+def test_an_epoch_counts_invalid_actions_and_observation_tokens():
+    from data_modules.epoch_metrics import epoch_metrics
+    from flywheel.search.lockstep import DriverStats
+
+    # Flat episodes of secret 3: "x" is invalid ("?", the episode goes on), then "3" wins; "1" hi, "2" hi lost.
+    generator = ScriptedGenerator({
+        PROMPT: [step("x\n"), step("1\n")],
+        PROMPT + encode("x\n?\n"): [step("3\n")],
+        PROMPT + encode("1\nhi\n"): [step("2\n")],
+    })
+    results = flat_rollouts([episode_problem()], generator, n=2, step=TASK.step, decode=decode,
+                            config=SearchConfig(max_depth=8, overlong_penalty=False), eos_token_ids=[EOS])
+    metrics = epoch_metrics(results, DriverStats(), 1.0, 0, None)
+    assert metrics["search/invalid_actions"] == 1 and metrics["search/invalid_action_share"] == 1 / 4
+    assert metrics["compute/epoch_observation_tokens"] == 2 + 3 + 3 + 3  # "?\n" "ok\n" "hi\n" "hi\n"
+    assert [t.verdict.reason for t in results[0].trajectories] == ["win", "out_of_turns"]
+
+
+class CharTokenizer:
+    """The toy text as a tokenizer: one character a token, EOS id 1, no chat template."""
+
+    eos_token_id = EOS
+    chat_template = None
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": list(encode(text))}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(encode(text))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return decode(ids)
+
+
+def test_evaluation_plays_whole_episodes_turn_by_turn():
+    from flywheel.reporting.evaluation import EvalConfig, evaluate
+
+    generator = ScriptedGenerator({
+        PROMPT: [step("1\n"), step("4\n")],
+        PROMPT + encode("1\nhi\n"): [step("3\n")],
+        PROMPT + encode("4\nlo\n"): [step("2\n")],
+    })
+    result = evaluate(generator, CharTokenizer(), TASK, [SECRET_3], EvalConfig(samples=2, k=2))
+    assert result.correct == (1,) and result.samples == (2,) and result.generated_tokens == 8
+    assert dict(result.reasons) == {"win": 1, "out_of_turns": 1}
+
+
+def test_an_environments_instances_differ_by_what_the_prompt_hides():
+    # Every Mastermind prompt is the rules alone: the key adds the secret, so the shipped splits
+    # hold no repeat and no held-out instance (one key per secret).
+    from flywheel.tasks.mastermind import MastermindTask
+    from flywheel.tasks.overlap import find_overlap
+
+    task = MastermindTask()
+    train, val = task.problems("train"), task.problems("val")
+    assert len({task.prompt(p) for p in train}) == 1
+    assert find_overlap(train, val, task.problem_key) == find_overlap(train, [], task.problem_key)
+    overlap = find_overlap(train, val, task.problem_key)
+    assert overlap.repeats == () and overlap.leaks == ()
+    assert find_overlap(train[:1], train[:1], task.problem_key).leaks == (train[0].id,)
