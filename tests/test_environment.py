@@ -229,3 +229,28 @@ def test_an_environments_instances_differ_by_what_the_prompt_hides():
     overlap = find_overlap(train, val, task.problem_key)
     assert overlap.repeats == () and overlap.leaks == ()
     assert find_overlap(train[:1], train[:1], task.problem_key).leaks == (train[0].id,)
+
+
+def test_fork_gain_forks_a_failed_episode_at_its_turns_and_inside_an_action():
+    from flywheel.reporting.fork_gain import ForkSetup, measure
+
+    # The pool's one episode of secret 3: "1" (hi), then " 2" (hi: lost at the turn limit). Its
+    # surprisals (no entropies from this generator): 0.5 0.5 | 0.1 3.0 0.1, so `entropy` keeps the
+    # 3 tokens before "2" (inside the second action: its " " is kept), `step1` and `mid` keep the
+    # first action (2 tokens). From " " the continuation writes "3": the action " 3" wins; from
+    # the first action the policy writes " 2" again; from the prompt it plays the pool's episode again.
+    second = Completion(encode(" 2\n"), (-0.1, -3.0, -0.1), "stop")
+    generator = ScriptedGenerator({
+        PROMPT: [step("1\n")],
+        PROMPT + encode("1\nhi\n"): [second],
+        PROMPT + encode("1\nhi\n "): [step("3\n")],
+    })
+    setup = ForkSetup([episode_problem()], generator, SearchConfig(max_depth=2), TASK.step, lambda piece: False,
+                      decode, frozenset([EOS]), chatty=False)
+    pool, forks, root = measure(setup, samples=1, resamples=1, max_step_forks=8, seed=0, chunk=64)
+    assert (pool["samples"], pool["solved"], pool["failed"], pool["tokens"]) == (1, 0, 1, 5)
+    assert sorted(forks) == ["entropy", "mid", "step1"]
+    (entropy,), (step1,) = forks["entropy"], forks["step1"]
+    assert (entropy.tries, entropy.solves, entropy.tokens, entropy.kept, entropy.kept_steps) == (1, 1, 2, 3, 1)
+    assert (step1.tries, step1.solves, step1.tokens, step1.kept, step1.kept_steps) == (1, 0, 3, 2, 1)
+    assert (root[0].tries, root[0].solves, root[0].tokens) == (1, 0, 5)

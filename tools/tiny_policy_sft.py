@@ -3,25 +3,34 @@ weights, the solver traces of the TRAIN split they learn from, and the training 
 
 Countdown traces look like "5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>" then EOS,
 chain traces like "37 +48 -19\\n" -> "37+48=85\\n85-19=66\\n<answer>66</answer>" then EOS; the loss
-is on the completion and EOS, never on the prompt. Weights depend only on the Recipe (seeded
-init, seeded data order, fixed thread count).
+is on the completion and EOS, never on the prompt. A Mastermind trace is a whole episode of the
+noisy solver (flywheel.tasks.mastermind_data.NoisySolver) as the search builds its context: the
+prompt, then each guess line followed by the environment's observation ("1122\\n" "1B 1W\\n"
+"3512\\n" "4B 0W\\n"); the loss is on the guesses only, never on the prompt or an observation,
+and there is no EOS (the environment ends an episode; one the policy ends with EOS is lost,
+flywheel.search.expansion.grade_episode). Weights depend only on the Recipe (seeded init,
+seeded data order and episodes, fixed thread count).
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from flywheel.reporting.problem_view import encode_prompt
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.chain import ChainProblem
 from flywheel.tasks.chain_data import format_completion as chain_completion
 from flywheel.tasks.countdown import CountdownProblem
 from flywheel.tasks.countdown_data import format_completion, iter_solutions
+from flywheel.tasks.mastermind import MastermindTask
+from flywheel.tasks.mastermind_data import NoisySolver, play
 
 log = logging.getLogger("make_tiny_policy")
 
@@ -47,7 +56,12 @@ class Recipe:
         grad_clip: max gradient norm.
         max_solutions: most distinct solver traces kept per train problem; each time a
             problem is drawn one of them is picked at random, so the policy sees several
-            routes and its samples stay diverse (Pass@k > Pass@1).
+            routes and its samples stay diverse (Pass@k > Pass@1). Mastermind: the noisy
+            solver's episodes played per train secret (not necessarily distinct).
+        solver_noise: Mastermind only: the share of the solver's guesses that are mistakes
+            (`NoisySolver.noise`: a random code, or for a quarter of them a malformed line),
+            so the policy's failures come in every kind (mastermind_data.failure_kind) and
+            its episodes show play going on after a wasted guess.
         threads: torch CPU threads (fixed, for speed and float-level reproducibility).
         eval_samples: samples per held-out problem (pass@k is reported for k <= this).
         eval_max_new_tokens: cap on a whole sampled completion.
@@ -67,6 +81,7 @@ class Recipe:
     weight_decay: float = 0.01
     grad_clip: float = 1.0
     max_solutions: int = 16
+    solver_noise: float = 0.3
     threads: int = 2
     eval_samples: int = 8
     eval_max_new_tokens: int = 128
@@ -81,6 +96,9 @@ class Recipe:
             )
         if self.eval_samples < 1:
             raise ValueError(f"--eval_samples must be >= 1, got {self.eval_samples}")
+        if not 0.0 <= self.solver_noise <= 1.0:
+            raise ValueError(f"--solver_noise is the share of the Mastermind solver's guesses that are mistakes, "
+                             f"a probability in [0, 1]; got {self.solver_noise}")
 
 
 # -- data ------------------------------------------------------------------------------------
@@ -88,10 +106,19 @@ class Recipe:
 
 @dataclass(frozen=True)
 class Trace:
-    """One SFT sequence: BOS + prompt + completion + EOS; the loss starts at `prompt_len`."""
+    """One SFT sequence: BOS + prompt + completion (+ EOS); the loss starts at `prompt_len`.
+
+    `loss_mask` (one flag per token after the prompt) keeps the loss off the tokens it marks
+    False, an environment's observations; empty: every token after the prompt is trained."""
 
     input_ids: tuple[int, ...]
     prompt_len: int
+    loss_mask: tuple[bool, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.loss_mask and len(self.loss_mask) != len(self.input_ids) - self.prompt_len:
+            raise ValueError(f"loss_mask has {len(self.loss_mask)} flags for the "
+                             f"{len(self.input_ids) - self.prompt_len} tokens after the prompt")
 
 
 def solutions(problem: Problem, max_solutions: int) -> list[str]:
@@ -130,11 +157,52 @@ def problem_traces(
     return out
 
 
+def episode_trace(task: MastermindTask, tokenizer: PreTrainedTokenizerFast, problem: Problem,
+                  actions: list[str]) -> Trace:
+    """The episode of `actions` as the search's context holds it: the prompt's ids
+    (`encode_prompt`: BOS + prompt), then each action's ids and its observation's, each text
+    encoded on its own without special tokens (flywheel.reporting.problem_view.search_problems),
+    so the token boundaries are the search's. Loss on the actions only; no EOS."""
+    ids = list(encode_prompt(tokenizer, task, problem))
+    prompt_len = len(ids)
+    mask: list[bool] = []
+    turns = task.episode(problem, actions)
+    if len(turns) != len(actions) or not turns[-1].done:
+        raise ValueError(f"{problem.id}: {len(actions)} actions are not one whole episode ({len(turns)} turns)")
+    for action, turn in zip(actions, turns):
+        for text, trained in ((action, True), (turn.observation, False)):
+            piece = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids += piece
+            mask += [trained] * len(piece)
+    return Trace(tuple(ids), prompt_len, tuple(mask))
+
+
+def solver_episodes(task: MastermindTask, problems: list[Problem], recipe: Recipe) -> list[list[list[str]]]:
+    """Per secret, the actions of `recipe.max_solutions` episodes of the noisy solver (noise
+    `recipe.solver_noise`), secret i's from `random.Random(recipe.seed * 1_000_003 + i)`. Won and
+    lost episodes alike: the policy learns the solver's play turn by turn, mistakes and the play
+    after them included."""
+    solver = NoisySolver(noise=recipe.solver_noise)
+    out = []
+    for index, problem in enumerate(problems):
+        rng = random.Random(recipe.seed * 1_000_003 + index)
+        out.append([play(task, problem, solver, rng) for _ in range(recipe.max_solutions)])
+    return out
+
+
+def episode_traces(task: MastermindTask, tokenizer: PreTrainedTokenizerFast, problems: list[Problem],
+                   episodes: list[list[list[str]]]) -> list[list[Trace]]:
+    """Per problem, its episodes (`solver_episodes`) as SFT traces (`episode_trace`)."""
+    return [[episode_trace(task, tokenizer, problem, actions) for actions in played]
+            for problem, played in zip(problems, episodes, strict=True)]
+
+
 def sft_batches(traces: list[list[Trace]], recipe: Recipe, pad_id: int):
     """Yield `recipe.steps` (input_ids, attention_mask, labels) batches, each [B, T], right-padded.
 
     Problems are visited in seeded random epochs; each visit picks one of the problem's
-    traces at random. Labels are -100 on the prompt and the padding (loss on completion + EOS).
+    traces at random. Labels are -100 on the prompt, on the tokens a trace's `loss_mask` marks
+    False (observations) and on the padding (loss on completion + EOS, or on the actions).
     """
     rng = torch.Generator().manual_seed(recipe.seed)
     order: list[int] = []
@@ -153,6 +221,8 @@ def sft_batches(traces: list[list[Trace]], recipe: Recipe, pad_id: int):
             ids[row, :n] = torch.tensor(t.input_ids)
             mask[row, :n] = 1
             labels[row, t.prompt_len : n] = ids[row, t.prompt_len : n]
+            if t.loss_mask:
+                labels[row, t.prompt_len : n][~torch.tensor(t.loss_mask)] = -100
         yield ids, mask, labels
 
 

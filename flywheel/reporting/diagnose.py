@@ -38,6 +38,7 @@ from flywheel.io import atomic_write_json
 from flywheel.reporting.bars import progress_bar
 from flywheel.tasks import Task
 from flywheel.tasks.columns import Columns
+from flywheel.tasks.environment import EnvironmentTask
 
 log = logging.getLogger("flywheel.diagnose")
 
@@ -55,7 +56,7 @@ def run_diagnose(
     samples: int = 8,
     resamples: int = 4,
     fork_steps: int = 4,
-    max_depth: int = 8,
+    max_depth: int | None = None,
     temperature: float = 1.0,
     top_p: float = 1.0,
     max_tokens: int = 1_000_000,
@@ -90,7 +91,7 @@ def run_diagnose(
         fork_steps: step fork points step1 .. step<fork_steps>.
         max_depth: most steps in one response (the search's `--data.search.max_depth`; a
             rollout may take max_depth x the task's step cap in tokens, which must fit the
-            policy's context).
+            policy's context); default 8, or an environment's turn limit (its `max_turns`).
         temperature: sampling temperature (the search's).
         top_p: nucleus sampling (the search's).
         max_tokens: stop after the part of problems that brings the generated tokens to this.
@@ -123,6 +124,8 @@ def run_diagnose(
         raise PreflightError(f"--checkpoint {checkpoint}: no such file; pass a checkpoint of `flywheel fit`, "
                              "or --policy FOLDER_OR_NAME")
     model, tokenizer, _, task = load_eval_policy(checkpoint, policy, dtype, task, device)
+    if max_depth is None:  # an environment's episodes run to its own turn limit
+        max_depth = task.max_turns if isinstance(task, EnvironmentTask) else 8
     check = prompt_fits(tokenizer, task, context_limit(model), "--task.init_args.max_response_tokens")
     try:
         loaded = load_problems(task, files, split, skip_bad_rows=skip_bad_rows, limit=max_problems, check=check,
@@ -155,11 +158,10 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
                    problems_per_part: int, seed: int, replicates: int) -> dict[str, Any]:
     """fork_gain of `model` on `problems` within `max_tokens`: the pool's line, one line per fork
     point kind, the fresh samples' line, and the recommendation (flywheel.reporting.fork_gain)."""
-    from flywheel.reporting.problem_view import encode_prompt
+    from flywheel.reporting.problem_view import search_problems
     from flywheel.reporting.fork_gain import ROOT_KIND, ForkSetup, kind_line, kind_order, measure_within, recommend
     from flywheel.search import SearchDriver
     from flywheel.search.config import SearchConfig
-    from flywheel.search.expansion import SearchProblem
     from flywheel.tasks.grading import Grader
 
     config = SearchConfig(max_depth=max_depth, temperature=temperature, top_p=top_p)
@@ -167,10 +169,9 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
     decode = functools.partial(tokenizer.decode, skip_special_tokens=True)
     eos = frozenset([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     grader = Grader(task)  # the grading guard's defaults: one pathological response cannot stall the measurement
-    search_problems = [SearchProblem(encode_prompt(tokenizer, task, p), functools.partial(grader.score, p), p.id)
-                       for p in problems]
+    problems_seen = search_problems(tokenizer, task, problems, grader)  # an environment's: with its answers
     ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
-    setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, eos, chatty=False)
+    setup = ForkSetup(problems_seen, generator, config, task.step, ends_step, decode, eos, chatty=False)
     start = time.perf_counter()
     with progress_bar(len(problems), "diagnose", "problem", True, leave=True) as bar, torch.no_grad(), \
             contextlib.closing(grader):
@@ -261,7 +262,7 @@ def check_settings(policy, checkpoint, samples, resamples, fork_steps, max_depth
     if policy is None and checkpoint is None:
         raise PreflightError("give --policy FOLDER_OR_NAME or --checkpoint FILE.ckpt (or both)")
     for flag, value in (("samples", samples), ("resamples", resamples), ("fork_steps", fork_steps),
-                        ("max_depth", max_depth), ("max_tokens", max_tokens), ("problems_per_part", problems_per_part),
+                        ("max_depth", 1 if max_depth is None else max_depth), ("max_tokens", max_tokens), ("problems_per_part", problems_per_part),
                         ("bootstrap", bootstrap)):
         if value < 1:
             raise PreflightError(f"--{flag}={value}: must be >= 1")

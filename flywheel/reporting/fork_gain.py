@@ -38,7 +38,11 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from itertools import accumulate
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
+
+if TYPE_CHECKING:
+    from flywheel.search.expansion import SearchProblem
+    from flywheel.search.outputs import TreeResult
 
 ROOT_KIND = "root"
 
@@ -283,8 +287,12 @@ def measure(setup: ForkSetup, *, samples: int, resamples: int, max_step_forks: i
     point and from the root; returns (the pool's line, fork tallies by kind, root tallies by sample).
     `offset` / `sample_offset`: the index of setup.problems[0] and of the first failed sample in a
     larger measurement (`measure_within`): seeds and tallies use the global indices."""
-    pool_line, owners, points = draw_pool(setup, samples, max_step_forks, seed, chunk, offset)
-    forks, root = resample(setup, owners, points, resamples, seed, chunk, offset, sample_offset)
+    if setup.problems and setup.problems[0].respond is not None:  # an environment's episodes
+        pool_line, results, owners, points = draw_episode_pool(setup, samples, max_step_forks, seed, offset)
+        forks, root = resample_episodes(setup, results, owners, points, resamples, seed, offset, sample_offset)
+    else:
+        pool_line, owners, points = draw_pool(setup, samples, max_step_forks, seed, chunk, offset)
+        forks, root = resample(setup, owners, points, resamples, seed, chunk, offset, sample_offset)
     resampled = sum(t.tokens for t in root.values()) + sum(t.tokens for kind in forks.values() for t in kind)
     pool_line["diagnostic_tokens"] = pool_line["tokens"] + resampled  # what the whole measurement generated
     return pool_line, forks, root
@@ -357,6 +365,125 @@ def resample(setup: ForkSetup, owners: list[int], points: list[tuple[int, tuple,
         else:
             forks.setdefault(kind, []).append(tally)
     return forks, root
+
+
+# ------------------------------------------------------------------ an environment's episodes
+# An episode cannot be drawn in one call and cut into steps: each action waits for the
+# environment's answer (flywheel.tasks.environment). So for an episode the pool is `samples`
+# episodes of each problem (flat rollouts: one generator call a turn for every episode still
+# going), and a fork point of a failed episode keeps its first actions with the environment's
+# answers to them: `step<j>` keeps j whole actions (a fork at a turn boundary), `mid` and
+# `entropy` keep the tokens before the middle / the most uncertain generated token, which may fall
+# inside an action: the continuation then finishes that action first (its text is the kept part
+# followed by the new tokens' text). A continuation is an episode of its own from the kept
+# context, with the turns the kept actions left; the environment answers its actions after the
+# kept ones. As in a chain only the resamples' generated tokens count; observations are prefilled.
+
+class Continued:
+    """A fork's environment: the failed episode's kept actions (`kept`) and, when the fork falls
+    inside an action, that action's kept text (`partial`), which the continuation's first action
+    completes."""
+
+    def __init__(self, respond, kept: tuple[str, ...], partial: str) -> None:
+        self.respond, self.kept, self.partial = respond, kept, partial
+
+    def __call__(self, actions: tuple[str, ...]):
+        if self.partial:
+            actions = (self.partial + actions[0], *actions[1:])
+        return self.respond(self.kept + actions)
+
+
+def play_episodes(setup: ForkSetup, problems: Sequence[SearchProblem], n: int, seeds: Sequence[int], max_turns: int,
+                  entropies: bool) -> list[TreeResult]:
+    """n episodes of each problem within `max_turns`, each problem's from its seed (with per-token
+    entropies when asked)."""
+    from flywheel.search.flat import flat_rollouts
+
+    config = replace(setup.config, max_depth=max_turns, overlong_penalty=False,
+                     terminal_choice="entropy" if entropies else setup.config.terminal_choice)
+    return flat_rollouts(problems, setup.generator, n=n, step=setup.step, decode=setup.decode, config=config,
+                         max_concurrent_problems=max(len(problems), 1), eos_token_ids=setup.eos_ids, seeds=seeds)
+
+
+def draw_episode_pool(setup: ForkSetup, samples: int, max_step_forks: int, seed: int, offset: int = 0
+                      ) -> tuple[dict, list[TreeResult], list[int], list[tuple[int, tuple, ForkPoint]]]:
+    """`samples` episodes per problem from the start; returns the pool's line, its episodes, the
+    problem of each failed episode and (failed episode, its path's node ids, a fork point) for
+    each of its fork points (their `keep` counts generated tokens only)."""
+    from flywheel.search.expansion import derive_seed
+
+    seeds = [derive_seed(seed, offset + i, -1) for i in range(len(setup.problems))]
+    results = play_episodes(setup, setup.problems, samples, seeds, setup.config.max_depth, entropies=True)
+    owners: list[int] = []
+    points: list[tuple[int, tuple, ForkPoint]] = []
+    solved = tokens = 0
+    for i, result in enumerate(results):
+        tree = result.tree
+        tokens += result.stats.generated_tokens
+        for trajectory in result.trajectories:
+            if trajectory.verdict.correct:
+                solved += 1
+                continue
+            path = tuple(tree.path(trajectory.terminal_id)[1:])
+            unsure = [u for v in path for u in (tree.entropies[v] or tuple(-lp for lp in tree.logprobs[v]))]
+            lengths = [len(tree.tokens[v]) for v in path]
+            points.extend((len(owners), path, point) for point in fork_points(lengths, unsure, max_step_forks))
+            owners.append(i)
+    total = len(setup.problems) * samples
+    line = {"arm": "pool", "problems": len(setup.problems), "samples": total, "solved": solved,
+            "solve_rate": ratio(solved, total),
+            "tokens_per_sample": ratio(tokens, total), "tokens": tokens, "failed": len(owners),
+            "uncertainty": "entropy"}
+    return line, results, owners, points
+
+
+def fork_problem(setup: ForkSetup, result: TreeResult, problem: SearchProblem, path: tuple,
+                 point: ForkPoint) -> SearchProblem:
+    """The continuation of a failed episode (its path's node ids) from `point`: the prompt and the
+    kept actions with their observations as its prompt, the kept part of a cut action after them."""
+    from flywheel.search.expansion import SearchProblem
+
+    tree, context, kept, left = result.tree, list(problem.prompt_ids), [], point.keep
+    for v in path[: point.depth]:
+        context.extend(tree.tokens[v] + tree.observation[v])
+        kept.append(setup.decode(tree.tokens[v]))
+        left -= len(tree.tokens[v])
+    partial_ids = tree.tokens[path[point.depth]][:left] if left else ()
+    context.extend(partial_ids)
+    respond = Continued(problem.respond, tuple(kept), setup.decode(partial_ids))
+    return SearchProblem(tuple(context), problem.score, problem.id, respond=respond)
+
+
+def resample_episodes(setup: ForkSetup, pool_results: list[TreeResult], owners: list[int],
+                      points: list[tuple[int, tuple, ForkPoint]], resamples: int, seed: int, offset: int = 0,
+                      sample_offset: int = 0) -> tuple[dict[str, list[Tally]], dict[int, Tally]]:
+    """`resamples` fresh episodes per failed episode and `resamples` continuations from each of
+    its fork points; returns (fork tallies by kind, root tallies by failed episode)."""
+    from flywheel.search.expansion import derive_seed
+
+    first, turns = sample_offset, setup.config.max_depth
+    root_results = play_episodes(setup, [setup.problems[p] for p in owners], resamples,
+                                 [derive_seed(seed, offset + p, first + s, 0) for s, p in enumerate(owners)], turns,
+                                 entropies=False)
+    root = {first + s: _tally(offset + owners[s], first + s, r) for s, r in enumerate(root_results)}
+    forks: dict[str, list[Tally]] = {}
+    by_depth: dict[int, list[int]] = {}  # continuations with the same turns left share one batch
+    for k, (s, path, point) in enumerate(points):
+        by_depth.setdefault(point.depth, []).append(k)
+    for depth, ks in sorted(by_depth.items()):
+        problems = [fork_problem(setup, pool_results[owners[points[k][0]]], setup.problems[owners[points[k][0]]],
+                                 points[k][1], points[k][2]) for k in ks]
+        seeds = [derive_seed(seed, offset + owners[points[k][0]], first + points[k][0], k + 1) for k in ks]
+        for k, result in zip(ks, play_episodes(setup, problems, resamples, seeds, turns - depth, entropies=False)):
+            s, _, point = points[k]
+            tally = _tally(offset + owners[s], first + s, result)
+            forks.setdefault(point.kind, []).append(replace(tally, kept=point.keep, kept_steps=point.depth))
+    return forks, root
+
+
+def _tally(problem: int, sample: int, result: TreeResult) -> Tally:
+    return Tally(problem, sample, len(result.trajectories), sum(t.verdict.correct for t in result.trajectories),
+                 result.stats.generated_tokens)
 
 
 FORK_POINT = re.compile(r"best|mid|entropy|step[1-9][0-9]*")
