@@ -254,3 +254,95 @@ def test_fork_gain_forks_a_failed_episode_at_its_turns_and_inside_an_action():
     assert (entropy.tries, entropy.solves, entropy.tokens, entropy.kept, entropy.kept_steps) == (1, 1, 2, 3, 1)
     assert (step1.tries, step1.solves, step1.tokens, step1.kept, step1.kept_steps) == (1, 0, 3, 2, 1)
     assert (root[0].tries, root[0].solves, root[0].tokens) == (1, 0, 5)
+
+
+def test_packed_training_masks_observations_as_the_unpacked_forward_does(one_thread, tok):
+    # Two episodes of one problem sharing their first action and its observation, trained as rows
+    # with the loss mask the credit gives them (observations 0): the tree-packed pass (the shared
+    # prefix computed once) gives the unpacked pass's loss and gradients, and the observations'
+    # advantages never reach the loss.
+    from flywheel.objectives import policy_loss
+    from flywheel.objectives.credit import TrainingRow
+    from flywheel.policies.tiny import build_tiny_llama
+    from flywheel.training.packing import pack_rows, packed_logprobs
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tok(text, add_special_tokens=False)["input_ids"])
+
+    prompt = tuple(tok("G:")["input_ids"])
+    rows = []
+    for group, turns in enumerate([(("1\n", "hi\n"), ("3\n", "ok\n")), (("1\n", "hi\n"), ("2\n", "hi\n"))]):
+        response, mask = (), ()
+        for action, observation in turns:
+            response += ids(action) + ids(observation)
+            mask += (True,) * len(ids(action)) + (False,) * len(ids(observation))
+        rows.append(TrainingRow("p", 0, prompt, response, (1.0 - 2 * group,) * len(response), (0.0,) * len(response),
+                                (0,) * len(response), 1.0 - 2 * group, loss_mask=mask))
+    batch = collate(rows, pad_id=tok.pad_token_id)
+    assert int(batch["loss_mask"].sum()) == 8  # 2 episodes x 2 actions x 2 tokens
+    model = build_tiny_llama(tok, seed=0, initializer_range=0.2).float().train()
+    input_ids, attention = batch["input_ids"], batch["attention_mask"]
+    flat = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].log_softmax(-1)
+    flat = torch.where(attention[:, 1:].bool(), flat.gather(2, input_ids[:, 1:, None])[..., 0], 0.0)
+    old = flat.detach() + 0.05
+
+    def loss_of(logprobs, advantages):
+        return policy_loss(logprobs, old, advantages, batch["loss_mask"])[0]
+
+    packed = packed_logprobs(model, pack_rows(input_ids, attention, batch["group_ids"]), input_ids.shape)
+    assert torch.allclose(packed, flat, atol=1e-5)
+    flat_loss, packed_loss = loss_of(flat, batch["advantages"]), loss_of(packed, batch["advantages"])
+    params = list(model.parameters())
+    for a, b in zip(torch.autograd.grad(flat_loss, params, retain_graph=True),
+                    torch.autograd.grad(packed_loss, params, retain_graph=True)):
+        assert torch.allclose(a, b, atol=1e-5)
+    on_observations = batch["advantages"].clone()
+    on_observations[~batch["loss_mask"] & batch["attention_mask"][:, 1:].bool()] = 100.0
+    assert torch.equal(loss_of(packed, on_observations), packed_loss)  # observations are never trained on
+    on_actions = batch["advantages"].clone()
+    on_actions[batch["loss_mask"]] = 100.0
+    assert not torch.equal(loss_of(packed, on_actions), packed_loss)
+
+
+class GuessingGenerator:
+    """Guesses a digit 1-4 (or, 1 time in 8, "x": invalid), a pure function of the request's
+    seed, sample index and context length: any prefix gets an answer."""
+
+    def __init__(self) -> None:
+        from flywheel.generation.base import GenerationStats
+
+        self.stats = GenerationStats()
+
+    def sample(self, requests):
+        out = []
+        for request in requests:
+            comps = []
+            for j in range(request.n):
+                h = hash((request.seed, j, len(request.prompt_ids))) % 64
+                comps.append(step("x\n" if h % 8 == 0 else f"{1 + h % 4}\n"))
+            out.append(comps)
+        return out
+
+
+@pytest.mark.parametrize("selection", ["frontier", "vanilla_uct", "puct", "puct_agents"])
+def test_every_selection_rule_plays_episodes_the_environment_agrees_with(selection):
+    # Whatever the rule picks, every trajectory is an episode: its actions, replayed through the
+    # environment alone, give its verdict, and its text interleaves each action with its answer.
+    from flywheel.search.rule_table import SELECTION
+
+    config = SearchConfig(selection=selection, expansion_width=2, trajectories_per_tree=4, max_depth=4,
+                          max_expansions_per_tree=12, overlong_penalty=False, seed=3)
+    problems = [episode_problem(Problem(f"s{d}", "", str(d))) for d in (1, 2, 3, 4)]
+    driver = SearchDriver(GuessingGenerator(), config, step=TASK.step, decode=decode, eos_token_ids=[EOS],
+                          value_fn=(lambda prefixes: [0.5] * len(prefixes)) if SELECTION[selection].uses_value_head else None)
+    results = driver.run(problems)
+    assert sum(len(r.trajectories) for r in results) >= 4
+    for result, secret in zip(results, (1, 2, 3, 4)):
+        tree = result.tree
+        for trajectory in result.trajectories:
+            path = tree.path(trajectory.terminal_id)[1:]
+            actions = [decode(tree.tokens[v]) for v in path]
+            replayed = TASK.episode(Problem("s", "", str(secret)), actions)
+            assert [decode(tree.observation[v]) for v in path] == [t.observation for t in replayed]
+            assert (trajectory.verdict.reason, trajectory.reward) == (replayed[-1].reason, replayed[-1].reward)
+            assert trajectory.response_text == "".join(a + t.observation for a, t in zip(actions, replayed))
