@@ -346,3 +346,21 @@ def test_every_selection_rule_plays_episodes_the_environment_agrees_with(selecti
             assert [decode(tree.observation[v]) for v in path] == [t.observation for t in replayed]
             assert (trajectory.verdict.reason, trajectory.reward) == (replayed[-1].reason, replayed[-1].reward)
             assert trajectory.response_text == "".join(a + t.observation for a, t in zip(actions, replayed))
+
+
+def test_a_cached_episode_keeps_its_mask_through_the_buffer_and_the_mixed_rollout():
+    from flywheel.adaptive.replay import CachedSolution, ReplayBuffer, ReplayConfig
+
+    won, lost = flat_pair().trajectories
+    buffer = ReplayBuffer(ReplayConfig(rule="code"))
+    assert buffer.register("s3", [won], round=1, search_trajectories=8)
+    restored = ReplayBuffer.from_dict(buffer.to_dict())
+    (cached,) = restored.solutions("s3")
+    assert cached == CachedSolution("s3", won.response_ids, won.response_text, 1, 1.0, won.loss_mask)
+    assert cached.loss_mask == (True, True, False, False, False) * 2
+    # A mixed rollout of 2: the cached win (+1) beside one direct episode (the lost one, -1).
+    direct = flat_pair()
+    direct = type(direct)(**{**direct.__dict__, "trajectories": (lost,)})
+    rows = credit_groups([Group("s3", PROMPT, direct, (cached,), 2)], Credit(advantage="outcome"), "search").rows[0]
+    assert [row.loss_mask for row in rows] == [cached.loss_mask, lost.loss_mask]
+    assert [row.advantages[0] for row in rows] == [1.0, -1.0]
