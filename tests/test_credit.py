@@ -14,6 +14,8 @@ Tree mean mu = (1.0 - 1.0 - 1.5) / 3 = -0.5.
 
 import math
 
+import re
+
 import pytest
 
 from flywheel.adaptive import CachedSolution
@@ -262,8 +264,11 @@ def test_a_mixed_rollout_drops_a_direct_sample_but_keeps_it_in_the_baseline(monk
 
 # ------------------------------------------------------------------ settings
 def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
-    with pytest.raises(ValueError, match=r"--data\.credit\.advantage='tree': choose 'node', 'outcome', 'subtree', "
-                                         r"'best_of_n', 'pass_at_k' or 'self_training'$"):
+    from flywheel.objectives.credit import RULES
+
+    *rest, last = (repr(name) for name in RULES)
+    assert rest[:3] == ["'node'", "'outcome'", "'subtree'"]  # the table's order, the default first
+    with pytest.raises(ValueError, match=re.escape(f"--data.credit.advantage='tree': choose {', '.join(rest)} or {last}") + "$"):
         Credit(advantage="tree")
 
 
@@ -273,7 +278,7 @@ def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
 ])
 def test_normalize_std_is_refused_where_the_credit_ignores_it(advantage, rollout, rule):
     with pytest.raises(ValueError, match=rf"^--data\.credit\.normalize_std=true but .* credits by the '{rule}' rule, "
-                                         r"which ignores it: remove it \(the rules that read it: 'node', 'outcome', 'pass_at_k'\)$"):
+                                         r"which ignores it: remove it \(the rules that read it: 'node', 'outcome', 'pass_at_k', 'gigpo'\)$"):
         check(Credit(advantage=advantage, normalize_std=True), rollout)
     # Where a rule reads it, it is fine: node and outcome trees, and flat DAPO groups.
     for fine in [("node", "search"), ("outcome", "search"), ("node", "flat"), ("subtree", "flat")]:
@@ -362,7 +367,7 @@ def test_a_rule_registered_in_the_table_alone_is_checked_and_computed(monkeypatc
     rows = credit_groups([Group.of(result(T1, T2, T3))], Credit(advantage="halved_node")).rows[0]
     assert close(rows[0].advantages, [0.55, 0.55, 0.75, 0.75, 0.75])  # node's 1.1 and 1.5, halved
     assert close(mixed([D1, D2], advantage="halved_node")[0].advantages, [0.5625] * 2)  # 1.125 / 2
-    with pytest.raises(ValueError, match=r"the rules that read it: 'node', 'outcome', 'pass_at_k', 'halved_node'"):
+    with pytest.raises(ValueError, match=r"the rules that read it: 'node', 'outcome', 'pass_at_k', 'gigpo', 'halved_node'"):
         check(Credit(advantage="subtree", normalize_std=True))
     with pytest.raises(ValueError, match=r"or 'halved_node'$"):
         Credit(advantage="tree")

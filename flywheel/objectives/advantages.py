@@ -143,6 +143,46 @@ def subtree_advantages(paths: Sequence[Sequence[Hashable]], final_scores: Sequen
     return out
 
 
+def gigpo_advantages(states: Sequence[Sequence[Hashable]], final_scores: Sequence[float], *, gamma: float,
+                     step_weight: float, normalize_std: bool = False, eps: float = ADV_EPS) -> list[list[float]]:
+    """Per-step GiGPO advantages of one group of episodes (Feng et al. 2025, verl-agent): the
+    episode's advantage plus `step_weight` times the step's advantage among the steps taken from
+    the same environment state anywhere in the group (an "anchor state"):
+
+        A_j = (R - mean R) / d  +  w * (G_j - mean_{same state} G) / d_state,   G_j = gamma^(T - 1 - j) R
+
+    R is the episode's final score, T its steps, G_j the discounted return from step j (the
+    reward comes at the end); d, d_state are 1, or the std (+ eps) with `normalize_std` (the
+    paper normalizes by it). A state reached once gives its step 0: no comparison to make.
+
+    Args:
+        states: one list per episode: the key of the state each step was taken from (equal
+            keys = the same state; in a deterministic environment, the same actions so far).
+        final_scores: [K] each episode's final score.
+
+    >>> [[round(a, 4) for a in steps] for steps in gigpo_advantages(
+    ...     [["start", "1"], ["start", "1"], ["start"]], [1.0, -1.0, -1.0], gamma=0.5, step_weight=1.0)]
+    [[2.1667, 2.3333], [-0.8333, -1.6667], [-1.3333]]
+    """
+    if len(states) != len(final_scores) or not states or any(not steps for steps in states):
+        raise ValueError("gigpo_advantages needs one non-empty list of states per final score")
+    finals = torch.tensor(list(final_scores), dtype=torch.float64)
+    mean, divisor = group_baseline(finals, None, normalize_std, eps)
+    episode = ((finals - mean) / divisor).tolist()
+    returns = [[gamma ** (len(steps) - 1 - j) * score for j in range(len(steps))]
+               for steps, score in zip(states, final_scores)]
+    anchors: dict[Hashable, list[float]] = {}
+    for steps, gains in zip(states, returns):
+        for state, gain in zip(steps, gains):
+            anchors.setdefault(state, []).append(gain)
+    baseline = {}
+    for state, gains in anchors.items():
+        m, d = group_baseline(torch.tensor(gains, dtype=torch.float64), None, normalize_std, eps)
+        baseline[state] = (float(m[0]), float(d[0]))
+    return [[a + step_weight * (gain - baseline[state][0]) / baseline[state][1] for state, gain in zip(steps, gains)]
+            for a, steps, gains in zip(episode, states, returns)]
+
+
 def tree_grpo_token_advantages(
     token_scores: torch.Tensor,
     mask: torch.Tensor,

@@ -22,7 +22,8 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Callable, Hashable, Literal, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
-from flywheel.objectives.advantages import pass_at_k_advantages, per_token, subtree_advantages, tree_grpo_advantages
+from flywheel.objectives.advantages import (gigpo_advantages, pass_at_k_advantages, per_token, subtree_advantages,
+                                            tree_grpo_advantages)
 from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.paths import SearchedGroup, SearchedPath, TrainingRow
 from flywheel.objectives.self_training import PathWeighting, weight_paths
@@ -40,6 +41,9 @@ class Scored:
     final_score: float
     """Terminal reward + overlong: what the group mean averages."""
     correct: bool
+    states: tuple[Hashable, ...] = ()
+    """[S] the state each step was taken from: the steps before it (equal in two responses = the
+    same state, in a deterministic environment); what "gigpo" groups steps by."""
 
 
 GroupCredit = Callable[[Sequence[Scored], bool], list]
@@ -67,6 +71,8 @@ class CreditRule:
     caution: str = ""
     """A flaw of the rule measured on trees: logged at the start of every fit that credits
     trees by it (`fit_cautions`), the rule kept as chosen."""
+    credits_flat: bool = False
+    """Credits flat groups too, in place of DAPO's rule (`ROLLOUTS`): its step credit needs no tree."""
 
     def __call__(self, group: Sequence[Scored], settings: Credit) -> list:
         return self.credit(group, settings.normalize_std, **{name: getattr(settings, name) for name in self.keywords})
@@ -96,6 +102,14 @@ def pass_at_k_credit(group: Sequence[Scored], normalize_std: bool, pass_k: int) 
     """Pass@k training: every step gets its response's `pass_at_k_advantages` value."""
     values = pass_at_k_advantages([r.correct for r in group], pass_k, normalize_std)
     return [[value] * len(r.step_scores) for r, value in zip(group, values)]
+
+
+def gigpo_credit(group: Sequence[Scored], normalize_std: bool, gigpo_gamma: float,
+                 gigpo_step_weight: float) -> list[list[float]]:
+    """GiGPO: the episode's advantage plus the step's among the steps from the same state
+    (`gigpo_advantages`; states: the steps before it)."""
+    return gigpo_advantages([r.states for r in group], [r.final_score for r in group], gamma=gigpo_gamma,
+                            step_weight=gigpo_step_weight, normalize_std=normalize_std)
 
 
 def self_training_credit(group: Sequence[Scored], normalize_std: bool) -> list[list[float]]:
@@ -134,11 +148,14 @@ RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
                warnings=pass_k_warnings),
     CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward", self_training_credit,
                frozenset({"degenerate_filter", "path_weights"}), weights_paths=True),
+    CreditRule("gigpo", "GiGPO: the episode's advantage plus the step's among the group's steps from the same state",
+               gigpo_credit, frozenset({"normalize_std", "degenerate_filter", "gigpo_gamma", "gigpo_step_weight"}),
+               keywords=("gigpo_gamma", "gigpo_step_weight"), credits_flat=True),
 )}
 """Every credit rule by name; the first is the default."""
 
 Advantage = Literal[tuple(RULES)]  # the names above, for the command line's choices
-OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights", "pass_k")
+OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights", "pass_k", "gigpo_gamma", "gigpo_step_weight")
 """The settings a rule may ignore; the others (drop_uniform_groups) apply to every rule."""
 
 
@@ -180,6 +197,12 @@ class Credit:
         pass_k: the k of "pass_at_k" (read by it only; larger k rewards covering more answers).
             2 by default: on Countdown's validation split it kept Pass@4 with more Pass@1 than 4
             (docs/results.md, "The quickstart must not narrow the policy").
+        gigpo_gamma: the discount of "gigpo"'s step returns (read by it only; verl-agent's 0.95).
+        gigpo_step_weight: the weight of "gigpo"'s step advantage beside the episode's (read by
+            it only; 1 as in the paper). "gigpo" credits flat groups too (`--data.rollout=flat`):
+            the steps of a group's episodes that start from the same state (the same actions so
+            far) are compared with each other; the paper divides by the stds
+            (`--data.credit.normalize_std=true`).
     """
 
     advantage: Advantage = "node"
@@ -189,6 +212,8 @@ class Credit:
     path_weights: PathWeighting = field(default_factory=PathWeighting)
     positive_weight: float = 1.0
     pass_k: int = 2
+    gigpo_gamma: float = 0.95
+    gigpo_step_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.advantage not in RULES:
@@ -198,6 +223,12 @@ class Credit:
             raise ValueError(f"--data.credit.positive_weight must be a number >= 0, got {self.positive_weight!r}")
         if isinstance(self.pass_k, bool) or not (isinstance(self.pass_k, int) and self.pass_k >= 1):
             raise ValueError(f"--data.credit.pass_k must be an integer >= 1, got {self.pass_k!r}")
+        for name in ("gigpo_gamma", "gigpo_step_weight"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and 0 <= value < float("inf")):
+                raise ValueError(f"--data.credit.{name} must be a number >= 0, got {value!r}")
+        if self.gigpo_gamma > 1:
+            raise ValueError(f"--data.credit.gigpo_gamma must be at most 1 (a discount), got {self.gigpo_gamma!r}")
         if self.positive_weight != 1 and RULES[self.advantage].weights_paths:
             raise ValueError(f"--data.credit.positive_weight={self.positive_weight} scales advantages, but "
                              f"--data.credit.advantage={self.advantage} trains on path weights: remove one")
@@ -214,7 +245,8 @@ class Credit:
 
 ROLLOUTS: dict[str, str | None] = {"search": None, "flat": "node", "best_of_n": "best_of_n"}
 """Every `--data.rollout` kind and the credit rule its groups get whatever the chosen one (None:
-the chosen rule, as trees are; a rule that weights paths credits flat groups too). The first is
+the chosen rule, as trees are; a rule that weights paths, or that `credits_flat`, credits flat
+groups too). The first is
 the default; the data module's choices read this table."""
 
 
@@ -222,7 +254,7 @@ def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:
     """The rule that credits each group under `--data.rollout` (`ROLLOUTS`): the chosen one for
     trees and for one that weights paths; the kind's own rule otherwise."""
     chosen, own = RULES[settings.advantage], ROLLOUTS[rollout]
-    if own is None or (chosen.weights_paths and not RULES[own].keeps_only_correct):
+    if own is None or ((chosen.weights_paths or chosen.credits_flat) and not RULES[own].keeps_only_correct):
         return chosen
     return RULES[own]
 
@@ -330,12 +362,18 @@ def damp_positive(row: TrainingRow, weight: float) -> TrainingRow:
     return replace(row, advantages=tuple(a * weight if a > 0 else a for a in row.advantages))
 
 
+def step_states(trajectory: SearchedPath) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The state each step of `trajectory` was taken from: the token ids of the steps before it."""
+    before = tuple(step.token_ids for step in trajectory.steps)
+    return tuple(before[:j] for j in range(len(before)))
+
+
 def _tree_rows(group: Group, rule: CreditRule, settings: Credit) -> list[TrainingRow]:
     trajectories = group.result.trajectories
     if not trajectories:
         return []
     scored = [Scored(tuple(s.q_soft + t.overlong_penalty for s in t.steps), tuple(s.node_id for s in t.steps),
-                     t.final_score, t.verdict.correct) for t in trajectories]
+                     t.final_score, t.verdict.correct, step_states(t)) for t in trajectories]
     rows = []
     for trajectory, advantages in zip(trajectories, rule(scored, settings)):
         if advantages is None or settings.drops(trajectory):
@@ -356,7 +394,7 @@ def _mixed_rows(group: Group, rule: CreditRule, settings: Credit) -> list[Traini
     items: list[SearchedPath | CachedSolution] = mixed_rollout(list(group.cached), list(direct), group.n)
     scores = [1.0 if isinstance(item, CachedSolution) else item.final_score for item in items]
     correct = [isinstance(item, CachedSolution) or item.verdict.correct for item in items]
-    scored = [Scored((score,), (i,), score, ok) for i, (score, ok) in enumerate(zip(scores, correct))]
+    scored = [Scored((score,), (i,), score, ok, ((),)) for i, (score, ok) in enumerate(zip(scores, correct))]
     rows = []
     for item, score, ok, advantages in zip(items, scores, correct, rule(scored, settings)):
         cached = isinstance(item, CachedSolution)

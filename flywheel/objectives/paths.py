@@ -17,13 +17,16 @@ if TYPE_CHECKING:
 
 class SearchedStep(Protocol):
     """One step of a path, as credit reads it: q~(s_j), its soft-clipped score (a terminal's is
-    its reward), and the tree node it is (steps shared by several paths share it)."""
+    its reward), the tree node it is (steps shared by several paths share it) and its tokens."""
 
     @property
     def q_soft(self) -> float: ...
 
     @property
     def node_id(self) -> int: ...
+
+    @property
+    def token_ids(self) -> tuple[int, ...]: ...
 
 
 class SearchedPath(Protocol):
