@@ -8,6 +8,7 @@ from flywheel.tasks.chain import ChainProblem, ChainTask
 from flywheel.tasks.countdown import CountdownProblem, CountdownTask
 from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 from flywheel.tasks.math import MathTask
+from flywheel.tasks.textarena_env import TextArenaTask
 
 __all__ = ["ChainProblem", "ChainTask", "CountdownProblem", "CountdownTask", "MastermindProblem", "MastermindTask",
-           "MathTask", "Problem", "StepSpec", "Task"]
+           "MathTask", "Problem", "StepSpec", "Task", "TextArenaTask"]
