@@ -9,7 +9,6 @@ No Lightning: the generator, the task, the tokenizer and the settings are argume
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Literal, Sequence
 

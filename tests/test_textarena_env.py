@@ -4,7 +4,6 @@ flat episode through the rollouts. Offline: every game here runs without network
 
 from __future__ import annotations
 
-import json
 import pickle
 import random
 import re

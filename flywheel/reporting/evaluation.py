@@ -173,8 +173,6 @@ def episodes(generator: Generator, tokenizer: Any, task: EnvironmentTask, proble
     generator call a turn for every episode still going), each problem's from its own seed:
     the verdicts of each problem's episodes and the tokens the policy generated (the
     observations are prefilled, not counted)."""
-    from flywheel.reporting.problem_view import decoder, eos_ids, search_problems  # the search's view of a problem: the glue's
-
     search = SearchConfig(max_depth=task.max_turns, temperature=config.temperature, top_p=config.top_p,
                           overlong_penalty=False)
     results = flat_rollouts(search_problems(tokenizer, task, problems, grader), generator, n=config.samples,

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, Mapping
 
 from flywheel.rewards import Verdict
@@ -95,6 +97,28 @@ class Task(ABC):
             raise ValueError(f"{where}: column 'problem' must be a non-empty string, got {question!r:.80}")
         answer = answer_text(row["answer"], where)
         return Problem(id=problem_id(row.get("id"), where), question=question, answer=answer)
+
+
+def read_split_file(task: Task, path: Path, label: str) -> list[Problem]:
+    """The problems of a task's split file: one JSON object a line (blank lines skipped), each
+    made by `task.problem_from_row`; a line that is not one is refused with its `file:line`.
+    `label` names the task in the missing-file error ("chain", "mastermind", ...)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{label} split file {path} does not exist")
+    problems = []
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
+            problems.append(task.problem_from_row(row, where))
+    return problems
 
 
 def answer_text(value: Any, where: str) -> str:

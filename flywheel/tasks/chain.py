@@ -23,7 +23,6 @@ chain's value); or `problem` text ("37 +48 -19 *3") and `answer` text ("198").
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from dataclasses import dataclass
@@ -34,7 +33,7 @@ from flywheel.assets import asset_path
 from flywheel.rewards import Verdict
 from flywheel.rewards import math as math_verifier
 from flywheel.rewards.chain import verify
-from flywheel.tasks.base import Problem, StepSpec, Task
+from flywheel.tasks.base import Problem, StepSpec, Task, read_split_file
 from flywheel.tasks.chain_data import OPS, chain_values, format_ops
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "MAX_ABS_VALUE", "MAX_OPS", "SHIPPED_SPLITS", "ChainProblem", "ChainTask"]
@@ -165,7 +164,7 @@ class ChainTask(Task):
                 "Add one with split_files={name: path.jsonl}."
             )
         if split not in self._loaded:
-            problems = self._read(self.split_files[split])
+            problems = read_split_file(self, self.split_files[split], "chain")
             if self.lengths is not None:
                 problems = [p for p in problems if len(p.ops) in self.lengths]
             self._loaded[split] = tuple(problems)
@@ -201,23 +200,6 @@ class ChainTask(Task):
             raise ValueError(f"{where}: `id` must be a string, got {row_id!r}")
         return ChainProblem.create(str(row_id), start, ops)
 
-    def _read(self, path: Path) -> list[ChainProblem]:
-        if not path.is_file():
-            raise FileNotFoundError(f"chain split file {path} does not exist")
-        problems = []
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problems.append(self.problem_from_row(row, where))
-        return problems
 
 
 def as_chain(problem: Problem) -> ChainProblem:

@@ -15,7 +15,6 @@ the shipped splits.
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from typing import Any, Literal, Mapping, Sequence
 from flywheel.assets import asset_path
 from flywheel.rewards import Verdict
 from flywheel.rewards.countdown import EACH_NUMBER_RULES, verify
-from flywheel.tasks.base import Problem, StepSpec, Task
+from flywheel.tasks.base import Problem, StepSpec, Task, read_split_file
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "SHIPPED_SPLITS", "CountdownProblem", "CountdownTask"]
 
@@ -146,7 +145,7 @@ class CountdownTask(Task):
                 "Add one with split_files={name: path.jsonl}."
             )
         if split not in self._loaded:
-            problems = self._read(self.split_files[split])
+            problems = read_split_file(self, self.split_files[split], "countdown")
             if self.numbers_count is not None:
                 problems = [p for p in problems if len(p.numbers) == self.numbers_count]
             self._loaded[split] = tuple(problems)
@@ -169,23 +168,6 @@ class CountdownTask(Task):
             )
         return CountdownProblem.create(str(row.get("id", where)), numbers, target)
 
-    def _read(self, path: Path) -> list[CountdownProblem]:
-        if not path.is_file():
-            raise FileNotFoundError(f"countdown split file {path} does not exist")
-        problems = []
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problems.append(self.problem_from_row(row, where))
-        return problems
 
 
 def _check_prompt_template(template: str) -> None:

@@ -41,7 +41,6 @@ integer (3512). tools/make_mastermind_splits.py writes the shipped splits.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +48,7 @@ from typing import Any, Mapping, Sequence
 
 from flywheel.assets import asset_path
 from flywheel.rewards.mastermind import MAX_DIGITS, Code, Feedback, code_text, feedback, parse_code
-from flywheel.tasks.base import Problem, StepSpec, problem_id
+from flywheel.tasks.base import Problem, StepSpec, problem_id, read_split_file
 from flywheel.tasks.columns import MissingColumn
 from flywheel.tasks.environment import EnvironmentTask, Turn
 
@@ -192,7 +191,7 @@ class MastermindTask(EnvironmentTask):
             raise ValueError(f"unknown mastermind split {split!r}; known: {sorted(self.split_files)}. "
                              "Add one with split_files={name: path.jsonl}.")
         if split not in self._loaded:
-            self._loaded[split] = tuple(self._read(self.split_files[split]))
+            self._loaded[split] = tuple(read_split_file(self, self.split_files[split], "mastermind"))
         return list(self._loaded[split])
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> MastermindProblem:
@@ -209,23 +208,6 @@ class MastermindTask(EnvironmentTask):
                              f"each 1-{self.digits} (the task's code_length and digits)")
         return MastermindProblem.create(problem_id(row.get("id"), where), code)
 
-    def _read(self, path: Path) -> list[MastermindProblem]:
-        if not path.is_file():
-            raise FileNotFoundError(f"mastermind split file {path} does not exist")
-        problems = []
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problems.append(self.problem_from_row(row, where))
-        return problems
 
 
 def _unless_last(turn: Turn, last_turn: bool) -> Turn:

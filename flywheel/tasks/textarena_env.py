@@ -47,7 +47,6 @@ measure a policy on fresh seeds, not on held-out secrets.
 from __future__ import annotations
 
 import difflib
-import json
 import random
 import re
 import threading
@@ -56,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
-from flywheel.tasks.base import Problem, StepSpec, problem_id
+from flywheel.tasks.base import Problem, StepSpec, problem_id, read_split_file
 from flywheel.tasks.environment import EnvironmentTask, Turn
 
 __all__ = ["BUILT_IN_SPLITS", "REASONS", "TextArenaProblem", "TextArenaTask", "observation_text"]
@@ -249,7 +248,7 @@ class TextArenaTask(EnvironmentTask):
     def problems(self, split: str) -> list[TextArenaProblem]:
         if split in self.split_files:
             if split not in self._loaded:
-                self._loaded[split] = tuple(self._read(self.split_files[split]))
+                self._loaded[split] = tuple(read_split_file(self, self.split_files[split], "textarena"))
             return list(self._loaded[split])
         if split in BUILT_IN_SPLITS:
             return [TextArenaProblem.create(f"{split}-{seed}", seed) for seed in BUILT_IN_SPLITS[split]]
@@ -267,21 +266,4 @@ class TextArenaTask(EnvironmentTask):
             raise ValueError(f"{where}: `seed` must be a non-negative integer (the game's seed), got {value!r:.80}")
         return TextArenaProblem.create(problem_id(row.get("id"), where), value)
 
-    def _read(self, path: Path) -> list[TextArenaProblem]:
-        if not path.is_file():
-            raise FileNotFoundError(f"textarena split file {path} does not exist")
-        problems = []
-        with path.open(encoding="utf-8") as lines:
-            for number, line in enumerate(lines, start=1):
-                if not line.strip():
-                    continue
-                where = f"{path}:{number}"
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-                if not isinstance(row, dict):
-                    raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-                problems.append(self.problem_from_row(row, where))
-        return problems
 
