@@ -375,3 +375,16 @@ def test_gigpo_credits_flat_episodes_by_their_anchor_states():
     won, lost = credit_groups([Group.of(flat_pair())], credit, "flat").rows[0]
     assert won.advantages == (1.5,) * 5 + (1.0,) * 5 and lost.advantages == (-1.5,) * 5 + (-1.0,) * 5
     assert won.loss_mask == (True, True, False, False, False) * 2
+
+
+def test_the_tree_viewer_shows_each_actions_answer():
+    from flywheel.reporting.viewer import render_tree_html
+
+    generator = ScriptedGenerator({PROMPT: [step("1\n"), step("x\n")],
+                                   PROMPT + encode("1\nhi\n"): [step("3\n"), step("2\n")],
+                                   PROMPT + encode("x\n?\n"): [step("3\n"), step("4\n")]})
+    config = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=4, overlong_penalty=False)
+    (result,) = SearchDriver(generator, config, step=TASK.step, decode=decode).run([episode_problem()])
+    page = render_tree_html(result.to_json(decode))
+    assert "#1 depth 1" in page and ": 1\n -&gt; hi\n" in page  # the node's tooltip: the action, then the answer
+    assert "an invalid action" in page and "m.turn.observation" in page  # the details panel's lines

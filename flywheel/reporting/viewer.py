@@ -108,8 +108,9 @@ def render_tree_html(tree: dict[str, Any], title: str | None = None) -> str:
     for n in nodes:
         x, y = pos[n["id"]]
         text = n.get("text") if n["id"] else tree.get("prompt_text")
+        answer = f" -> {n['turn']['observation']}" if n.get("turn") else ""  # an environment's answer to the action
         tip = html.escape(f"#{n['id']} depth {n['depth']}{expansion_label(order, n['id'])}: "
-                          f"{text if text is not None else n['token_ids']}")
+                          f"{text if text is not None else n['token_ids']}{answer}")
         fill = value_colour(n.get("q_soft"))
         attrs = f'class="node" data-id="{n["id"]}" fill="{fill}"'
         if n["terminal"]:
@@ -215,7 +216,7 @@ text.k {{ font-size: 10px; fill: {trajectory}; font-weight: bold; }}
 const payload = JSON.parse(document.getElementById("tree-data").textContent);
 const nodes = new Map(payload.tree.nodes.map(n => [n.id, n]));
 const prompt = payload.tree.prompt_seen || payload.tree.prompt_text || "";
-const stepText = m => m.text ?? JSON.stringify(m.token_ids);
+const stepText = m => (m.text ?? JSON.stringify(m.token_ids)) + (m.turn ? m.turn.observation : "");  // an action and its answer
 function path(n) {{  // the root first
   const out = [n];
   while (out[0].parent !== null && out[0].parent !== undefined) out.unshift(nodes.get(out[0].parent));
@@ -231,6 +232,7 @@ function show(id) {{
     `N ${{n.visits}}  q ${{fmt(n.q)}}  Q ${{fmt(n.Q)}}  q~ ${{fmt(n.q_soft)}}  mean NLL ${{fmt(n.mean_nll)}}  PRM V ${{fmt(n.prm_value)}}`,
     n.terminal ? `terminal: ${{n.kind}}  reward ${{fmt(n.reward)}}  backup ${{n.backup_index === null ? "not backed up" : "K" + (n.backup_index + 1)}}` : `children ${{n.children.length}}`,
     n.verdict ? `verdict: ${{n.verdict.reason}}  answer ${{fmt(n.verdict.answer)}}` : "",
+    n.turn ? `the environment's answer: ${{JSON.stringify(n.turn.observation)}}${{n.turn.invalid ? "  (an invalid action)" : ""}}` : "",
     "", `the path's text from the root (${{path(n).length - 1}} steps, each after a ¦):`,
     path(n).map(m => m.id === 0 ? prompt : "¦" + stepText(m)).join(""),
   ];
