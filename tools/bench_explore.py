@@ -232,6 +232,7 @@ def flat_adaptive_curve(samples: list[list[Sample]], width: int, stop_when_solve
 def load_problems(task, args) -> list:
     """The problem set: a jsonl file of the task's rows, or a shipped split (Countdown: optionally
     only the problems with `--numbers` numbers; chains: `--data.task.init_args.lengths=[3]`)."""
+    from flywheel.tasks.base import read_split_file
     from flywheel.tasks.countdown import CountdownTask
 
     if args.problems is not None:
@@ -242,7 +243,7 @@ def load_problems(task, args) -> list:
                 row.setdefault("id", f"{args.problems.name}:{number}")
                 problems.append(task.problem_from_row(row, f"{args.problems}:{number}"))
     elif isinstance(task, CountdownTask):  # every problem of the file; --numbers filters
-        problems = task._read(task.split_files[args.split])
+        problems = read_split_file(task, task.split_files[args.split], "countdown")
         if args.numbers is not None:
             problems = [p for p in problems if len(p.numbers) == args.numbers]
     else:  # another task's built-in split (MathTask: --split arith_train; ChainTask: --split train)
