@@ -196,6 +196,11 @@ def test_a_task_the_worker_cannot_load_stops_the_run_with_its_error():
 
 SCRIPT = """
 import os, signal, sys, threading, time
+# A run started at a terminal: Python's own Ctrl-C handler, SIGINT not blocked. A child inherits an
+# ignored or blocked SIGINT from the process that starts it, and the test runner's process may
+# hold one (the README's suite at load 8 once ran this script to its end with no KeyboardInterrupt).
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
 sys.path[:0] = {path!r}
 from flywheel.tasks.countdown import CountdownProblem
 from flywheel.tasks.grading import Grader, GradingConfig
