@@ -1,7 +1,7 @@
 """`--ckpt_path last` continues a run: round counter, hard set, replay buffer, token count,
 solved problems and the per-round summary come back, and the result equals an uninterrupted run, also after the
-run was SIGKILLed during a search, an optimizer step or a checkpoint write. A damaged
-checkpoint fails with its path and the way out."""
+run was SIGKILLed during a search (an environment's episodes in flight too), an optimizer step or a
+checkpoint write. A damaged checkpoint fails with its path and the way out."""
 
 import json
 import os
@@ -157,3 +157,40 @@ def test_malformed_search_state_in_a_checkpoint_is_not_silently_dropped(tmp_path
     with pytest.raises(ValueError, match="malformed") as err:
         fit(tmp_path, 3, "--ckpt_path", "last")
     assert str(last) in str(err.value) and "--ckpt_path" in str(err.value)
+
+
+ENVIRONMENT = [  # Mastermind episodes (docs/environments.md) in small step trees
+    "--data.task=flywheel.tasks.mastermind.MastermindTask", "--data.problems.eval_split=val",
+    "--data.batching.problems_per_epoch=8", "--data.batching.mini_batch_problems=8", "--data.problems.max_eval_problems=4",
+    "--data.epochs_per_round=1", "--data.eval.samples=2", "--data.eval.at_start=false", "--data.search.max_depth=8",
+    "--data.search.expansion_width=2", "--data.search.trajectories_per_tree=4", "--data.search.max_expansions_per_tree=8",
+]
+
+
+def environment_fit_args(run_dir: Path, epochs: int, *extra: str) -> list[str]:
+    return ["fit", "--config", str(ROOT / "conf" / "chain.yaml"), *ENVIRONMENT, f"--trainer.max_epochs={epochs}",
+            f"--trainer.logger.init_args.save_dir={run_dir}",
+            f"--trainer.callbacks.init_args.dirpath={run_dir / 'checkpoints'}", *extra]
+
+
+@pytest.mark.slow
+def test_an_environments_fit_killed_with_episodes_in_flight_resumes_to_the_same_run(tmp_path):
+    # SIGKILLed at the 3rd generator call of the 2nd epoch's search (episodes half played), then
+    # resumed: the same optimizer steps, tokens, per-round results and final weights as a run
+    # never interrupted (the environment is replayed from each node's actions; nothing of the
+    # killed epoch's episodes is kept).
+    whole = main(environment_fit_args(tmp_path / "whole", EPOCHS))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    crashed = run_group([sys.executable, str(CRASH), "search:1", *environment_fit_args(tmp_path / "part", EPOCHS)],
+                        timeout=600, env=env)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
+    resumed = main(environment_fit_args(tmp_path / "part", EPOCHS, "--ckpt_path", "last"))
+    assert resumed.trainer.global_step == whole.trainer.global_step > 0
+    assert resumed.datamodule.generated_tokens == whole.datamodule.generated_tokens
+
+    def rounds(cli):
+        return [{k: v for k, v in r.items() if k not in ("wall_seconds", "wall_split", "config")} for r in summary(cli)["rounds"]]
+
+    assert rounds(resumed) == rounds(whole) and len(rounds(whole)) == EPOCHS
+    weights = whole.model.policy.state_dict()
+    assert all(torch.equal(weights[k], v) for k, v in resumed.model.policy.state_dict().items())
