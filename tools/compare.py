@@ -85,9 +85,6 @@ TASKS = {
     # --task: (the base recipe, its held-out split, its task settings from --numbers)
     "countdown": (BASE, "test_hard", True),
     "chain": ("conf/chain.yaml", "test", False),  # chain arithmetic with tiny-chain (docs/results.md, "Where trees pay")
-    # Mastermind, an environment (docs/environments.md): its step trees fork at turns; the rollout
-    # arms do not apply (an episode cannot be sampled in one call; the search refuses them)
-    "mastermind": ("conf/mastermind.yaml", "test", False),
 }
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
@@ -334,9 +331,8 @@ def main() -> None:
     parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=3_000_000, help="training generation budget per run")
     parser.add_argument("--task", choices=list(TASKS), default="countdown",
-                        help="countdown (the arms on conf/step_tree.yaml), chain (on conf/chain.yaml: chain arithmetic "
-                             "with the tiny chain policy, held-out split test) or mastermind (on conf/mastermind.yaml: "
-                             "the environment with tiny-mastermind, held-out split test; tune on --eval-split val)")
+                        help="countdown (the arms on conf/step_tree.yaml) or chain (on conf/chain.yaml: chain arithmetic "
+                             "with the tiny chain policy, held-out split test)")
     parser.add_argument("--numbers", type=int, default=4, help="Countdown numbers per problem (4 = the hard problems)")
     parser.add_argument("--eval-split", default=None,
                         help="held-out split (default: the task's: Countdown test_hard, 500 4-number hard problems; "
