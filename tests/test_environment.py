@@ -20,7 +20,7 @@ from flywheel.search.scripted import ScriptedGenerator
 from flywheel.tasks.base import Problem
 from flywheel.tasks.environment import Turn, guard_turn
 from flywheel.tasks.grading import Grader, GradingConfig
-from toy_env import EOS, GuessTask, decode, encode
+from toy_env import EOS, CharTokenizer, GuessTask, decode, encode
 
 TASK = GuessTask()
 SECRET_3 = Problem("s3", "", "3")
@@ -186,21 +186,6 @@ def test_an_epoch_counts_invalid_actions_and_observation_tokens():
     assert metrics["compute/epoch_observation_tokens"] == 2 + 3 + 3 + 3  # "?\n" "ok\n" "hi\n" "hi\n"
     assert [t.verdict.reason for t in results[0].trajectories] == ["win", "out_of_turns"]
 
-
-class CharTokenizer:
-    """The toy text as a tokenizer: one character a token, EOS id 1, no chat template."""
-
-    eos_token_id = EOS
-    chat_template = None
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": list(encode(text))}
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(encode(text))
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return decode(ids)
 
 
 def test_evaluation_plays_whole_episodes_turn_by_turn():

@@ -22,7 +22,7 @@ from flywheel.search.scripted import ScriptedGenerator  # noqa: E402
 from flywheel.tasks.environment import Turn  # noqa: E402
 from flywheel.tasks.sources import load_problems  # noqa: E402
 from flywheel.tasks.textarena_env import INSTALL, TextArenaProblem, TextArenaTask  # noqa: E402
-from toy_env import EOS, decode, encode  # noqa: E402
+from toy_env import EOS, CharTokenizer, decode, encode  # noqa: E402
 
 pytestmark = pytest.mark.textarena
 
@@ -200,19 +200,6 @@ def test_without_textarena_flywheel_imports_and_the_task_names_the_install(monke
 
 
 # ------------------------------------------------------------------------------ through the rollouts
-class CharTokenizer:
-    """One character a token, EOS id 1, no chat template (tests/toy_env.py's text)."""
-
-    eos_token_id = EOS
-    chat_template = None
-
-    def __call__(self, text: str) -> dict:
-        return {"input_ids": list(encode(text))}
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(encode(text))
-
-
 def action(text: str) -> Completion:
     ids = encode(text)
     return Completion(ids, (-0.5,) * len(ids), "stop")

@@ -3,7 +3,8 @@ the secret is one digit 1-4 (the problem's answer); an action is a digit and a n
 environment answers "hi" (the secret is higher), "lo" (lower) or "ok" (a win, done), "?" for
 an action that is not one digit 1-4 (invalid, the episode goes on); the second action ends the
 episode. `hang` / `fail` make `respond` sleep for 10 minutes / raise on an action "9" (the grading
-guard's tests). Text is one character a token: `encode`, `decode` (id 1 = EOS, no text)."""
+guard's tests). Text is one character a token: `encode`, `decode` (id 1 = EOS, no text), and
+`CharTokenizer` for what needs a tokenizer."""
 
 from __future__ import annotations
 
@@ -22,6 +23,22 @@ def encode(text: str) -> tuple[int, ...]:
 
 def decode(ids: Sequence[int]) -> str:
     return "".join(chr(i) for i in ids if i != EOS)
+
+
+class CharTokenizer:
+    """This text as a tokenizer: one character a token, EOS id 1, no chat template."""
+
+    eos_token_id = EOS
+    chat_template = None
+
+    def __call__(self, text: str) -> dict:
+        return {"input_ids": list(encode(text))}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(encode(text))
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return decode(ids)
 
 
 class GuessTask(EnvironmentTask):
