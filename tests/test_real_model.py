@@ -18,9 +18,7 @@ import html
 import json
 import os
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -272,15 +270,15 @@ def test_fit_killed_then_resumed_evaluated_and_viewed_on_the_real_model(folder, 
     last` finishes it; then `flywheel eval` and `flywheel tree` on the result."""
     fit = ["fit", "--config", str(ROOT / "conf" / "smollm2_cpu.yaml"), *SMALL, f"--trainer.logger.init_args.save_dir={tmp_path}"]
     last = tmp_path / "smollm2_cpu" / "checkpoints" / "last.ckpt"
+    # killed at the 3rd generator call of epoch 1's search, wherever the clock is then (a kill
+    # timed by the clock missed the epoch on a fast machine: the whole fit took 31 s); epoch 0's
+    # checkpoint written before the search goes on, so that the kill cannot come before it lands
     c = command(*fit)
-    proc = subprocess.Popen(c["args"], env=c["env"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    deadline = time.monotonic() + 1500
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(2)
-    time.sleep(5 if last.exists() else 0)  # into epoch 1's search
-    os.killpg(proc.pid, signal.SIGKILL)
-    first = proc.communicate()[0]
+    crash = [sys.executable, str(ROOT / "tests" / "scripts" / "crash_fit.py"), "search:1", *fit, "--checkpoint_writes=blocking"]
+    crashed = run_group(crash,
+                        timeout=1500, cwd=tmp_path, env=c["env"])
+    first = crashed.stdout + crashed.stderr
+    assert crashed.returncode == -signal.SIGKILL and "crash_fit: SIGKILL" in first, first[-4000:]
     assert last.exists(), first[-4000:]
     assert "epoch 0:" in first and "eval round 1" in first, first[-3000:]
     run = next((tmp_path / "smollm2_cpu").glob("version_*"))
