@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from flywheel.rewards import mastermind as rules
-from flywheel.rewards.mastermind import Feedback, consistent, feedback, parse_code
+from flywheel.rewards.mastermind import Feedback, consistent, feedback, marks, parse_code
 from flywheel.tasks import mastermind as task_module
 from flywheel.tasks import mastermind_data
 from flywheel.tasks.environment import Turn
@@ -113,15 +113,18 @@ def test_consistent_hand_worked():
 
 def test_the_prompt_and_the_step():
     task = MastermindTask()
-    assert task.prompt(SECRET) == ("Guess the code: 4 digits 1-6. One guess per line; each is answered "
-                                   "B (right digit, right place) and W (right digit, wrong place).\n")
+    assert task.prompt(SECRET) == ("Guess the code: 4 digits 1-6. One guess per line; each digit is answered "
+                                   "G (right place), Y (in the code, elsewhere) or . (not in the code).\n")
+    assert MastermindTask(feedback="pegs").prompt(SECRET) == (
+        "Guess the code: 4 digits 1-6. One guess per line; each is answered "
+        "B (right digit, right place) and W (right digit, wrong place).\n")
     assert (task.step.delimiter, task.step.max_tokens, task.max_turns, task.max_response_tokens) == ("\n", 16, 8, 128)
     assert task.chat_template is False
     assert "secret" not in task.prompt(SECRET) and "3512" not in task.prompt(SECRET)
 
 
 def test_a_won_episode_hand_worked():
-    task = MastermindTask()
+    task = MastermindTask(feedback="pegs")
     actions = ["1122\n", "1314\n", "3512\n"]
     assert task.episode(SECRET, actions) == [
         Turn("1B 1W\n"),  # the 2 in place; a 1 elsewhere
@@ -142,7 +145,7 @@ def test_an_invalid_guess_uses_a_turn_and_the_episode_goes_on():
 
 
 def test_the_last_turn_ends_the_episode():
-    task = MastermindTask(max_turns=3)
+    task = MastermindTask(max_turns=3, feedback="pegs")
     assert task.episode(SECRET, ["1122\n", "1314\n", "4512\n"])[-1] == Turn(
         "3B 0W\n", done=True, reward=-1.0, reason="out_of_turns")  # 5, 1, 2 in place; the 4 is not in 3512
     assert task.respond(SECRET, ["1122\n", "1314\n", "zz\n"]) == Turn(
@@ -155,13 +158,31 @@ def test_the_last_turn_ends_the_episode():
 
 
 def test_other_code_shapes():
-    task = MastermindTask(code_length=2, digits=3, max_turns=2)
+    task = MastermindTask(code_length=2, digits=3, max_turns=2, feedback="pegs")
     problem = MastermindProblem.create("p", (3, 1))
     assert task.prompt(problem).startswith("Guess the code: 2 digits 1-3.")
     assert task.episode(problem, ["13\n", "31\n"]) == [Turn("0B 2W\n"), Turn("2B 0W\n", done=True, reward=1.0,
                                                                              correct=True, reason="win")]
     assert task.respond(problem, ["14\n"]).invalid  # 4 is past the task's digits
+    marked = MastermindTask(code_length=2, digits=3, max_turns=2)
+    assert marked.episode(problem, ["13\n", "31\n"]) == [Turn("YY\n"), Turn("GG\n", done=True, reward=1.0,
+                                                                             correct=True, reason="win")]
 
+
+def test_a_won_episode_under_marks_hand_worked():
+    # The lowest player's game for 3512 (mastermind.py's docstring)
+    task = MastermindTask()
+    actions = ["1111\n", "2212\n", "3312\n", "3412\n", "3512\n"]
+    assert [turn.observation for turn in task.episode(SECRET, actions)] == [
+        "..G.\n",  # the secret's one 1, in place at position 3
+        "..GG\n",  # the 1 and the 2 in place; its one 2 used, the 2s at 1 and 2 are marked .
+        "G.GG\n", "G.GG\n", "GGGG\n"]
+    assert failure_kind(task, SECRET, actions) is None
+    assert task.respond(SECRET, ["2135\n"]).observation == "YYYY\n"  # every digit in the code, none in place
+    assert task.respond(SECRET, ["5555\n"]).observation == ".G..\n"  # one 5: matched in place, none left for Y
+    assert task.respond(SECRET, ["5111\n"]).observation == "Y.G.\n"  # the 5 elsewhere; the one 1 in place
+    lost = ["1111\n", "1234\n", "3412\n"]  # 1234 puts a 1 at position 1, which 1111's marks ruled out
+    assert failure_kind(MastermindTask(max_turns=3), SECRET, lost) == "inconsistent_guess"
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"code_length": 0}, "code_length must be 1-8"), ({"digits": 10}, "digits must be 1-9"),
@@ -177,12 +198,21 @@ def test_a_problem_whose_secret_the_task_cannot_read_is_refused():
         MastermindTask().respond(MastermindProblem("bad", "", "3517"), ["1111\n"])
 
 
+def test_unknown_feedback_rule_is_refused():
+    with pytest.raises(ValueError, match="unknown feedback rule 'wordle'; known: marks, pegs"):
+        MastermindTask(feedback="wordle")
+
+
 def test_observations_read_back():
     for black, white in [(0, 0), (1, 2), (4, 0), (0, 4)]:
         assert read_observation(task_module.observation_text(Feedback(black, white))) == Feedback(black, white)
     assert read_observation("invalid\n") is None
     with pytest.raises(ValueError, match="not a Mastermind observation"):
         read_observation("1B2W\n")
+    task = MastermindTask()
+    assert [task.read_feedback(t) for t in ("G.Y.\n", "invalid\n")] == ["G.Y.", None]
+    with pytest.raises(ValueError, match="not a Mastermind observation of marks"):
+        task.read_feedback("1B 2W\n")
 
 
 @settings(max_examples=200, deadline=None)
@@ -283,17 +313,25 @@ def test_play_is_deterministic_given_the_seed():
     assert all(a.endswith("\n") and a.count("\n") == 1 for actions in first for a in actions)  # one line each
 
 
-def test_the_noiseless_player_only_makes_consistent_guesses_and_wins_within_eight():
-    task = MastermindTask()
+@pytest.mark.parametrize("rule, pick, longest", [("pegs", "random", 7), ("marks", "random", 6), ("marks", "lowest", 6)])
+def test_the_noiseless_player_only_makes_consistent_guesses_and_wins_within_eight(rule, pick, longest):
+    task = MastermindTask(feedback=rule)
+    score = {"pegs": feedback, "marks": marks}[rule]
     for index, problem in enumerate(task.problems("test")[:60]):
-        actions = play(task, problem, NoisySolver(), random.Random(index))
+        actions = play(task, problem, NoisySolver(pick=pick), random.Random(index))
         turns = task.episode(problem, actions)
-        assert turns[-1].reason == "win" and len(actions) <= 7  # the measured worst game over all 1296 is 7 turns
+        assert turns[-1].reason == "win" and len(actions) <= longest  # the measured worst game over all 1296
         assert failure_kind(task, problem, actions) is None
         history = []
         for action, turn in zip(actions, turns):
-            assert consistent(history, task.read_guess(action))
-            history.append((task.read_guess(action), read_observation(turn.observation)))
+            assert consistent(history, task.read_guess(action), score)
+            history.append((task.read_guess(action), task.read_feedback(turn.observation)))
+    lowest = [play(task, p, NoisySolver(pick="lowest"), random.Random(0)) for p in task.problems("val")[:5]]
+    assert all(actions[0] == "1111\n" for actions in lowest)
+    if pick == "lowest":  # deterministic: the seed does not matter without noise
+        assert lowest == [play(task, p, NoisySolver(pick="lowest"), random.Random(9)) for p in task.problems("val")[:5]]
+    with pytest.raises(ValueError, match="pick must be one of random, lowest"):
+        NoisySolver(pick="first")
 
 
 def test_a_malformed_guess_is_never_a_code():
@@ -330,7 +368,7 @@ def test_a_player_of_only_mistakes_fails_each_way():
     (["1122\n", "1314\n"], "unfinished"),
 ])
 def test_failure_kinds_on_hand_built_actions(actions, kind):
-    assert failure_kind(MastermindTask(max_turns=3), SECRET, actions) == kind
+    assert failure_kind(MastermindTask(max_turns=3, feedback="pegs"), SECRET, actions) == kind
 
 
 def test_measure_agrees_with_games_under_each_limit():

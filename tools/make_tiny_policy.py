@@ -5,7 +5,7 @@
     python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
     python tools/make_tiny_policy.py --out /tmp/p --hold_out val.jsonl   # SFT never sees val.jsonl's number multisets
     python tools/make_tiny_policy.py --task chain --steps 300 --eval_max_new_tokens 192   # tiny-chain (its card has the exact command)
-    python tools/make_tiny_policy.py --task mastermind --steps 200 --eval_splits val   # tiny-mastermind (likewise)
+    python tools/make_tiny_policy.py --task mastermind --steps 600   # tiny-mastermind (likewise)
 
 A character tokenizer and a small Llama built from config (flywheel.policies.tiny), trained by SFT on
 solver traces of the TRAIN split only ("5 9 8|67\\n" -> "9*8=72\\n72-5=67\\n<answer>(9*8)-5</answer>"
@@ -171,7 +171,11 @@ def solver_record(task: MastermindTask, problems: list[Problem], episodes: list[
             "failure_kinds": {kind: kinds[kind] for kind in FAILURE_KINDS}}
 
 
-MASTERMIND_STEPS = "(filled in once the val sweep has run)"
+MASTERMIND_STEPS = """How many steps: chosen on val only (100 val secrets x 8 episodes), from snapshots of one
+600-step run of this recipe: win rate (pass@1) 0.044 after 200 steps (pass@8 0.25), 0.198 after
+400 (0.81), 0.289 after 600 (0.95). 600 is inside the 0.2-0.5 a deliberately weak policy should
+win, with pass@8 far above it. (The same recipe with the consistent-random player and the
+classic pegs stayed at 0.006 after 1200 steps: its loss never left the level of uniform digits.)"""
 """How the shipped tiny-mastermind's SFT length was chosen (the val sweep), for its card."""
 
 KIND_TEXT = {
@@ -211,21 +215,26 @@ tags: [flywheel, mastermind, tiny, sft]
 flywheel's Mastermind policy (`--model.policy={name}`, with `flywheel.tasks.mastermind.MastermindTask`):
 a {summary['parameters']:,}-parameter Llama-style causal LM with a character tokenizer, trained by SFT on
 whole episodes of a noisy Mastermind solver. It is **deliberately weak**: at temperature 1.0 it
-wins some held-out games within the 8 turns but far from all, and its losses come in every kind
-(an invalid guess, a guess that ignores earlier feedback, running out of turns), so RL (flat
-GRPO or a tree that branches on guess lines) has room to improve it on a CPU.
+wins some held-out games within the 8 turns but far from all, and it loses by mistakes of both
+kinds (a line that is not a code, a guess that ignores earlier feedback; a player consistent
+throughout never runs out of the 8 turns: it wins within 6), so RL (flat GRPO or a tree that
+branches on guess lines) has room to improve it on a CPU.
 
 An episode as the policy reads it (the tokenizer adds `<bos>`; each guess line is the policy's,
-each peg line the environment's; the environment ends the episode, there is no `<eos>`):
+each line of marks the environment's (G right place, Y elsewhere in the code, . not in it); the environment ends the episode, there is no `<eos>`):
 
 ```
-Guess the code: 4 digits 1-6. One guess per line; each is answered B (right digit, right place) and W (right digit, wrong place).
-1122
-1B 1W
-1314
-1B 1W
+{MastermindTask().prompt(None).rstrip()}
+1111
+..G.
+2212
+..GG
+3312
+G.GG
+3412
+G.GG
 3512
-4B 0W
+GGGG
 ```
 
 ## Measured (this run)
@@ -264,8 +273,8 @@ them with; the first kind that applies, in this order):
 - Seed {recipe.seed} (model init, solver episodes, data order, evaluation samples);
   `torch.set_num_threads({recipe.threads})`. Weights are deterministic given the arguments;
   `model.safetensors` sha256 of this run: `{summary['safetensors_sha256']}`.
-- Data: {recipe.max_solutions} episodes of `flywheel.tasks.mastermind_data.NoisySolver(noise={recipe.solver_noise:g})` (the
-  consistent-random player: a code drawn from those that fit all the feedback so far, or with
+- Data: {recipe.max_solutions} episodes of `flywheel.tasks.mastermind_data.NoisySolver(noise={recipe.solver_noise:g}, pick="{recipe.solver_pick}")` (a
+  consistent player: the {"smallest code" if recipe.solver_pick == "lowest" else "code drawn at random from those"} that {"fits" if recipe.solver_pick == "lowest" else "fit"} all the feedback so far, or with
   probability {recipe.solver_noise:g} a mistake: a random code, or for a quarter of the mistakes a malformed
   line) against each of the {summary['train_problems']} secrets of `flywheel/assets/mastermind/train.jsonl` only
   ({data['episodes']} episodes, played by `mastermind_data.play`; each visit of a secret picks one of
@@ -273,8 +282,11 @@ them with; the first kind that applies, in this order):
   average; its losses: {data_kinds}. Won and lost episodes alike are trained on.
   Why noise {recipe.solver_noise:g}: the mistakes make the policy's failures diverse (it has seen every kind of
   wasted guess) and its episodes show play going on after one, while the solver still wins
-  nearly every game (mastermind.py's table: 0.99 at noise 0.2, 0.94 at 0.4, within 8 turns), so
-  the data mostly shows how a game is won.
+  nearly every game (mastermind.py's table, the lowest player: 0.98 at noise 0.2, 0.97 at 0.3,
+  within 8 turns), so the data mostly shows how a game is won. Why the lowest code and not a
+  random one: a 3-layer model imitating the random player did not learn to use the feedback
+  (val win rate 0.006 after 1200 steps, under the classic pegs); the lowest player's guess keeps
+  the digits marked G and moves the others on, which it learns.
 - Each episode is one sequence exactly as the search's context holds it: the prompt's ids
   (`flywheel.reporting.problem_view.encode_prompt`), then every guess and every observation
   encoded on its own with `add_special_tokens=False` (the search's token boundaries). Loss on

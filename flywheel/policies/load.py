@@ -15,6 +15,7 @@ BUILTIN_POLICIES = {
     "tiny-countdown": ("policies", "tiny-countdown"),
     "tiny-countdown-h3": ("policies", "tiny-countdown-h3"),  # head size 32, for vLLM on CPU
     "tiny-chain": ("policies", "tiny-chain"),  # chain arithmetic (flywheel.tasks.chain)
+    "tiny-mastermind": ("policies", "tiny-mastermind"),  # Mastermind episodes (flywheel.tasks.mastermind)
 }
 """Policies shipped inside the package (flywheel/assets/...), usable by name."""
 

@@ -1,39 +1,53 @@
 """Mastermind as an environment task: find a hidden code from the feedback on each guess.
 
 The prompt states the rules; the policy writes one guess per line and the environment answers
-each with its pegs (flywheel.rewards.mastermind), so an episode reads, for the secret 3512:
+each (flywheel.rewards.mastermind), by default with a mark per digit (Wordle's rule: G right
+place, Y elsewhere in the code, . not in it), so an episode reads, for the secret 3512 (the
+"lowest" player below):
 
     Guess the code: 4 digits 1-6. ...      <- the prompt
-    1122                                   <- action 1
-    1B 1W                                  <- observation 1
-    1314
-    1B 1W
+    1111                                   <- action 1
+    ..G.                                   <- observation 1
+    2212
+    ..GG
+    3312
+    G.GG
+    3412
+    G.GG
     3512
-    4B 0W                                  <- a win: done, reward +1
+    GGGG                                   <- a win: done, reward +1
 
-A guess that is not exactly a code ("12", "1237", "abcd") is answered "invalid" and uses its
-turn; the episode goes on. The last allowed turn ends the episode lost ("out_of_turns") unless
-it wins. Unlike a single-answer task, a state after a bad guess is recoverable: the feedback is
-still true, so a tree that branches on guess lines can resample a wasted or inconsistent guess
-and still win within the limit.
+`feedback="pegs"` answers with the classic game's counts instead ("1B 2W": right digit right
+place, right digit wrong place). A guess that is not exactly a code ("12", "1237", "abcd") is
+answered "invalid" and uses its turn; the episode goes on. The last allowed turn ends the
+episode lost ("out_of_turns") unless it wins. Unlike a single-answer task, a state after a bad
+guess is recoverable: the feedback is still true, so a tree that branches on guess lines can
+resample a wasted or inconsistent guess and still win within the limit.
 
-Why `max_turns` is 8 by default: the consistent-random player (it guesses a code drawn
-uniformly from those that fit all the feedback so far; flywheel.tasks.mastermind_data), and
-the same player with mistakes (`noise`: the share of guesses that are a random code, or for a
-quarter of them a malformed line), over all 1296 secrets of 4 digits 1-6, seed 0
-(`mastermind_data.measure` with a task of max_turns 20; 27 s for all five rows on 2 busy cores):
+Why `max_turns` is 8 by default: the consistent players (flywheel.tasks.mastermind_data) guess a
+code that fits all the feedback so far, drawn at random ("random") or the smallest ("lowest",
+the player tiny-mastermind imitates); with mistakes (`noise`: the share of guesses that are a
+random code, or for a quarter of them a malformed line), over all 1296 secrets of 4 digits 1-6,
+seed 0 (`mastermind_data.measure` with a task of max_turns 20; 25 s for a rule's rows on 2 cores):
 
-    win rate (mean turns)    max_turns 6      7               8               10
-    noiseless                0.9900 (4.60)    1.0000 (4.61)   1.0000 (4.61)   1.0000 (4.61)
-    noise 0.2                0.8688 (4.98)    0.9645 (5.11)   0.9946 (5.14)   0.9992 (5.15)
-    noise 0.4                0.6968 (5.31)    0.8488 (5.62)   0.9367 (5.77)   0.9884 (5.86)
-    noise 0.6                0.4367 (5.59)    0.6103 (6.15)   0.7446 (6.54)   0.9012 (6.96)
-    random codes (noise 1)   0.0054 (5.99)    0.0062 (6.98)   0.0062 (7.97)   0.0077 (9.96)
+    marks: win rate (mean turns)     max_turns 6      7               8               10
+    random, noiseless                1.0000 (3.71)    1.0000 (3.71)   1.0000 (3.71)   1.0000 (3.71)
+    lowest, noiseless                1.0000 (5.24)    1.0000 (5.24)   1.0000 (5.24)   1.0000 (5.24)
+    lowest, noise 0.2                0.8241 (5.09)    0.9421 (5.27)   0.9807 (5.33)   0.9985 (5.35)
+    lowest, noise 0.3                0.7631 (5.15)    0.9074 (5.39)   0.9653 (5.48)   0.9977 (5.52)
+    lowest, noise 0.6                0.5409 (5.32)    0.6960 (5.78)   0.7924 (6.08)   0.9128 (6.42)
+    random codes (noise 1)           0.0031 (5.99)    0.0039 (6.99)   0.0039 (7.98)   0.0062 (9.97)
 
-The noiseless player's longest game is 7 turns (at 6 it loses 13 of 1296, just under 99%;
-seed 1 gives the same win rates). At 8 it always wins with one turn to spare, so one wasted guess
-is recoverable, while a policy that wastes several loses often (a quarter of the games at
-noise 0.6) and one that ignores the feedback nearly always.
+    pegs: win rate (mean turns)      max_turns 6      7               8               10
+    random, noiseless                0.9900 (4.60)    1.0000 (4.61)   1.0000 (4.61)   1.0000 (4.61)
+    random, noise 0.2                0.8688 (4.98)    0.9645 (5.11)   0.9946 (5.14)   0.9992 (5.15)
+    random, noise 0.4                0.6968 (5.31)    0.8488 (5.62)   0.9367 (5.77)   0.9884 (5.86)
+    random, noise 0.6                0.4367 (5.59)    0.6103 (6.15)   0.7446 (6.54)   0.9012 (6.96)
+    random codes (noise 1)           0.0054 (5.99)    0.0062 (6.98)   0.0062 (7.97)   0.0077 (9.96)
+
+A player that uses every feedback needs at most 6 turns under marks (the lowest player's
+longest game; 7 under pegs), so 8 leaves a wasted guess or two recoverable, while a policy
+that wastes several loses often and one that ignores the feedback nearly always.
 
 Problem rows (jsonl) have `id` (string) and `answer`: the secret as text ("3512") or as an
 integer (3512). tools/make_mastermind_splits.py writes the shipped splits.
@@ -44,17 +58,17 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from flywheel.assets import asset_path
-from flywheel.rewards.mastermind import MAX_DIGITS, Code, Feedback, code_text, feedback, parse_code
+from flywheel.rewards.mastermind import MAX_DIGITS, Code, Feedback, code_text, feedback, marks, parse_code
 from flywheel.tasks.base import Problem, StepSpec, problem_id, read_split_file
 from flywheel.tasks.columns import MissingColumn
 from flywheel.tasks.environment import EnvironmentTask, Turn
 
 __all__ = [
-    "INVALID_OBSERVATION", "REASONS", "SHIPPED_SPLITS", "MastermindProblem", "MastermindTask", "observation_text",
-    "read_observation",
+    "FEEDBACK_RULES", "INVALID_OBSERVATION", "REASONS", "SHIPPED_SPLITS", "FeedbackRule", "MastermindProblem",
+    "MastermindTask", "observation_text", "read_observation",
 ]
 
 SHIPPED_SPLITS = {"train": "train.jsonl", "val": "val.jsonl", "test": "test.jsonl"}
@@ -63,10 +77,11 @@ REASONS = ("win", "out_of_turns")
 """The reasons of a done turn."""
 INVALID_OBSERVATION = "invalid\n"
 """The answer to a guess that is not a code of the task's length and digits."""
-RULES = ("Guess the code: {length} digits 1-{digits}. One guess per line; each is answered "
-         "B (right digit, right place) and W (right digit, wrong place).\n")
+RULES = "Guess the code: {length} digits 1-{digits}. One guess per line; {legend}\n"
+"""The prompt: the rules, with the feedback rule's legend."""
 
 _OBSERVATION = re.compile(r"([0-9])B ([0-9])W\n")
+_MARKS = re.compile(r"[GY.]{1,8}\n")
 
 
 @dataclass(frozen=True)
@@ -103,12 +118,60 @@ def read_observation(text: str) -> Feedback | None:
     return Feedback(black=int(found.group(1)), white=int(found.group(2)))
 
 
+def marks_text(earned: str) -> str:
+    """The observation of a valid guess under the marks rule: its marks on one line.
+
+    >>> marks_text("G.Y.")
+    'G.Y.\\n'
+    """
+    return earned + "\n"
+
+
+def read_marks(text: str) -> str | None:
+    """The marks an observation states; None for `INVALID_OBSERVATION`; ValueError for any
+    other text.
+
+    >>> read_marks("G.Y.\\n"), read_marks("invalid\\n")
+    ('G.Y.', None)
+    """
+    if text == INVALID_OBSERVATION:
+        return None
+    if _MARKS.fullmatch(text) is None:
+        raise ValueError(f"{text!r:.40} is not a Mastermind observation of marks ('G.Y.\\n' or {INVALID_OBSERVATION!r})")
+    return text[:-1]
+
+
+@dataclass(frozen=True)
+class FeedbackRule:
+    """How a valid guess is answered: `score(secret, guess)` is what it earns (hashable, so a
+    player can compare it with an earlier answer), `text` its observation, `read` the inverse
+    (None for the invalid answer), `legend` the prompt's sentence about it."""
+
+    score: Callable[[Code, Code], Hashable]
+    text: Callable[[Any], str]
+    read: Callable[[str], Any]
+    legend: str
+
+
+FEEDBACK_RULES: dict[str, FeedbackRule] = {
+    # Wordle's rule: a mark per position. The shipped tiny-mastermind learned this one: the
+    # answer to each digit sits at a fixed distance from it, which a 3-layer model reads.
+    "marks": FeedbackRule(marks, marks_text, read_marks,
+                          "each digit is answered G (right place), Y (in the code, elsewhere) or . (not in the code)."),
+    # The classic game: two counts for the whole guess (a tiny model did not learn to use them).
+    "pegs": FeedbackRule(feedback, observation_text, read_observation,
+                         "each is answered B (right digit, right place) and W (right digit, wrong place)."),
+}
+"""--data.task.init_args.feedback: name -> rule; the first is the default."""
+
+
 class MastermindTask(EnvironmentTask):
     """Mastermind: guess a hidden code of `code_length` digits 1..`digits` within `max_turns`.
 
-    One action is one guess line ("1122\\n"); each is answered "<black>B <white>W\\n", or
-    "invalid\\n" for a line that is not a code (it uses its turn). A win is reward +1 (reason
-    "win"); the last turn without a win is reward -1 (reason "out_of_turns").
+    One action is one guess line ("1122\\n"); each is answered by the feedback rule ("G.Y.\\n"
+    under marks, "1B 2W\\n" under pegs), or "invalid\\n" for a line that is not a code (it uses
+    its turn). A win is reward +1 (reason "win"); the last turn without a win is reward -1
+    (reason "out_of_turns").
 
     Args:
         split_files: split files to add or replace, as {"split name": "path.jsonl"}, merged
@@ -116,9 +179,12 @@ class MastermindTask(EnvironmentTask):
             "test" (200 each; no secret in two splits).
         code_length: digits in a code (1-8).
         digits: each digit is 1..`digits` (1-9).
+        feedback: how a guess is answered, a name of `FEEDBACK_RULES`: "marks" (Wordle's
+            rule, a mark per position; the default, the rule tiny-mastermind plays) or "pegs"
+            (the classic black and white counts).
         max_turns: guesses in one episode at most; a player that uses every feedback wins
-            every 4-digit 1-6 game within 7, so 8 leaves one wasted guess recoverable (the
-            module docstring's measurements).
+            every 4-digit 1-6 game within 7 (pegs) or 6 (marks), so 8 leaves one or two wasted
+            guesses recoverable (the module docstring's measurements).
         max_step_tokens: most tokens in one guess line: 5 characters with its newline, one
             token each for the character-level tiny policies; 16 leaves room for a subword
             tokenizer's pieces, and cuts a runaway line early.
@@ -133,6 +199,7 @@ class MastermindTask(EnvironmentTask):
         split_files: dict[str, str] | None = None,
         code_length: int = 4,
         digits: int = 6,
+        feedback: str = "marks",
         max_turns: int = 8,
         max_step_tokens: int = 16,
         max_response_tokens: int | None = None,
@@ -141,6 +208,8 @@ class MastermindTask(EnvironmentTask):
             raise ValueError(f"code_length must be 1-8 digits, got {code_length}")
         if not 1 <= digits <= MAX_DIGITS:
             raise ValueError(f"digits must be 1-{MAX_DIGITS} (each digit one character), got {digits}")
+        if feedback not in FEEDBACK_RULES:
+            raise ValueError(f"unknown feedback rule {feedback!r}; known: {', '.join(FEEDBACK_RULES)}")
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if max_response_tokens is not None and max_response_tokens < 1:
@@ -148,6 +217,8 @@ class MastermindTask(EnvironmentTask):
                              f"got {max_response_tokens}")
         self.code_length = code_length
         self.digits = digits
+        self.feedback = feedback
+        self.rule = FEEDBACK_RULES[feedback]
         self.max_turns = max_turns
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter="\n")
         self.max_response_tokens = max_turns * max_step_tokens if max_response_tokens is None else max_response_tokens
@@ -157,7 +228,7 @@ class MastermindTask(EnvironmentTask):
         self._loaded: dict[str, tuple[MastermindProblem, ...]] = {}
 
     def prompt(self, problem: Problem) -> str:
-        return RULES.format(length=self.code_length, digits=self.digits)
+        return RULES.format(length=self.code_length, digits=self.digits, legend=self.rule.legend)
 
     def read_guess(self, action: str) -> Code | None:
         """The code an action spells, its one trailing delimiter aside; None when it is not a code."""
@@ -172,8 +243,13 @@ class MastermindTask(EnvironmentTask):
                              f"{self.code_length} digits 1-{self.digits}")
         return code
 
+    def read_feedback(self, observation: str) -> Hashable | None:
+        """What an observation of this task says a guess earned (as `rule.score` gives it); None
+        for the invalid answer."""
+        return self.rule.read(observation)
+
     def respond(self, problem: Problem, actions: Sequence[str]) -> Turn:
-        """The pegs of the last guess; a win or the last turn ends the episode. Only the last
+        """The feedback on the last guess; a win or the last turn ends the episode. Only the last
         action matters: feedback depends on the guess alone, and an episode ends at its win."""
         if not 1 <= len(actions) <= self.max_turns:
             raise ValueError(f"an episode has 1 to {self.max_turns} actions (max_turns), got {len(actions)}")
@@ -181,10 +257,11 @@ class MastermindTask(EnvironmentTask):
         guess = self.read_guess(actions[-1])
         if guess is None:
             return _unless_last(Turn(INVALID_OBSERVATION, invalid=True), last_turn)
-        earned = feedback(self.secret(problem), guess)
-        if earned.black == self.code_length:
-            return Turn(observation_text(earned), done=True, reward=1.0, correct=True, reason="win")
-        return _unless_last(Turn(observation_text(earned)), last_turn)
+        secret = self.secret(problem)
+        observation = self.rule.text(self.rule.score(secret, guess))
+        if guess == secret:
+            return Turn(observation, done=True, reward=1.0, correct=True, reason="win")
+        return _unless_last(Turn(observation), last_turn)
 
     def problems(self, split: str) -> list[MastermindProblem]:
         if split not in self.split_files:

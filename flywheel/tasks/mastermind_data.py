@@ -23,13 +23,13 @@ from __future__ import annotations
 import itertools
 import random
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Sequence
 
-from flywheel.rewards.mastermind import Code, Feedback, code_text, consistent, feedback
+from flywheel.rewards.mastermind import Code, code_text, consistent
 from flywheel.tasks.base import Problem
-from flywheel.tasks.mastermind import MastermindProblem, MastermindTask, read_observation
+from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 
-__all__ = ["FAILURE_KINDS", "MALFORMED", "MAX_CODES", "NoisySolver", "SolverRecord", "all_codes", "failure_kind",
+__all__ = ["FAILURE_KINDS", "MALFORMED", "MAX_CODES", "PICKS", "NoisySolver", "SolverRecord", "all_codes", "failure_kind",
            "malformed_guess", "measure", "play"]
 
 MAX_CODES = 100_000
@@ -37,6 +37,9 @@ MAX_CODES = 100_000
 
 FAILURE_KINDS = ("invalid_guess", "inconsistent_guess", "out_of_turns", "unfinished")
 """A lost episode's kinds, in `failure_kind`'s order of precedence."""
+
+PICKS = ("random", "lowest")
+"""`NoisySolver.pick`: how the player picks among the codes that fit the feedback."""
 
 MALFORMED = ("{short}", "{long}", "{zero}", "{over}", "{letter}", "", "{code} {code}")
 """Shapes of a malformed guess: a digit short, a digit more, a 0, a digit past the range, a
@@ -57,21 +60,28 @@ def all_codes(length: int, digits: int) -> list[Code]:
 
 @dataclass(frozen=True)
 class NoisySolver:
-    """The consistent-random player with mistakes (the module docstring).
+    """The consistent player with mistakes (the module docstring).
 
     Attributes:
         noise: probability that a guess is a mistake instead of a consistent code.
         malformed_share: share of the mistakes that are malformed lines; the rest are
             uniformly random codes.
+        pick: which consistent code it guesses, one of `PICKS`: "random" (uniformly: the
+            consistent-random player) or "lowest" (the smallest in digit order: 1111 first,
+            then the digits the marks keep, the next digit elsewhere; a deterministic play a
+            3-layer model imitates, where it did not learn the random player's).
     """
 
     noise: float = 0.0
     malformed_share: float = 0.25
+    pick: str = "random"
 
     def __post_init__(self) -> None:
         for name in ("noise", "malformed_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(self, name)}")
+        if self.pick not in PICKS:
+            raise ValueError(f"pick must be one of {', '.join(PICKS)}, got {self.pick!r}")
 
     def guess(self, candidates: Sequence[Code], length: int, digits: int, rng: random.Random) -> str:
         """One action (a line ended by "\\n"): a code from `candidates` (those that fit the
@@ -81,7 +91,7 @@ class NoisySolver:
             return malformed_guess(length, digits, rng)
         if draw < self.noise:
             return code_text(tuple(rng.randint(1, digits) for _ in range(length))) + "\n"
-        return code_text(rng.choice(candidates)) + "\n"
+        return code_text(rng.choice(candidates) if self.pick == "random" else min(candidates)) + "\n"
 
 
 def malformed_guess(length: int, digits: int, rng: random.Random) -> str:
@@ -110,10 +120,10 @@ def play(task: MastermindTask, problem: Problem, solver: NoisySolver, rng: rando
         turn = task.respond(problem, actions)
         if turn.done:
             return actions
-        earned = read_observation(turn.observation)
+        earned = task.read_feedback(turn.observation)
         guess = task.read_guess(actions[-1])
         if earned is not None and guess is not None:  # the feedback is true even of a noisy guess
-            candidates = [code for code in candidates if feedback(code, guess) == earned]
+            candidates = [code for code in candidates if task.rule.score(code, guess) == earned]
 
 
 def failure_kind(task: MastermindTask, problem: Problem, actions: Sequence[str]) -> str | None:
@@ -130,12 +140,12 @@ def failure_kind(task: MastermindTask, problem: Problem, actions: Sequence[str])
         return None
     if any(turn.invalid for turn in turns):
         return "invalid_guess"
-    history: list[tuple[Code, Feedback]] = []
+    history: list[tuple[Code, Hashable]] = []
     for action, turn in zip(actions, turns):
         guess = task.read_guess(action)
-        if not consistent(history, guess):
+        if not consistent(history, guess, task.rule.score):
             return "inconsistent_guess"
-        history.append((guess, read_observation(turn.observation)))
+        history.append((guess, task.read_feedback(turn.observation)))
     return "out_of_turns" if turns and turns[-1].done else "unfinished"
 
 
