@@ -1,9 +1,11 @@
-"""Tree search vs flat baselines on Countdown or chain arithmetic, from the same tiny policy, at
+"""Tree search vs flat baselines on Countdown, chain arithmetic or Mastermind, from the same tiny policy, at
 EQUAL generated-token budgets, over several seeds (the paper's efficiency claim, measured here).
 
 `--task countdown` (default): the arms on conf/step_tree.yaml, 4-number problems, held-out
 test_hard. `--task chain`: the arms on conf/chain.yaml (ChainTask with tiny-chain), held-out
-test; e.g. the long-chain comparison of docs/results.md ("Where trees pay"):
+test; `--task mastermind`: the arms on conf/mastermind.yaml (episodes of an environment with
+tiny-mastermind; the step tree forks at turns), held-out test; e.g. the long-chain comparison of
+docs/results.md ("Where trees pay"):
 
     python tools/compare.py --task chain --seeds 3 --tokens 3000000 --data.task.init_args.lengths=[6,7,8] \
         --model.optimizer.lr=3e-5 --arms dapo bon step_node deepsearch rollout_mb16 rollout_entropy_mb16 rest_mcts
@@ -85,6 +87,9 @@ TASKS = {
     # --task: (the base recipe, its held-out split, its task settings from --numbers)
     "countdown": (BASE, "test_hard", True),
     "chain": ("conf/chain.yaml", "test", False),  # chain arithmetic with tiny-chain (docs/results.md, "Where trees pay")
+    # Mastermind episodes with tiny-mastermind (docs/results.md, "Trees where the environment answers");
+    # learning rates and budgets chosen with `--eval-split val`, the verdict on test
+    "mastermind": ("conf/mastermind.yaml", "test", False),
 }
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
@@ -331,12 +336,13 @@ def main() -> None:
     parser = StrictParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokens", type=int, default=3_000_000, help="training generation budget per run")
     parser.add_argument("--task", choices=list(TASKS), default="countdown",
-                        help="countdown (the arms on conf/step_tree.yaml) or chain (on conf/chain.yaml: chain arithmetic "
-                             "with the tiny chain policy, held-out split test)")
+                        help="countdown (the arms on conf/step_tree.yaml), chain (on conf/chain.yaml: chain arithmetic "
+                             "with the tiny chain policy, held-out split test) or mastermind (on conf/mastermind.yaml: "
+                             "episodes of Mastermind with tiny-mastermind, held-out split test)")
     parser.add_argument("--numbers", type=int, default=4, help="Countdown numbers per problem (4 = the hard problems)")
     parser.add_argument("--eval-split", default=None,
                         help="held-out split (default: the task's: Countdown test_hard, 500 4-number hard problems; "
-                             "chain test, 500 chains of 2-8 operations)")
+                             "chain test, 500 chains of 2-8 operations; mastermind test, 200 secrets)")
     parser.add_argument("--epochs-per-round", type=int, default=5, help="epochs per flywheel round")
     parser.add_argument("--eval-every-tokens", type=int, default=1_000_000,
                         help="held-out evaluations at round ends at least this many training tokens apart, and always "
