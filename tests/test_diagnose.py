@@ -102,3 +102,20 @@ def test_diagnose_takes_a_fit_overlay_and_the_device_flags(tmp_path, monkeypatch
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(PreflightError, match="--device=cuda:0: this machine has no CUDA device"):
         main(args + ["--device", "cuda:0"])
+
+
+def test_diagnose_an_environment_forks_at_its_turns_and_advises(tmp_path):
+    """tiny-mastermind on 16 train secrets: the episodes run to the task's 8 turns (no
+    --max_depth given), the fork points are the turn boundaries (step1-3 keep 1-3 guesses and
+    their answers), mid and entropy, and at this size the advice is to measure more (docs/results.md's
+    256-secret run, 1501 failed samples, is the one that said tree)."""
+    report = main(["diagnose", "--policy", "tiny-mastermind", "--task", "flywheel.tasks.mastermind.MastermindTask",
+                   "--split", "train", "--max_problems", "16", "--samples", "4", "--resamples", "1",
+                   "--fork_steps", "3", "--bootstrap", "100", "--out", str(tmp_path)])
+    assert report["task"] == "MastermindTask" and report["settings"]["max_depth"] == 8
+    assert report["pool"]["problems"] == 16 and report["pool"]["failed"] > 20
+    lines = {line["fork"]: line for line in report["fork_points"]}
+    assert set(lines) == {"step1", "step2", "step3", "mid", "entropy"}
+    assert [round(lines[f"step{j}"]["kept_tokens"]) for j in (1, 2, 3)] == [5, 10, 15]  # 4 digits + newline a guess
+    advice = report["recommendation"]
+    assert advice["verdict"] == "cannot_tell" and "run with more problems" in advice["text"], advice
