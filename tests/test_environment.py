@@ -4,6 +4,7 @@ the credit and the batch, on the two-turn guessing game of tests/toy_env.py, by 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 import pickle
 
 import pytest
@@ -100,11 +101,45 @@ def test_an_episode_ends_at_max_depth_without_the_environment_incomplete_and_by_
     assert [tree.verdicts[n].reason for n in (1, 2)] == ["turn_limit", "ended_by_policy"]
 
 
-def test_rollout_expansion_is_refused_for_an_episode():
-    config = SearchConfig(expansion="rollout", trajectories_per_tree=2)
+def test_the_rollout_tree_plays_its_rollouts_turn_by_turn_and_forks_at_turns():
+    # Expansion 1, from the root, 2 rollouts: round 1 one request of n=2 at the prompt ("1" hi,
+    # "4" lo: both go on); round 2 one request at each of their nodes: "1" then "3" wins, "4" then
+    # "2" is lost out of turns. The fork rule (uct) then picks the node with the win below, "1"
+    # (its Q is positive, "4"'s negative, the root's near 0 with a bonus no larger), and
+    # expansion 2 plays 2 rollouts from it in one request of n=2: "3" repeats the win (one node,
+    # a rollout but no new trajectory), "2" is a new loss. K = 3 counts rollouts: 4 >= 3, done.
+    generator = ScriptedGenerator({
+        PROMPT: [step("1\n"), step("4\n")],
+        PROMPT + encode("1\nhi\n"): [step("3\n"), step("2\n")],
+        PROMPT + encode("4\nlo\n"): [step("2\n")],
+    })
+    config = SearchConfig(expansion="rollout", expansion_width=2, trajectories_per_tree=3, max_depth=4,
+                          overlong_penalty=False, merge_duplicate_steps=True)
+    driver = SearchDriver(generator, config, step=TASK.step, decode=decode, eos_token_ids=[EOS])
+    (result,) = driver.run([episode_problem()])
+    calls = [[(decode(r.prompt_ids[len(PROMPT):]), r.n) for r in call] for call in generator.calls]
+    assert calls == [[("", 2)], [("1\nhi\n", 1), ("4\nlo\n", 1)], [("1\nhi\n", 2)]]
+    tree = result.tree
+    assert [decode(t) for t in tree.tokens] == ["", "1\n", "4\n", "3\n", "2\n", "2\n"]
+    assert tree.parent == [-1, 0, 0, 1, 2, 1] and tree.expanded[:3] == [1, 1, 0]
+    assert [tree.verdicts[n].reason for n in (3, 4, 5)] == ["win", "out_of_turns", "out_of_turns"]
+    assert [decode(t.response_ids) for t in result.trajectories] == ["1\nhi\n3\nok\n", "4\nlo\n2\nhi\n",
+                                                                        "1\nhi\n2\nhi\n"]
+    assert result.status == "complete" and result.stats.expansions == 2 and result.stats.rounds == 3
+    assert tree.visits[3] == 2  # the repeated win was backed up twice
+    assert result.stats.generated_tokens == 12 and driver.stats.generated_tokens == 12  # actions only
+    assert result.trajectories[2].loss_mask == (True, True, False, False, False, True, True, False, False, False)
+
+
+def test_the_rollout_tree_of_an_episode_refuses_cuts_inside_actions_and_flat_starts():
+    config = SearchConfig(expansion="rollout", fork_rule="entropy", trajectories_per_tree=2)
     driver = SearchDriver(ScriptedGenerator({}), config, step=TASK.step, decode=decode)
-    with pytest.raises(ValueError, match="environment's episode.*--data.search.expansion=step"):
+    with pytest.raises(ValueError, match="environment's episode: its rollouts fork at turns.*fork_rule=entropy"):
         driver.run([episode_problem()])
+    flat = replace(episode_problem(), first_rollouts=(step("1\n"),))
+    driver = SearchDriver(ScriptedGenerator({}), SearchConfig(expansion="rollout"), step=TASK.step, decode=decode)
+    with pytest.raises(ValueError, match="cannot start from flat samples"):
+        driver.run([flat])
 
 
 # ------------------------------------------------------------------ flat episodes, credit, batch

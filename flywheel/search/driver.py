@@ -26,6 +26,7 @@ from flywheel.prm import ValueFn
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
+from flywheel.search.episode_rollouts import EpisodeRolloutTree
 from flywheel.search.live import LiveTree
 from flywheel.search.live_agents import AgentTree
 from flywheel.search.lockstep import DriverStats, Lockstep
@@ -112,18 +113,20 @@ class SearchDriver:
         if selection.agents:
             return lambda index, problem: AgentTree(index, problem, config, selection.run)
         mode = EXPANSION[config.expansion].run(config, self.step, self.ends_step)
+        if config.whole_rollouts:  # an episode's rollouts are played turn by turn
+            return lambda index, problem: (EpisodeRolloutTree(index, problem, config, mode) if problem.respond is not None
+                                           else LiveTree(index, problem, config, mode))
         return lambda index, problem: LiveTree(index, problem, config, mode)
 
     def join(self, index: int, problem: SearchProblem) -> LiveTree | AgentTree:
         """The tree of `problem`. One with `first_rollouts` (`--data.batching.flat_first`) starts
         from them before its first round: absorbed as the root's first expansion, their new
         steps scored by the value model (if any), then its first fork chosen."""
-        if problem.respond is not None and self.config.whole_rollouts:
-            raise ValueError(f"problem {problem.id!r} is an environment's episode, whose actions the environment answers "
-                             f"one by one; --data.search.expansion={self.config.expansion} samples whole responses in one "
-                             "call: use a step expansion (--data.search.expansion=step)")
         tree = self.new_tree(index, problem)
         if problem.first_rollouts:
+            if problem.respond is not None:
+                raise ValueError(f"problem {problem.id!r} is an environment's episode: a tree cannot start from flat "
+                                 "samples of it (--data.batching.flat_first); its rollouts are played turn by turn")
             if not self.config.whole_rollouts or not isinstance(tree, LiveTree):
                 raise ValueError(f"problem {problem.id!r} comes with first rollouts, which only a rollout-expansion tree "
                                  "can start from: set --data.search.expansion=rollout")

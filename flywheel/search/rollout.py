@@ -124,13 +124,14 @@ def repeated_steps(tree: SearchTree, node: int, pieces: Sequence[Completion], te
 
 def _twin(tree: SearchTree, node: int, piece: Completion, terminal: bool, mid: bool) -> int | None:
     """The child of `node` that `piece` repeats: the same tokens, terminal and mid-step flags."""
-    twin = _same_child(tree, node, piece.token_ids)
+    twin = same_child(tree, node, piece.token_ids)
     if twin is None or tree.terminal[twin] != terminal or tree.mid_step[twin] != mid:
         return None
     return twin
 
 
-def _same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int | None:
+def same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int | None:
+    """The child of `node` whose step is `token_ids`; None when it has none."""
     for child in tree.children[node]:
         if tree.tokens[child] == token_ids:
             return child
