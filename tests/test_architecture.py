@@ -225,3 +225,8 @@ def test_every_long_function_says_why_at_its_top():
     """A function of more than LONG code lines is split into named steps, or says at its top
     (`# Long: ...`, right after its docstring) why it is one piece."""
     assert long_functions_without_a_reason() == []
+
+
+def test_the_root_holds_only_the_entry_point_the_module_and_pure_utilities():
+    loose = sorted(p.name for p in (ROOT / "flywheel").glob("*.py"))
+    assert loose == ["__init__.py", "__main__.py", "finite.py", "io.py", "logprobs.py", "module.py", "ports.py"]
