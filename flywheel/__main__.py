@@ -153,7 +153,7 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
 
 
 def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
-    """fit / validate / test: the command line checked, old flags translated, then FlywheelCLI."""
+    """fit / validate / test: the command line checked, then FlywheelCLI."""
     from flywheel.run.command_line import long_config_flags
 
     if argv[:1] in (["--help"], ["-h"]):
@@ -163,10 +163,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
     argv, section = help_section(argv)  # `fit --help data.search`: that section only
     argv = long_config_flags(argv)  # `-c FILE` is `--config FILE` for every check below
     check_command_line(argv)
-    from flywheel.run.renames import rename_flags
-
-    parsed = rename_flags(argv)  # old flag names, on the command line and in --config files (flywheel.run.renames)
-    if from_sys_argv:  # the translated command line stands in for sys.argv: Lightning's warning about both is moot
+    if from_sys_argv:  # the checked command line stands in for sys.argv: Lightning's warning about both is moot
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     # An epoch with nothing to train on skips its step on purpose; the data module says why.
     warnings.filterwarnings("ignore", message="`training_step` returned `None`")
@@ -195,7 +192,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
                            "description": "flywheel: Monte Carlo tree search inside RL with verifiable rewards. "
                                           "fit needs a --config (the quickstart: --config conf/quickstart.yaml).",
                            **raise_errors, **{sub: raise_errors for sub in SUBCOMMANDS}},
-            args=parsed,
+            args=argv,
             run=run,
             argv=argv,
             help_section=section,

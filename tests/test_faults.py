@@ -4,7 +4,6 @@ Every error must come before the first search, name the flag (`--section.field`)
 `file:line`, and say the fix."""
 
 import json
-import logging
 import os
 import shutil
 import subprocess
@@ -183,36 +182,6 @@ def test_a_resume_with_changed_settings_says_so_and_keeps_each_parts_config(run,
     assert "samples: 2\n" in (log_dir / "config.resume-1.yaml").read_text()
     rounds = json.loads((log_dir / "summary.json").read_text())["rounds"]
     assert [(r["round"], r["config"]) for r in rounds] == [(1, "config.yaml"), (2, "config.resume-1.yaml")]
-
-
-def test_a_checkpoint_from_before_the_settings_rename_resumes_under_the_old_flags(run, tmp_path, caplog):
-    """A run started when the data settings were flat (`--data.mini_batch_problems`, ...) goes
-    on with its old command line: the flags are translated with a warning, and the settings
-    its checkpoint recorded compare under the new names (no setting reads as dropped)."""
-    from flywheel.run.renames import RENAMED
-    from flywheel.run.settings import SETTINGS_KEY
-
-    shutil.copytree(run / "checkpoints", tmp_path / "checkpoints")
-    path = tmp_path / "checkpoints" / "last.ckpt"
-    ckpt = torch.load(path, map_location="cpu", weights_only=False)
-
-    def old_name(key: str) -> str:
-        for old, new in RENAMED.items():
-            if key == "--" + new or key.startswith("--" + new + "."):
-                return "--" + old + key[2 + len(new):]
-        return key
-
-    recorded = {old_name(k): v for k, v in ckpt[SETTINGS_KEY].items()}
-    assert "--data.mini_batch_problems" in recorded and "--data.batching.mini_batch_problems" not in recorded
-    ckpt[SETTINGS_KEY] = recorded
-    torch.save(ckpt, path)
-    old_flags = [old_name(flag.split("=")[0]) + "=" + flag.split("=", 1)[1] for flag in fit_args(tmp_path)[3:]]
-    epochs = int(ckpt["epoch"]) + 2
-    with caplog.at_level(logging.INFO):
-        resumed = main(["fit", "--config", QUICK, *old_flags, f"--trainer.max_epochs={epochs}", "--ckpt_path", "last"])
-    assert "--data.mini_batch_problems was renamed --data.batching.mini_batch_problems" in caplog.text
-    assert "(unset)" not in caplog.text  # every recorded setting found under its new name
-    assert resumed.trainer.current_epoch == epochs and resumed.datamodule.batching.mini_batch_problems == 4
 
 
 # ---------------------------------------------------------------------- 8. ranges

@@ -292,7 +292,6 @@ def rerun_to_resume(trainer: Any, settings: dict[str, Any] | None) -> str | None
     is the same command run again (the quickstart's first line, a second time): it resumes that
     run (a finished run has nothing left to do and ends at once) instead of failing. Returns that
     last.ckpt, or None (no such run, or one with other settings: check_one_run_per_folder)."""
-    from flywheel.run.renames import rename_settings
     from flywheel.run.settings import changed_settings
 
     if settings is None:
@@ -305,7 +304,7 @@ def rerun_to_resume(trainer: Any, settings: dict[str, Any] | None) -> str | None
             meta = read_checkpoint_meta(str(last))
         except CheckpointReadError:  # damaged: not resumed without being asked (the refusal names it)
             continue
-        if not meta.get(SETTINGS_KEY) or changed_settings(rename_settings(meta[SETTINGS_KEY]), settings):
+        if not meta.get(SETTINGS_KEY) or changed_settings(meta[SETTINGS_KEY], settings):
             continue
         epochs = int(meta.get("epoch", -1)) + 1
         done = trainer.max_epochs is not None and trainer.max_epochs >= 0 and epochs >= trainer.max_epochs
@@ -358,7 +357,6 @@ def say_what_the_checkpoint_folders_hold(trainer: Any, resolved: str | None) -> 
 
 def _other_settings(last: Path, settings: dict[str, Any] | None) -> str:
     """`, run with other settings (--flag: theirs -> now, ...)` when `last` records its settings."""
-    from flywheel.run.renames import rename_settings
     from flywheel.run.settings import changed_settings
 
     if settings is None or not last.is_file():
@@ -367,7 +365,7 @@ def _other_settings(last: Path, settings: dict[str, Any] | None) -> str:
         recorded = read_checkpoint_meta(str(last)).get(SETTINGS_KEY)
     except CheckpointReadError:  # a damaged last.ckpt: the refusal stands without the list
         return ""
-    changes = changed_settings(rename_settings(recorded), settings) if recorded else []
+    changes = changed_settings(recorded, settings) if recorded else []
     shown = "; ".join(changes[:4]) + ("; ..." if len(changes) > 4 else "")
     return f", run with other settings ({shown})" if changes else ""
 
@@ -422,10 +420,9 @@ def preflight(trainer: Any, model: Any, datamodule: SearchDataModule, subcommand
         check_policy(recorded, getattr(model.hparams, "policy", None), str(resolved), "--model.policy",
                      ", or start a new run without --ckpt_path")
         if settings is not None and meta.get(SETTINGS_KEY):
-            from flywheel.run.renames import rename_settings
             from flywheel.run.settings import changed_settings
 
-            changes = changed_settings(rename_settings(meta[SETTINGS_KEY]), settings)  # a checkpoint from before a rename
+            changes = changed_settings(meta[SETTINGS_KEY], settings)
             if changes:
                 log.warning("resuming %s with %d changed settings (the checkpoint's -> now):\n  %s",
                             resolved, len(changes), "\n  ".join(changes))
