@@ -1,6 +1,6 @@
-"""Per-token log-probabilities and entropies from model logits, in fp32.
+"""Per-token log-probabilities from model logits, in fp32.
 
-Both work on row chunks of the flattened [B*T, V] logits, so the fp32 copy of
+They are computed on row chunks of the flattened [B*T, V] logits, so the fp32 copy of
 bf16 logits and the exp() temporaries are one chunk at a time, never the whole
 [B, T, V] log_softmax.
 """
@@ -61,24 +61,3 @@ def row_logsumexp(logits: torch.Tensor) -> torch.Tensor:
     out = [torch.logsumexp(logits[start : start + CHUNK_ROWS].float(), dim=-1) for start in range(0, logits.shape[0], CHUNK_ROWS)]
     return torch.cat(out) if out else logits.new_zeros((0,), dtype=torch.float32)
 
-
-def entropy_from_logits(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
-    """Shannon entropy of softmax(logits / temperature) at each position, in fp32:
-    H = logsumexp(z) - sum softmax(z) * z, with z = logits / temperature (-inf logits allowed).
-
-    Args:
-        logits: [B, T, V].
-    Returns:
-        [B, T] fp32 entropies (nats).
-    """
-    _check(logits, temperature)
-    flat = logits.reshape(-1, logits.shape[-1])  # [B*T, V]
-    out = []
-    for start in range(0, flat.shape[0], CHUNK_ROWS):
-        z = flat[start : start + CHUNK_ROWS].float() / temperature  # [C, V]
-        p = torch.softmax(z, dim=-1)
-        # p * z with p = 0 at z = -inf (masked vocabulary) would be 0 * -inf = NaN
-        out.append(torch.logsumexp(z, dim=-1) - (p * z.masked_fill(p == 0, 0.0)).sum(dim=-1))
-    if not out:
-        return logits.new_zeros(logits.shape[:2], dtype=torch.float32)
-    return torch.cat(out).reshape(logits.shape[:2])

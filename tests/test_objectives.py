@@ -12,18 +12,16 @@ from hypothesis import strategies as st
 from flywheel.objectives import (
     ObjectiveConfig,
     aggregate,
-    dapo_advantages,
-    entropy_from_logits,
+    group_baseline,
     kl_penalty,
     kl_per_token,
     per_token,
     policy_loss,
     token_logprobs,
     tree_grpo_advantages,
-    tree_grpo_token_advantages,
     truncated_importance_weight,
 )
-from flywheel.objectives import logprobs as logprobs_module
+from flywheel import logprobs as logprobs_module
 
 approx = pytest.approx
 
@@ -73,25 +71,11 @@ def test_tree_grpo_explicit_final_scores():
     assert tree_grpo_advantages([[0.25, 1.0]], final_scores=[1.0, 0.0]) == [approx([-0.25, 0.5])]
 
 
-def test_dapo_advantages():
-    # [1, -1, -1, -1]: mean -0.5 -> [1.5, -0.5, -0.5, -0.5]
-    r = torch.tensor([1.0, -1.0, -1.0, -1.0])
-    assert dapo_advantages(r).tolist() == approx([1.5, -0.5, -0.5, -0.5])
-    # std: population var = (1.5^2 + 3 * 0.5^2) / 4 = 0.75, std 0.86603
-    # -> [1.5 / 0.86603, -0.5 / 0.86603] = [1.73205 (sqrt 3), -0.57735]
-    adv = dapo_advantages(r, normalize_std=True)
-    assert adv.tolist() == approx([1.732049, -0.577350, -0.577350, -0.577350], abs=1e-5)
-
-
-def test_dapo_advantages_groups():
-    # group 7: [1, -1] mean 0 -> [1, -1]; group 3: [1, 1] mean 1 -> [0, 0] (with std on
-    # too: std 0 leaves the group unscaled, no 0/0)
-    r = torch.tensor([1.0, -1.0, 1.0, 1.0])
-    g = torch.tensor([7, 7, 3, 3])
-    assert dapo_advantages(r, g).tolist() == [1.0, -1.0, 0.0, 0.0]
-    # group 7 std = 1 -> (1 / (1 + 1e-6)) ~ 1
-    adv = dapo_advantages(r, g, normalize_std=True)
-    assert adv.tolist() == approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
+def flat_advantages(finals: list[float], normalize_std: bool) -> torch.Tensor:
+    """DAPO's flat advantage of one group, (r - mean) / divisor (GRPO's std when normalized)."""
+    rewards = torch.tensor(finals, dtype=torch.float64)
+    mean, divisor = group_baseline(rewards, None, normalize_std)
+    return (rewards - mean) / divisor
 
 
 def test_tree_grpo_with_terminal_reward_everywhere_is_dapo():
@@ -101,8 +85,7 @@ def test_tree_grpo_with_terminal_reward_everywhere_is_dapo():
     steps = [3, 1, 4, 2]
     tree = [[f] * n for f, n in zip(finals, steps)]
     for normalize_std in (False, True):
-        rewards = torch.tensor(finals, dtype=torch.float64)
-        flat = dapo_advantages(rewards, normalize_std=normalize_std)
+        flat = flat_advantages(finals, normalize_std)
         adv = tree_grpo_advantages(tree, normalize_std=normalize_std)
         assert adv == [approx([float(a)] * n) for a, n in zip(flat, steps)]
 
@@ -119,34 +102,9 @@ def test_tree_grpo_with_terminal_reward_everywhere_is_dapo():
 def test_tree_grpo_equals_dapo_property(trajectories, normalize_std):
     finals = [r + overlong for r, overlong, _ in trajectories]
     tree = [[f] * n for f, (_, _, n) in zip(finals, trajectories)]
-    flat = dapo_advantages(torch.tensor(finals, dtype=torch.float64), normalize_std=normalize_std)
+    flat = flat_advantages(finals, normalize_std)
     for steps, a in zip(tree_grpo_advantages(tree, normalize_std=normalize_std), flat.tolist()):
         assert steps == approx([a] * len(steps), abs=1e-9)
-
-
-def test_tree_grpo_token_advantages_matches_list_version():
-    # TREE with step lengths t1: [2, 1], t2: [1, 2, 1], t3: [3, 1]; a second tree
-    # (group 9) of two one-step trajectories [1.0], [0.0] -> mu 0.5 -> [0.5], [-0.5]
-    lengths = [[2, 1], [1, 2, 1], [3, 1]]
-    rows = [per_token(s, n) for s, n in zip(TREE, lengths)] + [[1.0] * 2, [0.0] * 3]
-    T = max(len(r) for r in rows)
-    scores = torch.full((len(rows), T), float("nan"))  # padding holds garbage
-    mask = torch.zeros(len(rows), T, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        scores[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = True
-    adv = tree_grpo_token_advantages(scores, mask, torch.tensor([4, 4, 4, 9, 9]))
-    expected = [per_token(a, n) for a, n in zip(tree_grpo_advantages(TREE), lengths)]
-    expected += [[0.5] * 2, [-0.5] * 3]
-    for i, row in enumerate(expected):
-        assert adv[i, : len(row)].tolist() == approx(row, abs=1e-6)
-        assert adv[i, len(row):].eq(0).all()  # padding -> 0, not NaN
-
-
-def test_tree_grpo_token_advantages_rejects_empty_row():
-    with pytest.raises(ValueError, match="at least one response token"):
-        mask = torch.tensor([[1, 1, 0], [0, 0, 0]])
-        tree_grpo_token_advantages(torch.zeros(2, 3), mask, torch.tensor([0, 0]))
 
 
 def test_per_token():
@@ -406,23 +364,6 @@ def test_token_logprobs_errors():
         token_logprobs(torch.zeros(1, 2, 2), torch.zeros(1, 3, dtype=torch.long))
 
 
-def test_entropy_from_logits():
-    # uniform over 4 -> ln 4 = 1.38629; p = [1/4, 3/4] -> -(0.25 ln 0.25 + 0.75 ln 0.75)
-    # = 0.34657 + 0.21576 = 0.56233; [0, 0, -inf] -> uniform over 2 = ln 2, no NaN
-    assert entropy_from_logits(torch.zeros(1, 1, 4)).item() == approx(1.386294, abs=1e-6)
-    skewed = torch.tensor([[[0.0, math.log(3.0)]]])
-    assert entropy_from_logits(skewed).item() == approx(0.562335, abs=1e-6)
-    masked_vocab = torch.tensor([[[0.0, 0.0, -float("inf")]]])
-    assert entropy_from_logits(masked_vocab).item() == approx(0.693147, abs=1e-6)
-
-
-def test_entropy_matches_reference():
-    logits = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(2))
-    p = torch.softmax(logits / 1.5, dim=-1)
-    ref = -(p * torch.log(p)).sum(-1)
-    assert torch.allclose(entropy_from_logits(logits, temperature=1.5), ref, atol=1e-6)
-
-
 # ---------------------------------------------------------------- config
 
 def test_config_defaults_are_the_papers():
@@ -446,13 +387,6 @@ def test_config_defaults_are_the_papers():
 )
 def test_config_validation_names_field_and_fix(field, value):
     with pytest.raises(ValueError, match=rf"--model\.objective\.{field}=.*Set `{field}`"):
-        ObjectiveConfig(**{field: value})
-
-
-@pytest.mark.parametrize("field, value", [("normalize_std", True), ("normalize_std", False), ("adv_eps", 1e-8)])
-def test_settings_the_objective_never_reads_are_refused(field, value):
-    # Advantages are attached by the data module: its --data.credit.normalize_std is the one switch.
-    with pytest.raises(ValueError, match=rf"--model\.objective\.{field}=.*never read.*Remove it"):
         ObjectiveConfig(**{field: value})
 
 

@@ -11,17 +11,15 @@ credit rule (`--data.credit.advantage`): its name, the settings it reads, its co
 """
 
 from flywheel.objectives.advantages import (
-    dapo_advantages,
     group_baseline,
     per_token,
     subtree_advantages,
     tree_grpo_advantages,
-    tree_grpo_token_advantages,
 )
 from flywheel.objectives.aggregation import aggregate, masked_mean
 from flywheel.objectives.config import Aggregation, KLEstimator, ObjectiveConfig
 from flywheel.objectives.kl import kl_penalty, kl_per_token
-from flywheel.logprobs import entropy_from_logits, token_logprobs
+from flywheel.logprobs import token_logprobs
 from flywheel.objectives.policy_loss import policy_loss, truncated_importance_weight
 from flywheel.objectives.self_training import path_weights, self_training_loss
 
@@ -30,8 +28,6 @@ __all__ = [
     "KLEstimator",
     "ObjectiveConfig",
     "aggregate",
-    "dapo_advantages",
-    "entropy_from_logits",
     "group_baseline",
     "kl_penalty",
     "kl_per_token",
@@ -43,6 +39,5 @@ __all__ = [
     "subtree_advantages",
     "token_logprobs",
     "tree_grpo_advantages",
-    "tree_grpo_token_advantages",
     "truncated_importance_weight",
 ]

@@ -51,27 +51,6 @@ def group_baseline(
     return mean[inverse], divisor[inverse]
 
 
-def dapo_advantages(
-    rewards: torch.Tensor,
-    group_ids: torch.Tensor | None = None,
-    normalize_std: bool = False,
-    eps: float = ADV_EPS,
-) -> torch.Tensor:
-    """Flat group baseline (DAPO / GRPO outcome advantage): A_i = r_i - mean_group(r).
-
-    Every token of sample i gets A_i. With `normalize_std`, divided by the group's
-    population std + eps (GRPO's normalisation; DAPO and DeepSearch use mean-only).
-
-    Args:
-        rewards: [N] outcome score of each sample (reward + overlong).
-        group_ids: [N] prompt id of each sample; None = all N form one group.
-    Returns:
-        [N] advantages.
-    """
-    mean, divisor = group_baseline(rewards, group_ids, normalize_std, eps)
-    return (rewards - mean) / divisor
-
-
 def tree_grpo_advantages(
     step_scores: Sequence[Sequence[float]],
     final_scores: Sequence[float] | None = None,
@@ -181,43 +160,6 @@ def gigpo_advantages(states: Sequence[Sequence[Hashable]], final_scores: Sequenc
         baseline[state] = (float(m[0]), float(d[0]))
     return [[a + step_weight * (gain - baseline[state][0]) / baseline[state][1] for state, gain in zip(steps, gains)]
             for a, steps, gains in zip(episode, states, returns)]
-
-
-def tree_grpo_token_advantages(
-    token_scores: torch.Tensor,
-    mask: torch.Tensor,
-    group_ids: torch.Tensor,
-    normalize_std: bool = False,
-    eps: float = ADV_EPS,
-) -> torch.Tensor:
-    """Tree-GRPO advantages on a padded batch (DeepSearch Eq. 14-15, code layout).
-
-    A row's final score is its score at its last response token. Rows sharing a group id
-    are one tree's K trajectories (or one prompt's samples). With token_scores equal to
-    the outcome score on every token this is exactly DAPO.
-
-    Args:
-        token_scores: [B, T] score of each response token (its step's q~ + overlong).
-        mask: [B, T] 1/True on response tokens; every row needs at least one.
-        group_ids: [B] tree (or prompt) id of each row.
-    Returns:
-        [B, T] advantages, 0 where mask is 0.
-    """
-    if token_scores.shape != mask.shape or token_scores.dim() != 2:
-        raise ValueError(
-            f"token_scores {tuple(token_scores.shape)} and mask {tuple(mask.shape)} must both "
-            "be [B, T]"
-        )
-    valid = mask.bool()
-    if not valid.any(dim=1).all():
-        raise ValueError("every row of mask needs at least one response token (a row is empty)")
-    positions = torch.arange(valid.shape[1], device=valid.device)  # [T]
-    last = torch.where(valid, positions, -1).argmax(dim=1)  # [B] index of last response token
-    finals = token_scores.gather(1, last[:, None]).squeeze(1)  # [B]
-    mean, divisor = group_baseline(finals, group_ids, normalize_std, eps)
-    adv = (token_scores - mean[:, None]) / divisor[:, None]
-    return torch.where(valid, adv, torch.zeros_like(adv))
-
 
 def pass_at_k_advantages(correct: Sequence[bool], k: int, normalize_std: bool) -> list[float]:
     """Pass@k training's analytic group advantages (Chen et al. 2025, arXiv 2508.10751), on

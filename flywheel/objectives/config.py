@@ -40,10 +40,6 @@ class ObjectiveConfig:
         aggregation: "token_mean" (mean over every response token of the mini-batch; the
             code's default), "step_mean" (the paper's per-step 1/|s_j| normalisation) or
             "sequence_mean" (per-sequence mean, then mean over sequences).
-        normalize_std: not read here: advantages are attached to the rows by the data
-            module, so the switch is `--data.credit.normalize_std`. Setting this one is an error.
-        adv_eps: not read: the std epsilon is `flywheel.objectives.advantages.ADV_EPS`.
-            Setting it is an error.
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
@@ -74,8 +70,6 @@ class ObjectiveConfig:
     clip_high: float = 0.28
     dual_clip: float = 10.0
     aggregation: Aggregation = "token_mean"
-    normalize_std: bool | None = None
-    adv_eps: float | None = None
     kl_coef: float = 0.0
     kl_estimator: KLEstimator = "k3"
     tis_cap: float = 2.0
@@ -106,12 +100,6 @@ class ObjectiveConfig:
         if self.aggregation not in AGGREGATIONS:
             fail("aggregation", f"it must be one of {AGGREGATIONS}",
                  "Set `aggregation` to 'token_mean' (the default) or another listed mode.")
-        if self.normalize_std is not None:
-            fail("normalize_std", "the data module attaches the advantages, so this setting is never read",
-                 "Remove it and set `--data.credit.normalize_std` instead.")
-        if self.adv_eps is not None:
-            fail("adv_eps", "the std epsilon is fixed (flywheel.objectives.advantages.ADV_EPS = 1e-6), so this "
-                 "setting is never read", "Remove it.")
         if self.kl_coef < 0.0:
             fail("kl_coef", "a negative coefficient would reward drifting from the reference",
                  "Set `kl_coef` >= 0 (0 = no KL, the paper's setting).")

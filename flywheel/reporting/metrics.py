@@ -1,4 +1,4 @@
-"""pass@k with the unbiased estimator (Chen et al. 2021), as a pure function and a torchmetric.
+"""pass@k with the unbiased estimator (Chen et al. 2021), a pure function.
 
 pass@k for one problem with n samples of which c are correct is
     1 - C(n - c, k) / C(n, k) = 1 - prod_{i = n - c + 1}^{n} (1 - k / i),
@@ -8,8 +8,6 @@ pass@1 reduces to c / n.
 
 from __future__ import annotations
 
-import torch
-from torchmetrics import Metric
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -32,41 +30,3 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     for i in range(n - c + 1, n + 1):
         prob_all_wrong *= 1.0 - k / i
     return 1.0 - prob_all_wrong
-
-
-class PassAtK(Metric):
-    """Mean unbiased pass@k over problems; per-problem (n, c) are kept so any k <= min n works.
-
-    Problems may be sharded unevenly across ranks: the states are concatenated on sync, so the
-    result equals the single-process one (no padded duplicates are ever counted).
-    """
-
-    full_state_update = False
-    higher_is_better = True
-
-    def __init__(self, k: int = 1, **kwargs) -> None:
-        super().__init__(**kwargs)
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
-        self.k = k
-        self.add_state("samples", default=[], dist_reduce_fx="cat")
-        self.add_state("correct", default=[], dist_reduce_fx="cat")
-
-    def update(self, samples: torch.Tensor, correct: torch.Tensor) -> None:
-        """samples, correct: [P] counts per problem."""
-        self.samples.append(torch.as_tensor(samples, dtype=torch.long).reshape(-1))
-        self.correct.append(torch.as_tensor(correct, dtype=torch.long).reshape(-1))
-
-    def compute(self) -> torch.Tensor:
-        samples = _flat(self.samples)
-        correct = _flat(self.correct)
-        if samples.numel() == 0:
-            return torch.tensor(float("nan"))
-        values = [pass_at_k(int(n), int(c), self.k) for n, c in zip(samples.tolist(), correct.tolist())]
-        return torch.tensor(sum(values) / len(values), dtype=torch.float64)
-
-
-def _flat(state: list[torch.Tensor] | torch.Tensor) -> torch.Tensor:
-    if isinstance(state, torch.Tensor):
-        return state.reshape(-1)
-    return torch.cat(state) if state else torch.zeros(0, dtype=torch.long)
