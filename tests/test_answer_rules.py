@@ -13,7 +13,7 @@ from flywheel.reporting.evaluation import EvalConfig, evaluate
 from flywheel.generation.base import Completion
 from flywheel.rewards import Verdict
 from flywheel.search import DriverStats, SearchConfig, SearchProblem, flat_rollouts, run_search
-from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks import MathTask, Problem
 from flywheel.tasks.base import StepSpec
 from flywheel.policies.tiny import build_char_tokenizer

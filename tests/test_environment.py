@@ -17,7 +17,7 @@ from flywheel.objectives.credit import Credit, Group, credit_groups
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import SearchDriver, SearchProblem
 from flywheel.search.flat import flat_rollouts
-from flywheel.search.scripted import ScriptedGenerator
+from scripted import ScriptedGenerator
 from flywheel.tasks.base import Problem
 from flywheel.tasks.environment import Turn, guard_turn
 from flywheel.tasks.grading import Grader, GradingConfig

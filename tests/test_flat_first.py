@@ -3,7 +3,7 @@ samples per problem first; a problem with a correct one trains on that flat grou
 with none gets a rollout tree that starts from those m responses as its first chains. On
 scripted generators, hand-worked.
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong answer
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong answer
 "W", 4 = newline (the step delimiter here), 5.. = filler "x".
 """
 
@@ -18,7 +18,7 @@ from flywheel.objectives.credit import Credit
 from flywheel.rewards import Verdict
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.flat import flat_responses, flat_rollouts
-from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import Problem, StepSpec
 
 STEP = StepSpec(max_tokens=3, delimiter="\n")

@@ -15,7 +15,7 @@ import pytest
 from flywheel.generation.base import Completion
 from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import SearchProblem
-from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
 import flywheel.reporting.fork_gain as fg
@@ -100,7 +100,7 @@ def _completion(ids, entropies=None):
 
 
 def test_measure_on_a_scripted_generator(capsys):
-    # Toy vocabulary (flywheel.search.scripted): 5 = "x", 4 = newline, 2 = "C" (correct), 3 = "W".
+    # Toy vocabulary (scripted): 5 = "x", 4 = newline, 2 = "C" (correct), 3 = "W".
     # From the root: "xx\nx\nxW" (steps of 3, 2, 3 tokens; most uncertain token at index 1) fails,
     # "C" solves. The pool (2 samples) holds one failed sample; the root resamples give the same
     # two: 1 solve in 8 + 2 = 10 tokens = 100 per ktok.

@@ -14,7 +14,7 @@ from flywheel.generation.base import Completion
 from flywheel.search.agents import add_pending, agent_descend, agent_q, back_up_value, greedy_terminal, open_nodes
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import SearchDriver, SearchProblem
-from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
 
@@ -177,7 +177,7 @@ def test_every_visit_is_one_backup_and_the_readout_is_a_terminal(agents, rounds,
     (every backup runs root to node), its value likewise (values: V = 0 without a value model, so
     only terminal revisits add reward), and the readout is a terminal
     reached by most-visited children."""
-    from flywheel.search.scripted import HashGenerator
+    from scripted import HashGenerator
 
     config = SearchConfig(selection="puct_agents", expansion_width=3, max_depth=5, agents=agents,
                           iterations_per_agent=rounds, overlong_penalty=False, seed=seed)

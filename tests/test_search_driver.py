@@ -1,6 +1,6 @@
 """The batched multi-tree driver and the flat sampler, on scripted generators.
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
 answer "W", 4 = newline, 5.. = filler "x"; toy_score grades the last answer letter.
 """
 
@@ -14,7 +14,7 @@ import pytest
 from flywheel.generation.base import Completion, GenerationRequest, GenerationStats
 from flywheel.rewards import Verdict
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem, derive_seed, flat_rollouts, run_search
-from flywheel.search.scripted import EOS, HashGenerator, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, HashGenerator, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
 

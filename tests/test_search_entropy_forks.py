@@ -2,7 +2,7 @@
 search side of distinct children (search.distinct_children), on scripted generators with
 hand-worked trees.
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
 answer "W", 4 = newline (the step delimiter here), 5.. = filler "x".
 """
 
@@ -19,7 +19,7 @@ from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy, open_step, top_entropy_positions
 from flywheel.search.flat import flat_rollouts
 from flywheel.search.rollout import insert_path, split_steps
-from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
 

@@ -12,7 +12,7 @@ import hashlib
 import pytest
 
 from flywheel.search import SearchConfig, SearchProblem, run_search
-from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
+from scripted import HashGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
 

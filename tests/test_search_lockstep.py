@@ -23,7 +23,7 @@ import pytest
 
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem, flat_rollouts
 from flywheel.search.driver import DriverStats
-from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
+from scripted import HashGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
 

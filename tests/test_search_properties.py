@@ -12,7 +12,7 @@ from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, run_search
 from flywheel.search.backup import backup_trajectory
 from flywheel.search.driver import SearchProblem
-from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
+from scripted import HashGenerator, toy_decode, toy_score
 from flywheel.search.selection import descend_puct, descend_uct, frontier_score, select_frontier
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec

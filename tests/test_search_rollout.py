@@ -1,7 +1,7 @@
 """Rollout expansion (search.expansion="rollout") and the early stop of solved trees, on
 scripted generators with hand-worked trees.
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
 answer "W", 4 = newline (the step delimiter here), 5.. = filler "x".
 """
 
@@ -15,7 +15,7 @@ import pytest
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.rollout import fork_candidates, fork_random, fork_root, fork_uct, insert_path, split_steps
-from flywheel.search.scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
 
@@ -163,7 +163,7 @@ def test_stop_when_solved_ends_a_solved_tree_early_and_keeps_unsolved_ones_going
 def test_rollout_mode_reaches_every_generated_token_to_a_terminal():
     """With a random generator, every node of a rollout tree lies on a root-to-terminal path
     (no dangling partial steps), and tokens = the distinct nodes' tokens + what merged copies cost."""
-    from flywheel.search.scripted import HashGenerator
+    from scripted import HashGenerator
 
     gen = HashGenerator(eos_prob=0.3, correct_prob=0.2, salt=3)
     cfg = SearchConfig(expansion="rollout", expansion_width=4, trajectories_per_tree=12, max_depth=6,

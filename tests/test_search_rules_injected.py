@@ -3,7 +3,7 @@ tables (flywheel/search/rule_table.py): a rule registered from this file alone, 
 the search package, is a valid `selection` (in SearchConfig and on the command line) and drives
 a search.
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong
 answer "W", 5.. = filler "x"; toy_score grades the last answer letter.
 """
 
@@ -16,7 +16,7 @@ import pytest
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.rule_table import EXPANSION, FORK, SELECTION, TABLES, SearchRule
-from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
 
 

@@ -3,7 +3,7 @@ problem's first solve and the round's set; an epoch's solved ids are read from t
 what it generated, so a correct terminal that was not backed up counts and a mixed rollout's
 replayed cached solutions do not (a real `rollout` on a scripted generator).
 
-Toy vocabulary (flywheel.search.scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong answer "W".
+Toy vocabulary (scripted): 1 = EOS, 2 = correct answer "C", 3 = wrong answer "W".
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from flywheel.adaptive import CachedSolution, HardSetConfig, ReplayConfig
 from flywheel.search import SearchConfig, SearchProblem
 from flywheel.search.expansion import grade_terminal
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
-from flywheel.search.scripted import EOS, ScriptedGenerator, toy_decode, toy_score
+from scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import Problem
 from tests.test_flat_first import ToyTask, ToyTokenizer, c

@@ -18,7 +18,7 @@ from flywheel.generation.base import Completion  # noqa: E402
 from flywheel.reporting.problem_view import search_problems  # noqa: E402
 from flywheel.search.config import SearchConfig  # noqa: E402
 from flywheel.search.flat import flat_rollouts  # noqa: E402
-from flywheel.search.scripted import ScriptedGenerator  # noqa: E402
+from scripted import ScriptedGenerator  # noqa: E402
 from flywheel.tasks.environment import Turn  # noqa: E402
 from flywheel.tasks.sources import load_problems  # noqa: E402
 from flywheel.tasks.textarena_env import INSTALL, TextArenaProblem, TextArenaTask  # noqa: E402

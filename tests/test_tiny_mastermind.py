@@ -21,7 +21,7 @@ from flywheel.policies.tiny import build_char_tokenizer
 from flywheel.reporting.problem_view import decoder, eos_ids, search_problems
 from flywheel.search.config import SearchConfig
 from flywheel.search.flat import flat_rollouts
-from flywheel.search.scripted import ScriptedGenerator
+from scripted import ScriptedGenerator
 from flywheel.tasks.mastermind import FEEDBACK_RULES, RULES, MastermindProblem, MastermindTask
 from flywheel.tasks.mastermind_data import FAILURE_KINDS
 

@@ -35,10 +35,12 @@ import time
 from pathlib import Path
 
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem
-from flywheel.search.scripted import HashGenerator, toy_decode, toy_score
 from flywheel.search.selection import select_frontier
 from flywheel.tasks.base import StepSpec
 from flywheel.run.flags import StrictParser
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from scripted import HashGenerator, toy_decode, toy_score  # noqa: E402  (the tests' fake generators)
 
 
 def scripted_run(trees: int, concurrency: int, eos_prob: float, *, step_tokens: int = 256, seed: int = 0) -> dict:

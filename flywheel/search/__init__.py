@@ -12,10 +12,11 @@ Files: config (SearchConfig), tree (flat node storage), backup (Eq. 3, 5), selec
 overlong), expansion (what every expansion rule shares: seeds, sampling, grading), live (one
 tree between rounds, grown by an expansion mode), step_expansion (the paper's mode: n steps of
 a node), rollout (rollout expansion and its fork rules), agents and live_agents (several agents
-per tree, pUCT with virtual loss), rule_table (every rule family's table, by config name: a
-new rule is one registration), rules (the built-in rules, registered on import), lockstep (the batching loop and DriverStats), driver (the
-batched multi-tree driver), flat (baseline rollouts), outputs (records and the JSON dump),
-scripted (fake generators for tests and benchmarks).
+per tree, pUCT with virtual loss), episode_rollouts (the rollout tree over an environment's
+turns), rule_table (every rule family's table, by config name: a new rule is one registration),
+rules (the built-in rules, registered on import), lockstep (the batching loop and DriverStats),
+driver (the batched multi-tree driver), flat (baseline rollouts), outputs (records and the JSON
+dump). The fake generators of the tests and benchmarks are tests/scripted.py.
 """
 
 import flywheel.search.rules  # noqa: F401  (registers the built-in rules in the rule tables)
