@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import string
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from decimal import Decimal
@@ -97,6 +98,53 @@ class Task(ABC):
             raise ValueError(f"{where}: column 'problem' must be a non-empty string, got {question!r:.80}")
         answer = answer_text(row["answer"], where)
         return Problem(id=problem_id(row.get("id"), where), question=question, answer=answer)
+
+
+class FileSplits:
+    """A task whose splits are problem files: `split_files` (name -> path) and the problems of
+    each, read once (`read_split_file`) and kept. A task mixes it in before `Task`, calls
+    `init_splits` from its constructor and sets `split_label` (its name in errors); it may
+    override `keep_problem` (a setting that narrows every split, e.g. Countdown's
+    numbers_count)."""
+
+    split_label = "task"
+    split_files: dict[str, Path]
+
+    def init_splits(self, shipped: Mapping[str, Path], given: Mapping[str, str] | None) -> None:
+        """The shipped split files, with the user's `split_files` added or replacing them."""
+        self.split_files = {**shipped, **{name: Path(file) for name, file in (given or {}).items()}}
+        self._loaded: dict[str, tuple[Problem, ...]] = {}
+
+    def keep_problem(self, problem: Problem) -> bool:
+        """Whether a split's problem belongs to this task's settings (all of them by default)."""
+        return True
+
+    def problems(self, split: str) -> list[Problem]:
+        if split not in self.split_files:
+            raise ValueError(f"unknown {self.split_label} split {split!r}; known: {sorted(self.split_files)}. "
+                             "Add one with split_files={name: path.jsonl}.")
+        if split not in self._loaded:
+            problems = read_split_file(self, self.split_files[split], self.split_label)  # type: ignore[arg-type]
+            self._loaded[split] = tuple(p for p in problems if self.keep_problem(p))
+        return list(self._loaded[split])
+
+
+def check_prompt_template(template: str, fields: tuple[str, ...]) -> None:
+    """Refuse a prompt template that is not a format string of exactly `fields`.
+
+    >>> check_prompt_template("{numbers} -> {target}", ("numbers", "target"))
+    >>> check_prompt_template("{numbers}", ("numbers", "target"))
+    Traceback (most recent call last):
+    ...
+    ValueError: prompt_template must use exactly the fields {numbers} and {target}, got ['numbers'] in '{numbers}'
+    """
+    try:
+        found = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:
+        raise ValueError(f"prompt_template {template!r} is not a valid format string: {err}") from None
+    if found != set(fields):
+        wanted = " and ".join("{" + name + "}" for name in fields)
+        raise ValueError(f"prompt_template must use exactly the fields {wanted}, got {sorted(found)} in {template!r}")
 
 
 def read_split_file(task: Task, path: Path, label: str) -> list[Problem]:

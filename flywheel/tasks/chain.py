@@ -24,16 +24,14 @@ chain's value); or `problem` text ("37 +48 -19 *3") and `answer` text ("198").
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from flywheel.assets import asset_path
 from flywheel.rewards import Verdict
 from flywheel.rewards import math as math_verifier
 from flywheel.rewards.chain import verify
-from flywheel.tasks.base import Problem, StepSpec, Task, read_split_file
+from flywheel.tasks.base import FileSplits, Problem, StepSpec, Task, check_prompt_template
 from flywheel.tasks.chain_data import OPS, chain_values, format_ops
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "MAX_ABS_VALUE", "MAX_OPS", "SHIPPED_SPLITS", "ChainProblem", "ChainTask"]
@@ -77,7 +75,7 @@ class ChainProblem(Problem):
         return int(self.answer)
 
 
-class ChainTask(Task):
+class ChainTask(FileSplits, Task):
     """Chain arithmetic: apply the operations in order to the start value.
 
     The prompt shows the chain ("37 +48 -19 *3\\n"); the completion is one line per operation
@@ -111,6 +109,8 @@ class ChainTask(Task):
             e.g. "... Give the final value within \\boxed{{}}.".
     """
 
+    split_label = "chain"
+
     def __init__(
         self,
         split_files: dict[str, str] | None = None,
@@ -123,7 +123,7 @@ class ChainTask(Task):
         max_response_tokens: int = 192,
         answer_format: Literal["tags", "math"] = "tags",
     ) -> None:
-        _check_prompt_template(prompt_template)
+        check_prompt_template(prompt_template, ("start", "ops"))
         if answer_format not in ANSWER_FORMATS:
             raise ValueError(f"answer_format must be one of {ANSWER_FORMATS}, got {answer_format!r}")
         self.answer_format = answer_format
@@ -137,9 +137,7 @@ class ChainTask(Task):
         self.system_prompt = system_prompt
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter=step_delimiter)
         self.max_response_tokens = max_response_tokens
-        self.split_files: dict[str, Path] = {name: asset_path("chain", file) for name, file in SHIPPED_SPLITS.items()}
-        self.split_files.update({name: Path(file) for name, file in (split_files or {}).items()})
-        self._loaded: dict[str, tuple[ChainProblem, ...]] = {}
+        self.init_splits({name: asset_path("chain", file) for name, file in SHIPPED_SPLITS.items()}, split_files)
 
     def prompt(self, problem: Problem) -> str:
         problem = as_chain(problem)
@@ -157,18 +155,9 @@ class ChainTask(Task):
             return math_verifier.verify(chain.answer, completion, truncated=truncated)
         return verify(chain.value, completion)
 
-    def problems(self, split: str) -> list[ChainProblem]:
-        if split not in self.split_files:
-            raise ValueError(
-                f"unknown chain split {split!r}; known: {sorted(self.split_files)}. "
-                "Add one with split_files={name: path.jsonl}."
-            )
-        if split not in self._loaded:
-            problems = read_split_file(self, self.split_files[split], "chain")
-            if self.lengths is not None:
-                problems = [p for p in problems if len(p.ops) in self.lengths]
-            self._loaded[split] = tuple(problems)
-        return list(self._loaded[split])
+    def keep_problem(self, problem: Problem) -> bool:
+        """Only chains of the `lengths` operation counts, when set."""
+        return self.lengths is None or len(problem.ops) in self.lengths  # type: ignore[attr-defined]
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> ChainProblem:
         if "start" in row or "ops" in row:
@@ -212,16 +201,6 @@ def as_chain(problem: Problem) -> ChainProblem:
     if chain.answer != problem.answer.strip():
         raise ValueError(f"{where}: answer {problem.answer!r} does not match the ops, which give {chain.answer}")
     return chain
-
-
-def _check_prompt_template(template: str) -> None:
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as err:
-        raise ValueError(f"prompt_template {template!r} is not a valid format string: {err}") from None
-    if fields != {"start", "ops"}:
-        raise ValueError(f"prompt_template must use exactly the fields {{start}} and {{ops}}, got {sorted(fields)} "
-                         f"in {template!r}")
 
 
 def _integer(value: object, name: str, where: str) -> int:

@@ -16,15 +16,13 @@ the shipped splits.
 from __future__ import annotations
 
 import re
-import string
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence
 
 from flywheel.assets import asset_path
 from flywheel.rewards import Verdict
 from flywheel.rewards.countdown import EACH_NUMBER_RULES, verify
-from flywheel.tasks.base import Problem, StepSpec, Task, read_split_file
+from flywheel.tasks.base import FileSplits, Problem, StepSpec, Task, check_prompt_template
 
 __all__ = ["DEFAULT_PROMPT_TEMPLATE", "SHIPPED_SPLITS", "CountdownProblem", "CountdownTask"]
 
@@ -61,7 +59,7 @@ class CountdownProblem(Problem):
         )
 
 
-class CountdownTask(Task):
+class CountdownTask(FileSplits, Task):
     """Countdown: combine the given numbers with + - * / to reach the target.
 
     The prompt shows the numbers and the target ("5 9 8|67\\n"); the completion is one step
@@ -90,6 +88,8 @@ class CountdownTask(Task):
             train on the distribution of the "test" split); None keeps all.
     """
 
+    split_label = "countdown"
+
     def __init__(
         self,
         split_files: dict[str, str] | None = None,
@@ -105,7 +105,7 @@ class CountdownTask(Task):
             raise ValueError(f"each_number must be one of {EACH_NUMBER_RULES}, got {each_number!r}")
         if reward not in ("binary", "dense"):
             raise ValueError(f"reward must be 'binary' or 'dense', got {reward!r}")
-        _check_prompt_template(prompt_template)
+        check_prompt_template(prompt_template, ("numbers", "target"))
         if max_response_tokens < 1:
             raise ValueError(f"max_response_tokens must be >= 1, got {max_response_tokens}")
         if numbers_count is not None and numbers_count < 2:
@@ -116,11 +116,7 @@ class CountdownTask(Task):
         self.prompt_template = prompt_template
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter=step_delimiter)
         self.max_response_tokens = max_response_tokens
-        self.split_files: dict[str, Path] = {
-            name: asset_path("countdown", file) for name, file in SHIPPED_SPLITS.items()
-        }
-        self.split_files.update({name: Path(file) for name, file in (split_files or {}).items()})
-        self._loaded: dict[str, tuple[CountdownProblem, ...]] = {}
+        self.init_splits({name: asset_path("countdown", file) for name, file in SHIPPED_SPLITS.items()}, split_files)
 
     def prompt(self, problem: Problem) -> str:
         problem = _as_countdown(problem)
@@ -138,18 +134,9 @@ class CountdownTask(Task):
             dense=self.reward == "dense",
         )
 
-    def problems(self, split: str) -> list[CountdownProblem]:
-        if split not in self.split_files:
-            raise ValueError(
-                f"unknown countdown split {split!r}; known: {sorted(self.split_files)}. "
-                "Add one with split_files={name: path.jsonl}."
-            )
-        if split not in self._loaded:
-            problems = read_split_file(self, self.split_files[split], "countdown")
-            if self.numbers_count is not None:
-                problems = [p for p in problems if len(p.numbers) == self.numbers_count]
-            self._loaded[split] = tuple(problems)
-        return list(self._loaded[split])
+    def keep_problem(self, problem: Problem) -> bool:
+        """Only problems of `numbers_count` numbers, when it is set."""
+        return self.numbers_count is None or len(problem.numbers) == self.numbers_count  # type: ignore[attr-defined]
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> CountdownProblem:
         if "numbers" in row or "target" in row:
@@ -168,18 +155,6 @@ class CountdownTask(Task):
             )
         return CountdownProblem.create(str(row.get("id", where)), numbers, target)
 
-
-
-def _check_prompt_template(template: str) -> None:
-    try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
-    except ValueError as err:
-        raise ValueError(f"prompt_template {template!r} is not a valid format string: {err}") from None
-    if fields != {"numbers", "target"}:
-        raise ValueError(
-            f"prompt_template must use exactly the fields {{numbers}} and {{target}}, "
-            f"got {sorted(fields)} in {template!r}"
-        )
 
 
 def _as_countdown(problem: Problem) -> CountdownProblem:

@@ -57,12 +57,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from flywheel.assets import asset_path
 from flywheel.rewards.mastermind import MAX_DIGITS, Code, Feedback, code_text, feedback, marks, parse_code
-from flywheel.tasks.base import Problem, StepSpec, problem_id, read_split_file
+from flywheel.tasks.base import FileSplits, Problem, StepSpec, problem_id
 from flywheel.tasks.columns import MissingColumn
 from flywheel.tasks.environment import EnvironmentTask, Turn
 
@@ -165,7 +164,7 @@ FEEDBACK_RULES: dict[str, FeedbackRule] = {
 """--data.task.init_args.feedback: name -> rule; the first is the default."""
 
 
-class MastermindTask(EnvironmentTask):
+class MastermindTask(FileSplits, EnvironmentTask):
     """Mastermind: guess a hidden code of `code_length` digits 1..`digits` within `max_turns`.
 
     One action is one guess line ("1122\\n"); each is answered by the feedback rule ("G.Y.\\n"
@@ -192,6 +191,7 @@ class MastermindTask(EnvironmentTask):
             observations); None: `max_turns * max_step_tokens`, as many as the turns can use.
     """
 
+    split_label = "mastermind"
     chat_template = False
 
     def __init__(
@@ -222,10 +222,7 @@ class MastermindTask(EnvironmentTask):
         self.max_turns = max_turns
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter="\n")
         self.max_response_tokens = max_turns * max_step_tokens if max_response_tokens is None else max_response_tokens
-        self.split_files: dict[str, Path] = {
-            name: asset_path("mastermind", file) for name, file in SHIPPED_SPLITS.items()}
-        self.split_files.update({name: Path(file) for name, file in (split_files or {}).items()})
-        self._loaded: dict[str, tuple[MastermindProblem, ...]] = {}
+        self.init_splits({name: asset_path("mastermind", file) for name, file in SHIPPED_SPLITS.items()}, split_files)
 
     def prompt(self, problem: Problem) -> str:
         return RULES.format(length=self.code_length, digits=self.digits, legend=self.rule.legend)
@@ -262,14 +259,6 @@ class MastermindTask(EnvironmentTask):
         if guess == secret:
             return Turn(observation, done=True, reward=1.0, correct=True, reason="win")
         return _unless_last(Turn(observation), last_turn)
-
-    def problems(self, split: str) -> list[MastermindProblem]:
-        if split not in self.split_files:
-            raise ValueError(f"unknown mastermind split {split!r}; known: {sorted(self.split_files)}. "
-                             "Add one with split_files={name: path.jsonl}.")
-        if split not in self._loaded:
-            self._loaded[split] = tuple(read_split_file(self, self.split_files[split], "mastermind"))
-        return list(self._loaded[split])
 
     def problem_from_row(self, row: Mapping[str, Any], where: str) -> MastermindProblem:
         """A row `{"id": "train-0001", "answer": "3512"}`; the answer may be an integer (3512)."""

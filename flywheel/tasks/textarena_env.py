@@ -52,10 +52,9 @@ import re
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Iterator, Literal, Mapping, Sequence
 
-from flywheel.tasks.base import Problem, StepSpec, problem_id, read_split_file
+from flywheel.tasks.base import FileSplits, Problem, StepSpec, problem_id
 from flywheel.tasks.environment import EnvironmentTask, Turn
 
 __all__ = ["BUILT_IN_SPLITS", "REASONS", "TextArenaProblem", "TextArenaTask", "observation_text"]
@@ -109,7 +108,7 @@ def _episode_random(seed: int) -> Iterator[None]:
             random.setstate(found)
 
 
-class TextArenaTask(EnvironmentTask):
+class TextArenaTask(FileSplits, EnvironmentTask):
     """A textarena single-player game (the module docstring): one problem is one seed.
 
     Args:
@@ -138,6 +137,8 @@ class TextArenaTask(EnvironmentTask):
 
     chat_template = False
 
+    split_label = "textarena"
+
     def __init__(
         self,
         env_id: str = "Mastermind-v0-raw",
@@ -163,8 +164,7 @@ class TextArenaTask(EnvironmentTask):
         self.reward = reward
         self.step = StepSpec(max_tokens=max_step_tokens, delimiter="\n")
         self.max_response_tokens = max_turns * max_step_tokens if max_response_tokens is None else max_response_tokens
-        self.split_files = {name: Path(file) for name, file in (split_files or {}).items()}
-        self._loaded: dict[str, tuple[TextArenaProblem, ...]] = {}
+        self.init_splits({}, split_files)
         self._check_game()
 
     def _check_game(self) -> None:
@@ -247,9 +247,7 @@ class TextArenaTask(EnvironmentTask):
 
     def problems(self, split: str) -> list[TextArenaProblem]:
         if split in self.split_files:
-            if split not in self._loaded:
-                self._loaded[split] = tuple(read_split_file(self, self.split_files[split], "textarena"))
-            return list(self._loaded[split])
+            return super().problems(split)
         if split in BUILT_IN_SPLITS:
             return [TextArenaProblem.create(f"{split}-{seed}", seed) for seed in BUILT_IN_SPLITS[split]]
         raise ValueError(f"unknown textarena split {split!r}; known: {sorted({*BUILT_IN_SPLITS, *self.split_files})}. "
