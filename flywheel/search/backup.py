@@ -62,16 +62,10 @@ def backup_trajectory(tree: SearchTree, terminal: int, reward: float, config: Se
     """Back `reward` up from `terminal` to the root: N += 1 and q <- update(q, r, gamma(i, l)) (Eq. 3, 5)."""
     update = constrained_update if config.backup == "constrained" else vanilla_update
     gamma_min, rule = config.gamma_min, config.gamma_rule
-    if rule not in ("paper", "code"):
-        time_decay_weight(0, 1, gamma_min, rule)  # raises, naming the rule
     depth, visits, value, parent = tree.depth, tree.visits, tree.value, tree.parent
     length = depth[terminal]
     node = terminal
-    # time_decay_weight inline (this loop runs for every node of every backed-up path): "paper"
-    # max(i / l, gamma_min), "code" max((i + 1) / (l + 1), gamma_min).
-    shift = 0 if rule == "paper" else 1
     while node >= 0:
-        gamma = max((depth[node] + shift) / (length + shift), gamma_min)
         visits[node] += 1
-        value[node] = update(value[node], reward, gamma)
+        value[node] = update(value[node], reward, time_decay_weight(depth[node], length, gamma_min, rule))
         node = parent[node]
