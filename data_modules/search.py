@@ -1,5 +1,5 @@
 """SearchDataModule: every epoch, the current policy searches this epoch's problems and the
-finished trees become the epoch's training data (DESIGN.md, "Data flow of one epoch").
+finished trees become the epoch's training data (docs/architecture.md, "One epoch").
 
 Thin glue over plain parts: the settings' sections (data_modules.settings), the problems
 (data_modules.pool), the `Curriculum` (hard set, replay buffer, round, cursor:
