@@ -99,13 +99,14 @@ def rollout(
     buffered = [p for p in problems if cached(p.id)]
     fresh = [p for p in problems if not cached(p.id)]
     sampler = Sampler(generator, task, tokenizer, search, max_concurrent_trees, grader)
-    if kind == "search":
+    searches = ROLLOUTS[kind].searches
+    if searches:
         found = search_fresh(fresh, sampler, flat_first, value_fn if search.prm_weight > 0 else node_values, progress)
     else:
         found = sampler.flat(fresh, flat_samples, (lambda done: progress(done, None)) if progress else None) if fresh else []
     results = {r.problem_id: r for r in found}
     groups = {r.problem_id: Group.of(r) for r in found}
-    n = search.trajectories_per_tree if kind == "search" else flat_samples
+    n = search.trajectories_per_tree if searches else flat_samples
     mixed_results, mixed_groups = mixed_rollouts(buffered, sampler, cached, n)
     results.update(mixed_results)
     groups.update(mixed_groups)
@@ -114,7 +115,7 @@ def rollout(
     stats = sampler.stats
     return Rollouts(credited.rows, ordered, stats, credited.uniform_groups,
                     tokens=TokenSplit(tree=sampler.tree_tokens, flat=stats.generated_tokens - sampler.tree_tokens),
-                    searched=frozenset(p.id for p in fresh) if kind == "search" else frozenset(),
+                    searched=frozenset(p.id for p in fresh) if searches else frozenset(),
                     solved=solved_ids([*found, *results.values()]))  # found: both searches of a problem drawn twice
 
 
@@ -206,7 +207,7 @@ def check_flat_first(m: int, kind: str, search: SearchConfig) -> None:
     """Refuse a `--data.batching.flat_first` that cannot work, naming the flag and the fix."""
     if not m:
         return
-    if kind != "search":
+    if not ROLLOUTS[kind].searches:
         raise ValueError(f"--data.batching.flat_first={m} builds trees where flat samples fail, but --data.rollout={kind} "
                          "builds none: set --data.rollout=search, or --data.batching.flat_first=0")
     if not search.whole_rollouts:

@@ -45,7 +45,7 @@ from flywheel.reporting.evaluation import EvalConfig
 from flywheel.reporting.problem_view import decoder
 from flywheel.generation.backends import GeneratorBackend, HFBackend, LiveGenerator
 from flywheel.generation.base import Generator
-from flywheel.objectives.credit import Credit, check as check_credit, fit_cautions
+from flywheel.objectives.credit import ROLLOUTS, Credit, check as check_credit, fit_cautions
 from flywheel.ports import PolicyPort, WallClock
 from flywheel.prm import ValueFn
 from flywheel.run.preemption import SIGTERMException, stop_requested
@@ -289,7 +289,7 @@ class SearchDataModule(L.LightningDataModule):
         every rank's tokens and solved problems; the epoch's scalars are set (logged at its end).
         Returns the rows' staleness (pushes, steps) behind the policy about to train."""
         problems, out = searched.problems, searched.rollouts
-        if self.rollout == "search":
+        if ROLLOUTS[self.rollout].searches:
             self.observe(problems, out)
         self.epoch_results = out.results
         self.generated_tokens += all_sum(out.stats.generated_tokens)
@@ -418,7 +418,7 @@ class SearchDataModule(L.LightningDataModule):
             return
         tokenizer, rank, world = self.policy_port.tokenizer, trainer.global_rank, trainer.world_size
         problems = self.drawn_problems(tokenizer, epoch, rank, world)
-        seen = search_outcomes(following.problems, following.rollouts) if self.rollout == "search" else ()
+        seen = search_outcomes(following.problems, following.rollouts) if ROLLOUTS[self.rollout].searches else ()
         self.launch_ahead(tokenizer, epoch, rank, problems, self.curriculum.cached_after(seen, [p.id for p in problems]))
 
     def may_search_ahead(self, epoch: int) -> bool:

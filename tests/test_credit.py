@@ -380,5 +380,7 @@ def test_every_rollout_kind_names_a_credit_rule_and_the_command_line_reads_the_s
     from flywheel.objectives.credit import ROLLOUTS, RULES
 
     assert typing.get_args(Rollout) == tuple(ROLLOUTS)
-    assert all(rule is None or rule in RULES for rule in ROLLOUTS.values())
-    assert next(iter(ROLLOUTS)) == "search" and ROLLOUTS["search"] is None  # trees get the chosen rule
+    assert all(kind.credit is None or kind.credit in RULES for kind in ROLLOUTS.values())
+    assert all(name == kind.name for name, kind in ROLLOUTS.items())
+    first = next(iter(ROLLOUTS.values()))
+    assert first.name == "search" and first.searches and first.credit is None  # trees get the chosen rule

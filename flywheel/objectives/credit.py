@@ -243,17 +243,36 @@ class Credit:
         return [name for name in OPTIONAL if getattr(self, name) != defaults[name]]
 
 
-ROLLOUTS: dict[str, str | None] = {"search": None, "flat": "node", "best_of_n": "best_of_n"}
-"""Every `--data.rollout` kind and the credit rule its groups get whatever the chosen one (None:
-the chosen rule, as trees are; a rule that weights paths, or that `credits_flat`, credits flat
-groups too). The first is
-the default; the data module's choices read this table."""
+@dataclass(frozen=True)
+class RolloutKind:
+    """One `--data.rollout` kind.
+
+    Attributes:
+        name: its flag value.
+        searches: its groups are search trees (the hard set and the replay buffer observe them).
+        credit: the credit rule its groups get whatever the chosen one; None: the chosen rule
+            (as trees are; a rule that weights paths, or that `credits_flat`, credits flat
+            groups too).
+    """
+
+    name: str
+    searches: bool
+    credit: str | None
+
+
+ROLLOUTS: dict[str, RolloutKind] = {kind.name: kind for kind in (
+    RolloutKind("search", searches=True, credit=None),
+    RolloutKind("flat", searches=False, credit="node"),
+    RolloutKind("best_of_n", searches=False, credit="best_of_n"),
+)}
+"""Every `--data.rollout` kind by name; the first is the default; the data module's choices read
+this table, and callers ask a kind's properties, never its name."""
 
 
 def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:
     """The rule that credits each group under `--data.rollout` (`ROLLOUTS`): the chosen one for
     trees and for one that weights paths; the kind's own rule otherwise."""
-    chosen, own = RULES[settings.advantage], ROLLOUTS[rollout]
+    chosen, own = RULES[settings.advantage], ROLLOUTS[rollout].credit
     if own is None or ((chosen.weights_paths or chosen.credits_flat) and not RULES[own].keeps_only_correct):
         return chosen
     return RULES[own]
@@ -264,7 +283,7 @@ def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int 
     the warnings (a chosen rule that the rollout's groups do not use; a `pass_k` the trees of
     `trajectories_per_tree` cannot use as given, the rule capping k at n - 1)."""
     chosen, rule = RULES[settings.advantage], group_rule(settings, rollout)
-    where = f"--data.credit.advantage={chosen.name}" if rollout == "search" else f"--data.rollout={rollout}"
+    where = f"--data.credit.advantage={chosen.name}" if ROLLOUTS[rollout].searches else f"--data.rollout={rollout}"
     reads = rule.reads | ({"path_weights"} if chosen.weights_paths else set())
     for name in settings.changed():
         if name not in reads:
@@ -277,7 +296,7 @@ def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int 
     if rule is not chosen and not chosen.weights_paths and chosen.name != default:
         return [f"--data.credit.advantage={chosen.name} is not used with --data.rollout={rollout}: its groups are credited "
                 f"by the {rule.name!r} rule ({rule.summary}); remove --data.credit.advantage or use --data.rollout=search"]
-    if rule.warnings is not None and ROLLOUTS[rollout] is None and trajectories_per_tree is not None:
+    if rule.warnings is not None and ROLLOUTS[rollout].searches and trajectories_per_tree is not None:
         return rule.warnings(settings, trajectories_per_tree)
     return []
 
@@ -286,7 +305,7 @@ def fit_cautions(settings: Credit, rollout: str = "search") -> list[str]:
     """The measured flaws (`CreditRule.caution`) of the rule that credits `rollout`'s groups,
     where those groups are trees: a flat rollout's "node" groups are DAPO's, which it leaves alone."""
     rule = group_rule(settings, rollout)
-    return [rule.caution] if rule.caution and ROLLOUTS[rollout] is None else []
+    return [rule.caution] if rule.caution and ROLLOUTS[rollout].searches else []
 
 
 def check_loss(advantage: str, loss_type: str) -> None:
