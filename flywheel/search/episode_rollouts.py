@@ -22,11 +22,10 @@ from collections import Counter
 from typing import TYPE_CHECKING, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, SamplingParams
-from flywheel.search.backup import backup_trajectory
 from flywheel.search.config import SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, child_ends, derive_seed, grade_terminal
+from flywheel.search.expansion import Decode, SearchProblem, child_ends, derive_seed
 from flywheel.search.live import LiveTree
-from flywheel.search.rollout import same_child
+from flywheel.search.rollout import finish_rollout, same_child
 
 if TYPE_CHECKING:
     from flywheel.search.rollout import RolloutExpansion
@@ -98,18 +97,7 @@ class EpisodeRolloutTree(LiveTree):
                 going_on.append(child)
                 continue
             self.produced_terminal = True
-            if fresh:
-                grade_terminal(tree, child, self.problem, decode, eos, cfg, self.graded)
-                self.terminals += 1
-            reward = tree.reward[child]
-            assert reward is not None
-            backup_trajectory(tree, child, reward, cfg)
-            self.rollouts += 1
-            if fresh:
-                tree.backup_index[child] = len(self.trajectories)
-                self.trajectories.append(child)
-                if self.first_correct_tokens is None and tree.kind[child] == "correct":
-                    self.first_correct_tokens = self.generated_tokens
+            finish_rollout(self, child, fresh, eos, decode)
         return going_on
 
     def choose_next(self) -> None:

@@ -179,6 +179,25 @@ def fork_root(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int
     return ROOT if candidates and candidates[0] == ROOT else None
 
 
+def finish_rollout(live: LiveTree, leaf: int, fresh: bool, eos: bool, decode: Decode) -> None:
+    """A rollout reached the terminal `leaf`: a `fresh` one (a new node) is graded and becomes a
+    trajectory; a repeat of an existing one is backed up again. Either way it counts as a rollout
+    (K counts rollouts, so a policy that keeps writing one answer cannot keep a tree alive)."""
+    tree, cfg = live.tree, live.config
+    if fresh:
+        grade_terminal(tree, leaf, live.problem, decode, eos, cfg, live.graded)
+        live.terminals += 1
+    reward = tree.reward[leaf]
+    assert reward is not None
+    backup_trajectory(tree, leaf, reward, cfg)
+    live.rollouts += 1
+    if fresh:
+        tree.backup_index[leaf] = len(live.trajectories)
+        live.trajectories.append(leaf)
+        if live.first_correct_tokens is None and tree.kind[leaf] == "correct":
+            live.first_correct_tokens = live.generated_tokens
+
+
 ForkCut = Callable[[Sequence[Completion], int, SearchConfig], tuple[list[Completion], list[bool], dict[int, float]]]
 """(a rollout's steps, how many of them repeat existing nodes, config) -> the pieces cut further
 (inside steps too), whether each ends inside a step, and {piece index: score} for the pieces whose
@@ -229,19 +248,7 @@ class RolloutExpansion:
             new_live.extend(v for v in new if not tree.terminal[v])
             if not tree.terminal[leaf]:
                 continue
-            fresh = leaf in new
-            if fresh:
-                grade_terminal(tree, leaf, live.problem, decode, eos, cfg, live.graded)
-                live.terminals += 1
-            reward = tree.reward[leaf]
-            assert reward is not None
-            backup_trajectory(tree, leaf, reward, cfg)
-            live.rollouts += 1
-            if fresh:
-                tree.backup_index[leaf] = len(live.trajectories)
-                live.trajectories.append(leaf)
-                if live.first_correct_tokens is None and tree.kind[leaf] == "correct":
-                    live.first_correct_tokens = live.generated_tokens
+            finish_rollout(live, leaf, leaf in new, eos, decode)
         return new_live, True
 
     def next_node(self, live: LiveTree) -> int | None:
