@@ -166,3 +166,14 @@ def test_the_policy_plays_val_episodes_through_flywheel_s_evaluation(policy, res
     assert 1 <= episodes["mean_turns"] <= TASK.max_turns and 1 <= episodes["mean_turns_won"] <= TASK.max_turns
     tolerance = 4 * (card * (1 - card) / len(secrets)) ** 0.5
     assert abs(score.pass_at_1 - card) <= tolerance, f"val win rate {score.pass_at_1:.3f}, card {card:.3f} +- {tolerance:.3f}"
+
+
+def test_the_card_s_example_is_the_lowest_player_s_game(results):
+    """The card's example episode is played by the tool, not written by hand: the noiseless
+    lowest player's game for 3512, which mastermind.py's docstring shows too."""
+    from make_tiny_policy import example_episode
+
+    card = (FOLDER / "README.md").read_text(encoding="utf-8")
+    episode = example_episode()
+    assert f"```\n{episode}\n```" in card
+    assert episode.splitlines()[1:] == ["1111", "..G.", "2212", "..GG", "3312", "G.GG", "3412", "G.GG", "3512", "GGGG"]

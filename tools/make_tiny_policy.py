@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 import os
 import platform
 import shlex
@@ -54,8 +55,8 @@ from flywheel.search.flat import flat_rollouts  # noqa: E402
 from flywheel.tasks import Problem  # noqa: E402
 from flywheel.tasks.chain import ChainTask  # noqa: E402
 from flywheel.tasks.countdown import CountdownTask  # noqa: E402
-from flywheel.tasks.mastermind import MastermindTask  # noqa: E402
-from flywheel.tasks.mastermind_data import FAILURE_KINDS, failure_kind  # noqa: E402
+from flywheel.tasks.mastermind import MastermindProblem, MastermindTask  # noqa: E402
+from flywheel.tasks.mastermind_data import FAILURE_KINDS, NoisySolver, failure_kind, play  # noqa: E402
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama  # noqa: E402
 from flywheel.run.flags import StrictParser  # noqa: E402
 
@@ -187,6 +188,16 @@ KIND_TEXT = {
 """The card's words for each `failure_kind`, in their order of precedence."""
 
 
+def example_episode(secret: tuple[int, ...] = (3, 5, 1, 2)) -> str:
+    """The card's example: the prompt and the noiseless lowest player's game for `secret`, guess
+    and answer lines as the policy reads them."""
+    task = MastermindTask()
+    problem = MastermindProblem.create("example", secret)
+    actions = play(task, problem, NoisySolver(pick="lowest"), random.Random(0))
+    lines = [task.prompt(problem)] + [a + t.observation for a, t in zip(actions, task.episode(problem, actions))]
+    return "".join(lines).rstrip("\n")
+
+
 def mastermind_card(name: str, command: str, recipe: Recipe, summary: dict, scores: dict[str, SplitScore]) -> str:
     """The README.md of a Mastermind policy folder, written from this run's measurements."""
     n = recipe.eval_samples
@@ -224,17 +235,7 @@ An episode as the policy reads it (the tokenizer adds `<bos>`; each guess line i
 each line of marks the environment's (G right place, Y elsewhere in the code, . not in it); the environment ends the episode, there is no `<eos>`):
 
 ```
-{MastermindTask().prompt(None).rstrip()}
-1111
-..G.
-2212
-..GG
-3312
-G.GG
-3412
-G.GG
-3512
-GGGG
+{example_episode()}
 ```
 
 ## Measured (this run)
