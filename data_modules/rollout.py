@@ -10,7 +10,7 @@ No Lightning: the generator, the task, the tokenizer and the settings are argume
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Literal, Sequence
+from typing import Any, Callable, Sequence
 
 from data_modules.solved import solved_ids
 from data_modules.token_split import TokenSplit
@@ -28,7 +28,6 @@ from flywheel.search.rule_table import SELECTION
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.grading import Grader
 
-Rollout = Literal[tuple(ROLLOUTS)]  # the kinds of flywheel.objectives.credit.ROLLOUTS, for the command line
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ def rollout(
     generator: Generator,
     task: Task,
     tokenizer: Any,
-    kind: Rollout,
+    kind: str,
     search: SearchConfig,
     flat_samples: int,
     max_concurrent_trees: int,

@@ -33,7 +33,7 @@ from data_modules.examples import empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
-from data_modules.rollout import Rollout, Rollouts, check_flat_first, rollout, search_outcomes, value_head_fn
+from data_modules.rollout import Rollouts, check_flat_first, rollout, search_outcomes, value_head_fn
 from data_modules.run_files import write_run_files
 from data_modules.screening import Screening
 from data_modules.search_ahead import SearchAhead, Searched, refusal, staleness
@@ -110,7 +110,7 @@ class SearchDataModule(L.LightningDataModule):
         self,
         task: Task | None = None,
         generator: GeneratorBackend | None = None,
-        rollout: Rollout = "search",
+        rollout: str = "search",
         search: SearchConfig = SearchConfig(),
         problems: ProblemsConfig = ProblemsConfig(),
         batching: BatchingConfig = BatchingConfig(),

@@ -373,13 +373,35 @@ def test_a_rule_registered_in_the_table_alone_is_checked_and_computed(monkeypatc
         Credit(advantage="tree")
 
 
-def test_every_rollout_kind_names_a_credit_rule_and_the_command_line_reads_the_same_table():
-    import typing
+def test_a_rule_registered_from_outside_is_accepted_by_the_command_line(monkeypatch):
+    """One registration from outside the library and nothing else: `fit`'s parser takes the
+    new name (the command line checks it against the table when it runs, as for search rules)."""
+    from pathlib import Path
 
-    from data_modules.rollout import Rollout
-    from flywheel.objectives.credit import ROLLOUTS, RULES
+    from flywheel.__main__ import main
 
-    assert typing.get_args(Rollout) == tuple(ROLLOUTS)
+    quickstart = ["--config", str(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml")]
+    halved = CreditRule("halved_node", "node credit at half strength",
+                        lambda group, std: [[a / 2 for a in steps] for steps in node_credit(group, std)],
+                        reads=frozenset({"normalize_std", "degenerate_filter"}))
+    monkeypatch.setitem(credit.RULES, "halved_node", halved)
+    cli = main(quickstart + ["--data.credit.advantage=halved_node"], run=False)
+    assert cli.datamodule.credit.advantage == "halved_node"
+    with pytest.raises(Exception, match=r"--data.credit.advantage='quartered_node': choose .* or 'halved_node'"):
+        main(quickstart + ["--data.credit.advantage=quartered_node"], run=False)
+
+
+def test_every_rollout_kind_names_a_credit_rule_and_the_command_line_reads_the_same_table(monkeypatch):
+    from pathlib import Path
+
+    from flywheel.__main__ import main
+    from flywheel.objectives.credit import ROLLOUTS, RULES, RolloutKind
+
+    quickstart = ["--config", str(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml")]
+    monkeypatch.setitem(ROLLOUTS, "flat_outcome", RolloutKind("flat_outcome", searches=False, credit="outcome"))
+    assert main(quickstart + ["--data.rollout=flat_outcome"], run=False).datamodule.rollout == "flat_outcome"
+    with pytest.raises(Exception, match=r"--data.rollout='flat_best': choose one of .*'flat_outcome'\)"):
+        main(quickstart + ["--data.rollout=flat_best"], run=False)
     assert all(kind.credit is None or kind.credit in RULES for kind in ROLLOUTS.values())
     assert all(name == kind.name for name, kind in ROLLOUTS.items())
     first = next(iter(ROLLOUTS.values()))

@@ -19,7 +19,7 @@ Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by the "node" rule 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Callable, Hashable, Literal, Sequence
+from typing import Callable, Hashable, Sequence
 
 from flywheel.adaptive import CachedSolution, DegenerateFilter, mixed_rollout
 from flywheel.objectives.advantages import (gigpo_advantages, pass_at_k_advantages, per_token, subtree_advantages,
@@ -154,7 +154,6 @@ RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
 )}
 """Every credit rule by name; the first is the default."""
 
-Advantage = Literal[tuple(RULES)]  # the names above, for the command line's choices
 OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights", "pass_k", "gigpo_gamma", "gigpo_step_weight")
 """The settings a rule may ignore; the others (drop_uniform_groups) apply to every rule."""
 
@@ -205,7 +204,7 @@ class Credit:
             (`--data.credit.normalize_std=true`).
     """
 
-    advantage: Advantage = "node"
+    advantage: str = "node"
     normalize_std: bool = False
     drop_uniform_groups: bool = False
     degenerate_filter: DegenerateFilter = field(default_factory=DegenerateFilter)
