@@ -217,8 +217,9 @@ def test_an_overlay_alone_is_refused_naming_the_recipes_it_can_follow(tmp_path):
     # (--trainer.max_epochs=0: were the overlay let through, the preflight would stop the run, not 1000 epochs)
     message = refused(["fit", "--config", str(dapo), "--trainer.max_epochs=0"], f"--config {dapo}: an overlay (no seed_everything",
                       f"give the recipe first: --config {conf / 'quickstart.yaml'} --config {dapo} ")
-    recipes = [f"{conf / name}" for name in ("chain.yaml", "deepsearch.yaml", "deepsearch_cpu.yaml", "quickstart.yaml",
-                                             "smollm2_cpu.yaml", "step_tree.yaml")]
+    recipes = sorted(str(p) for p in conf.glob("*.yaml") if "\nseed_everything:" in "\n" + p.read_text())
+    assert {"quickstart.yaml", "chain.yaml", "mastermind.yaml"} <= {Path(p).name for p in recipes}
+    assert "dapo.yaml" not in {Path(p).name for p in recipes}
     assert message.endswith(f"(it can follow {', '.join(recipes)})")
     # conf/data/*.yaml set a MathTask: only the MathTask recipes, from the folder above
     gsm8k = conf / "data" / "gsm8k.yaml"
