@@ -295,10 +295,10 @@ def _tree_of_one_mistake(tmp_path: Path) -> Path:
 
 def test_mistake_credit_finds_the_wrong_step_and_reads_each_rules_advantage_of_it(tmp_path, capsys):
     sys.path.insert(0, str(ROOT / "tools"))
-    from mistake_credit import main, measure
+    from mistake_credit import chain_first_wrong, main, measure
 
     run = _tree_of_one_mistake(tmp_path)
-    chains = {p.id: p for p in ChainTask().problems("train")}
+    chains = chain_first_wrong("train")
     m = measure(run, ["outcome", "subtree"], chains)
     # One failed trajectory, its mistake at step 2 (node 3). Outcome credit: every step of the
     # failure gets the response's advantage, negative, the shared first step included.

@@ -391,3 +391,34 @@ def test_measure_agrees_with_games_under_each_limit():
 def test_the_player_refuses_a_code_space_too_big_to_list():
     with pytest.raises(ValueError, match="more than the player handles"):
         all_codes(8, 9)
+
+
+def test_mistake_credit_blames_the_first_bad_guess_of_a_saved_tree(tmp_path):
+    """tools/mistake_credit.py --task mastermind on a hand-made tree of a train secret without a 1:
+    a shared first guess 1111 (marked ....), then the secret itself (a win) or 1234, which holds
+    a 1 that 1111's marks ruled out: the first bad guess, at turn 2."""
+    import json as json_module
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from mistake_credit import mastermind_first_wrong, measure
+
+    task = MastermindTask()
+    secret = next(p for p in task.problems("train") if "1" not in p.answer)
+    node = lambda i, parent, text, q, reward=None: {"id": i, "parent": parent, "q": q, "q_soft": q, "text": text,
+                                                   "reward": reward}
+    nodes = [node(0, None, "", 0.0), node(1, 0, "1111\n", 0.0), node(2, 1, secret.answer + "\n", 1.0, 1.0),
+             node(3, 1, "1234\n", -1.0, -1.0)]
+    trajectory = lambda ids, reward: {"node_ids": ids, "reward": reward, "final_score": reward, "overlong_penalty": 0.0,
+                                      "response_text": ""}
+    tree = {"problem_id": secret.id, "nodes": nodes, "trajectories": [trajectory([1, 2], 1.0), trajectory([1, 3], -1.0)]}
+    run = tmp_path / "run"
+    (run / "version_0" / "trees").mkdir(parents=True)
+    (run / "version_0" / "trees" / "epoch_0000.jsonl").write_text(json_module.dumps(tree) + "\n")
+    first_wrong = mastermind_first_wrong("train")
+    assert first_wrong(tree, tree["trajectories"][1]) == 2
+    m = measure(run, ["outcome", "subtree"], first_wrong)
+    # Outcome: the failure's every step gets its negative advantage, the shared first guess too;
+    # subtree: the bad guess's subtree (-1) against its parent's (0) is negative, the first guess 0.
+    assert m["outcome"]["mistakes"] == 1 and m["outcome"]["mistake_mean"] < 0 and m["outcome"]["before_mean"] < 0
+    assert m["subtree"]["mistake_mean"] < 0 and m["subtree"]["before_mean"] == pytest.approx(0.0, abs=1e-6)

@@ -29,7 +29,7 @@ from flywheel.rewards.mastermind import Code, code_text, consistent
 from flywheel.tasks.base import Problem
 from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 
-__all__ = ["FAILURE_KINDS", "MALFORMED", "MAX_CODES", "PICKS", "NoisySolver", "SolverRecord", "all_codes", "failure_kind",
+__all__ = ["FAILURE_KINDS", "MALFORMED", "MAX_CODES", "PICKS", "first_mistake", "NoisySolver", "SolverRecord", "all_codes", "failure_kind",
            "malformed_guess", "measure", "play"]
 
 MAX_CODES = 100_000
@@ -147,6 +147,27 @@ def failure_kind(task: MastermindTask, problem: Problem, actions: Sequence[str])
             return "inconsistent_guess"
         history.append((guess, task.read_feedback(turn.observation)))
     return "out_of_turns" if turns and turns[-1].done else "unfinished"
+
+
+def first_mistake(task: MastermindTask, problem: Problem, actions: Sequence[str]) -> int | None:
+    """The turn (1-based) of the episode's first mistake: a guess that is not a code, or one the
+    feedback before it had ruled out (a repeat included); None when every guess is a consistent
+    code. Where a credit rule should put the blame (tools/mistake_credit.py).
+
+    >>> task = MastermindTask()
+    >>> secret = MastermindProblem.create("s", (3, 5, 1, 2))
+    >>> first_mistake(task, secret, ["1111\\n", "2212\\n", "9\\n"]), first_mistake(task, secret, ["1111\\n", "1222\\n"])
+    (3, 2)
+    >>> first_mistake(task, secret, ["1111\\n", "2212\\n", "3312\\n"]) is None
+    True
+    """
+    history: list[tuple[Code, Hashable]] = []
+    for turn, (action, answer) in enumerate(zip(actions, task.episode(problem, actions)), start=1):
+        guess = task.read_guess(action)
+        if guess is None or not consistent(history, guess, task.rule.score):
+            return turn
+        history.append((guess, task.read_feedback(answer.observation)))
+    return None
 
 
 @dataclass(frozen=True)
