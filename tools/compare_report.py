@@ -77,6 +77,24 @@ def newly_by_round(folder: Path, rounds: list[dict], failed: frozenset[str]) -> 
     return {r["round"]: sum(x <= r["round"] for x in new) for r in rounds}
 
 
+def observation_tokens(folder: Path) -> float | None:
+    """The observation tokens an environment run prefilled for training (the sum of its epochs'
+    `compute/epoch_observation_tokens` in the newest part's TensorBoard events; prefilled, never
+    generated, so not in the token budget); None for a run without them (a task with no turns)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    parts = sorted(folder.glob("version_*"), key=lambda p: int(p.name.split("_")[-1]))
+    total, found = 0.0, False
+    for part in parts:
+        for events in part.glob("events.*"):
+            accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
+            accumulator.Reload()
+            if "compute/epoch_observation_tokens" in accumulator.Tags()["scalars"]:
+                steps = {e.step: e.value for e in accumulator.Scalars("compute/epoch_observation_tokens")}
+                total, found = total + sum(steps.values()), True
+    return total if found else None
+
+
 def report(results: dict[str, list[tuple[int, dict]]], args: argparse.Namespace, newly: Newly | None = None) -> None:
     newly = newly or {}
     print(f"\nheld-out {args.eval_split}: pass@1 (= mean@{EVAL_SAMPLES}) and pass@{EVAL_K} against training tokens, "
@@ -112,6 +130,11 @@ def report(results: dict[str, list[tuple[int, dict]]], args: argparse.Namespace,
         tokens = statistics.mean(r["generated_tokens"] for _, r in ends)
         print(f"{arm:<18} pass@1 {statistics.mean(p1):.4f} +- {spread(p1):.4f}   pass@{EVAL_K} "
               f"{statistics.mean(pk):.4f} +- {spread(pk):.4f}   {len(ends)} seed(s), {tokens:,.0f} tokens")
+        out = getattr(args, "out", None)
+        observed = [observation_tokens(out / f"{arm}_seed{seed}") for seed, _ in runs] if out is not None else []
+        if observed and all(o is not None for o in observed):
+            print(f"{'':<18} observation tokens prefilled in training {statistics.mean(observed):,.0f} a run (not in the "
+                  "token budget: the environment wrote them)")
         gains = rates(ends)
         if gains:
             print(f"{'':<18} gain per 1M tokens {gains['per_mtok']:+.4f}   per 100 steps {cell(gains['per_100_steps'], '+.4f')}"
