@@ -124,6 +124,9 @@ ARMS: dict[str, tuple[list[str], list[str]]] = {
     # (best-of-N's credit; added once bon and rollout_mb16 had finished at 3M, where bon won, and run unchanged)
     "rollout_bon": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.credit.advantage=best_of_n"]),
     "rollout_root": ([], ROLLOUT + ["--data.search.fork_rule=root"]),  # the same, never forking below the root
+    # rollout_mb16's control: its trees never forking below the root (flat episodes under its stopping
+    # rule, credit and mini-batches of 16); added once rollout_mb16 had beaten the flat arms on Mastermind
+    "rollout_root_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.search.fork_rule=root"]),
     # the rollout tree in mini-batches of 16 forking at the highest-entropy tokens of its responses
     # (TreeRL's EPTree): the fork point `flywheel diagnose` found best on long chains (issue 45)
     "rollout_entropy_mb16": ([], ROLLOUT + ["--data.batching.mini_batch_problems=16", "--data.search.fork_rule=entropy"]),
