@@ -80,6 +80,9 @@ from tools.compare_report import (  # noqa: E402,F401 (fit_seconds, last_round, 
     report,
 )
 
+EVAL_EVERY_TOKENS = 1_000_000
+"""--eval-every-tokens' default: held-out evaluations at round ends at least this many tokens apart."""
+
 BASE = "conf/step_tree.yaml"
 """The recipe every Countdown arm modifies: the step tree that was the quickstart when these arms were
 measured (the quickstart now credits the same trees by Pass@k with a KL, which would change every arm)."""
@@ -347,7 +350,7 @@ def main() -> None:
                         help="held-out split (default: the task's: Countdown test_hard, 500 4-number hard problems; "
                              "chain test, 500 chains of 2-8 operations; mastermind test, 200 secrets)")
     parser.add_argument("--epochs-per-round", type=int, default=5, help="epochs per flywheel round")
-    parser.add_argument("--eval-every-tokens", type=int, default=1_000_000,
+    parser.add_argument("--eval-every-tokens", type=int, default=EVAL_EVERY_TOKENS,
                         help="held-out evaluations at round ends at least this many training tokens apart, and always "
                              "at the budget (a flat arm's round is ~0.14M tokens; 500 x 16 samples cost more than it)")
     parser.add_argument("--seeds", type=int, default=None, help="runs per arm, seeds 0 .. seeds-1 (default 1)")

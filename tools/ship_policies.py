@@ -72,14 +72,17 @@ def eval_spec(command: list[str]) -> dict:
 def compare_command(name: str, done: dict, out: Path, init: str | None) -> str:
     """The tools/compare.py command that makes (or resumes, or reuses) the run `name`: its task
     (from the fit's base config) and the overrides compare.py passed to every run."""
-    from tools.compare import TASKS
+    from tools.compare import EVAL_EVERY_TOKENS, TASKS
 
     arm, seed = name.rsplit("_seed", 1)
     command = done["command"]
     base = command[command.index("--config") + 1]
     task = next((name for name, (config, _, _) in TASKS.items() if config == base), "countdown")
+    every = option(command, "--data.eval.every_tokens")  # compare.py's --eval-every-tokens, where not its default
     cmd = ["python", "tools/compare.py", *(["--task", task] if task != "countdown" else []), "--arms", arm,
-           "--seed-list", seed, "--tokens", str(done["tokens"]), "--out", str(out), *passed_overrides(command)]
+           "--seed-list", seed, "--tokens", str(done["tokens"]),
+           *(["--eval-every-tokens", every] if every not in (None, str(EVAL_EVERY_TOKENS)) else []),
+           "--out", str(out), *passed_overrides(command)]
     if init is not None:
         cmd += ["--init", init]
     return shlex.join(cmd)
