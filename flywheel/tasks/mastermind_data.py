@@ -27,6 +27,7 @@ from typing import Hashable, Sequence
 
 from flywheel.rewards.mastermind import Code, code_text, consistent
 from flywheel.tasks.base import Problem
+from flywheel.tasks.environment import Turn
 from flywheel.tasks.mastermind import MastermindProblem, MastermindTask
 
 __all__ = ["FAILURE_KINDS", "MALFORMED", "MAX_CODES", "PICKS", "first_mistake", "NoisySolver", "SolverRecord", "all_codes", "failure_kind",
@@ -140,12 +141,8 @@ def failure_kind(task: MastermindTask, problem: Problem, actions: Sequence[str])
         return None
     if any(turn.invalid for turn in turns):
         return "invalid_guess"
-    history: list[tuple[Code, Hashable]] = []
-    for action, turn in zip(actions, turns):
-        guess = task.read_guess(action)
-        if not consistent(history, guess, task.rule.score):
-            return "inconsistent_guess"
-        history.append((guess, task.read_feedback(turn.observation)))
+    if _first_mistake(task, actions, turns) is not None:  # every guess is a code: the mistake is one ruled out
+        return "inconsistent_guess"
     return "out_of_turns" if turns and turns[-1].done else "unfinished"
 
 
@@ -161,11 +158,16 @@ def first_mistake(task: MastermindTask, problem: Problem, actions: Sequence[str]
     >>> first_mistake(task, secret, ["1111\\n", "2212\\n", "3312\\n"]) is None
     True
     """
+    return _first_mistake(task, actions, task.episode(problem, actions))
+
+
+def _first_mistake(task: MastermindTask, actions: Sequence[str], turns: Sequence[Turn]) -> int | None:
+    """`first_mistake` of an episode already replayed (`turns`: the environment's answers)."""
     history: list[tuple[Code, Hashable]] = []
-    for turn, (action, answer) in enumerate(zip(actions, task.episode(problem, actions)), start=1):
+    for number, (action, answer) in enumerate(zip(actions, turns), start=1):
         guess = task.read_guess(action)
         if guess is None or not consistent(history, guess, task.rule.score):
-            return turn
+            return number
         history.append((guess, task.read_feedback(answer.observation)))
     return None
 
