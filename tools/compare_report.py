@@ -84,15 +84,14 @@ def observation_tokens(folder: Path) -> float | None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     parts = sorted(folder.glob("version_*"), key=lambda p: int(p.name.split("_")[-1]))
-    total, found = 0.0, False
+    by_step: dict[int, float] = {}  # a resumed part's re-run epoch replaces the interrupted one's value
     for part in parts:
         for events in part.glob("events.*"):
             accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
             accumulator.Reload()
             if "compute/epoch_observation_tokens" in accumulator.Tags()["scalars"]:
-                steps = {e.step: e.value for e in accumulator.Scalars("compute/epoch_observation_tokens")}
-                total, found = total + sum(steps.values()), True
-    return total if found else None
+                by_step.update({e.step: e.value for e in accumulator.Scalars("compute/epoch_observation_tokens")})
+    return sum(by_step.values()) if by_step else None
 
 
 def report(results: dict[str, list[tuple[int, dict]]], args: argparse.Namespace, newly: Newly | None = None) -> None:
