@@ -161,7 +161,7 @@ class AsyncSearchConfig:
 def check_data_settings(rollout: str, problems: ProblemsConfig, hard_set: HardSetConfig, replay: ReplayConfig,
                         save_trees: int) -> None:
     """Refuse the data module's setting combinations that cannot work, naming the flag and the fix."""
-    _check(rollout in ROLLOUTS, f"--data.rollout={rollout!r}: choose one of {tuple(ROLLOUTS)}")
+    ROLLOUTS.check(rollout)
     _check(save_trees >= 0, f"--data.save_trees must be >= 0 (0 = none), got {save_trees}")
     _check(not (problems.stream and replay.enabled),
            "--data.problems.stream=true needs --data.replay.enabled=false: the replay buffer re-screens its problems at "

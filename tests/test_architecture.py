@@ -148,16 +148,45 @@ def test_a_package_never_makes_the_imports_its_layer_forbids(package):
     assert {m: e for m, e in broken.items() if e} == {}
 
 
-@pytest.mark.parametrize("flag", ["selection", "expansion", "fork_rule"])
-def test_the_docs_list_exactly_the_registered_rules_of_each_family(flag):
-    """docs/running.md names every search rule family's choices; they are the table's names, in order."""
+DOCS_LISTS = {  # a family's flag -> (the doc that lists its rules, the pattern of the list)
+    "--data.search.selection": ("running.md", r"`--data\.search\.selection=([a-z_|]+)`"),
+    "--data.search.fork_rule": ("running.md", r"`--data\.search\.fork_rule=([a-z_|]+)`"),
+    "--data.search.expansion": ("running.md", r"`--data\.search\.expansion=([a-z_|]+)`"),
+    "--data.rollout": ("running.md", r"`--data\.rollout=([a-z_|]+)`"),
+    "--model.objective.loss_type": ("running.md", r"`--model\.objective\.loss_type=([a-z_|]+)`"),
+    "--data.credit.advantage": ("credit.md", r"(?m)^\| `([a-z_]+)`(?: \(default\))? \|"),
+}
+
+
+def documented_names(flag: str) -> list[str]:
+    """The rule names the docs list for `flag`, in their order."""
     import re
 
-    from flywheel.search.rule_table import TABLES
+    doc, pattern = DOCS_LISTS[flag]
+    found = re.findall(pattern, (ROOT / "docs" / doc).read_text())
+    return [name for entry in found for name in entry.split("|")]
 
-    table = TABLES[flag]
-    listed = re.findall(rf"`--data\.search\.{flag}=([a-z_|]+)`", (ROOT / "docs" / "running.md").read_text())
-    assert listed == ["|".join(table.names())]
+
+def rule_tables() -> dict:
+    """Every rule table by its flag (flywheel.tables.FAMILIES), made by importing the modules that fill them."""
+    import importlib
+
+    from flywheel.tables import FAMILIES
+
+    for module in ("flywheel.search", "flywheel.objectives.credit", "flywheel.objectives.losses"):
+        importlib.import_module(module)
+    return FAMILIES
+
+
+def test_every_rule_family_has_its_list_in_the_docs():
+    assert set(DOCS_LISTS) == set(rule_tables())
+
+
+@pytest.mark.parametrize("flag", sorted(DOCS_LISTS))
+def test_the_docs_list_exactly_the_library_rules_of_each_family(flag):
+    """The docs name every rule the library registers, in the table's order (the first the
+    default); a rule a plugin or a test registers is not the docs' to list."""
+    assert documented_names(flag) == list(rule_tables()[flag].library_names())
 
 
 def callback_scans(text: str) -> int:
@@ -229,4 +258,5 @@ def test_every_long_function_says_why_at_its_top():
 
 def test_the_root_holds_only_the_entry_point_the_module_and_pure_utilities():
     loose = sorted(p.name for p in (ROOT / "flywheel").glob("*.py"))
-    assert loose == ["__init__.py", "__main__.py", "finite.py", "io.py", "logprobs.py", "module.py", "ports.py"]
+    assert loose == ["__init__.py", "__main__.py", "finite.py", "io.py", "logprobs.py", "module.py", "ports.py",
+                     "tables.py"]

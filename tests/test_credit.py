@@ -266,9 +266,8 @@ def test_a_mixed_rollout_drops_a_direct_sample_but_keeps_it_in_the_baseline(monk
 def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
     from flywheel.objectives.credit import RULES
 
-    *rest, last = (repr(name) for name in RULES)
-    assert rest[:3] == ["'node'", "'outcome'", "'subtree'"]  # the table's order, the default first
-    with pytest.raises(ValueError, match=re.escape(f"--data.credit.advantage='tree': choose {', '.join(rest)} or {last}") + "$"):
+    assert next(iter(RULES)) == Credit().advantage  # the table's first rule is the default
+    with pytest.raises(ValueError, match=re.escape(f"--data.credit.advantage must be one of {RULES.names()}, got 'tree'")):
         Credit(advantage="tree")
 
 
@@ -277,8 +276,9 @@ def test_an_unknown_rule_fails_with_the_flag_and_every_choice():
     ("node", "best_of_n", "best_of_n"), ("self_training", "flat", "self_training"),
 ])
 def test_normalize_std_is_refused_where_the_credit_ignores_it(advantage, rollout, rule):
+    readers = ", ".join(repr(name) for name, r in credit.RULES.items() if "normalize_std" in r.reads)
     with pytest.raises(ValueError, match=rf"^--data\.credit\.normalize_std=true but .* credits by the '{rule}' rule, "
-                                         r"which ignores it: remove it \(the rules that read it: 'node', 'outcome', 'pass_at_k', 'gigpo'\)$"):
+                                         rf"which ignores it: remove it \(the rules that read it: {readers}\)$"):
         check(Credit(advantage=advantage, normalize_std=True), rollout)
     # Where a rule reads it, it is fine: node and outcome trees, and flat DAPO groups.
     for fine in [("node", "search"), ("outcome", "search"), ("node", "flat"), ("subtree", "flat")]:
@@ -367,41 +367,15 @@ def test_a_rule_registered_in_the_table_alone_is_checked_and_computed(monkeypatc
     rows = credit_groups([Group.of(result(T1, T2, T3))], Credit(advantage="halved_node")).rows[0]
     assert close(rows[0].advantages, [0.55, 0.55, 0.75, 0.75, 0.75])  # node's 1.1 and 1.5, halved
     assert close(mixed([D1, D2], advantage="halved_node")[0].advantages, [0.5625] * 2)  # 1.125 / 2
-    with pytest.raises(ValueError, match=r"the rules that read it: 'node', 'outcome', 'pass_at_k', 'gigpo', 'halved_node'"):
+    with pytest.raises(ValueError, match=r"the rules that read it: 'node', .*'halved_node'\)$"):
         check(Credit(advantage="subtree", normalize_std=True))
-    with pytest.raises(ValueError, match=r"or 'halved_node'$"):
+    with pytest.raises(ValueError, match=r"'halved_node'\), got 'tree'"):
         Credit(advantage="tree")
 
 
-def test_a_rule_registered_from_outside_is_accepted_by_the_command_line(monkeypatch):
-    """One registration from outside the library and nothing else: `fit`'s parser takes the
-    new name (the command line checks it against the table when it runs, as for search rules)."""
-    from pathlib import Path
+def test_every_rollout_kind_names_a_credit_rule():
+    from flywheel.objectives.credit import ROLLOUTS, RULES
 
-    from flywheel.__main__ import main
-
-    quickstart = ["--config", str(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml")]
-    halved = CreditRule("halved_node", "node credit at half strength",
-                        lambda group, std: [[a / 2 for a in steps] for steps in node_credit(group, std)],
-                        reads=frozenset({"normalize_std", "degenerate_filter"}))
-    monkeypatch.setitem(credit.RULES, "halved_node", halved)
-    cli = main(quickstart + ["--data.credit.advantage=halved_node"], run=False)
-    assert cli.datamodule.credit.advantage == "halved_node"
-    with pytest.raises(Exception, match=r"--data.credit.advantage='quartered_node': choose .* or 'halved_node'"):
-        main(quickstart + ["--data.credit.advantage=quartered_node"], run=False)
-
-
-def test_every_rollout_kind_names_a_credit_rule_and_the_command_line_reads_the_same_table(monkeypatch):
-    from pathlib import Path
-
-    from flywheel.__main__ import main
-    from flywheel.objectives.credit import ROLLOUTS, RULES, RolloutKind
-
-    quickstart = ["--config", str(Path(__file__).resolve().parents[1] / "conf" / "quickstart.yaml")]
-    monkeypatch.setitem(ROLLOUTS, "flat_outcome", RolloutKind("flat_outcome", searches=False, credit="outcome"))
-    assert main(quickstart + ["--data.rollout=flat_outcome"], run=False).datamodule.rollout == "flat_outcome"
-    with pytest.raises(Exception, match=r"--data.rollout='flat_best': choose one of .*'flat_outcome'\)"):
-        main(quickstart + ["--data.rollout=flat_best"], run=False)
     assert all(kind.credit is None or kind.credit in RULES for kind in ROLLOUTS.values())
     assert all(name == kind.name for name, kind in ROLLOUTS.items())
     first = next(iter(ROLLOUTS.values()))

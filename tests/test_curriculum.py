@@ -187,7 +187,7 @@ def test_problem_limits_below_one_fail_at_construction_with_the_flag_named(flag)
 
 
 def test_an_unknown_advantage_rule_fails_with_the_flag_and_the_choices():
-    with pytest.raises(ValueError, match=r"--data\.credit\.advantage='tree': choose 'node'"):
+    with pytest.raises(ValueError, match=r"--data\.credit\.advantage must be one of \('node', .*\), got 'tree'"):
         Credit(advantage="tree")
 
 

@@ -12,6 +12,7 @@ from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, run_search
 from flywheel.search.backup import backup_trajectory
 from flywheel.search.driver import SearchProblem
+from flywheel.search.rule_table import SELECTION
 from scripted import HashGenerator, toy_decode, toy_score
 from flywheel.search.selection import descend_puct, descend_uct, frontier_score, select_frontier
 from flywheel.search.tree import SearchTree
@@ -117,7 +118,7 @@ def test_frontier_yields_a_childless_non_terminal_argmax(seed, expansions, width
     k=st.integers(1, 5),
     max_depth=st.integers(1, 7),
     cap=st.integers(1, 40),
-    selection=st.sampled_from(["frontier", "vanilla_uct", "puct"]),
+    selection=st.sampled_from([name for name, rule in SELECTION.items() if not rule.agents]),
     terminal_choice=st.sampled_from(["mean_nll", "random"]),
     backup_all=st.booleans(),
     nan_prob=st.sampled_from([0.0, 0.3]),

@@ -43,13 +43,10 @@ class ObjectiveConfig:
         kl_coef: weight of the KL penalty to a frozen reference policy; 0 = no reference
             model at all (the paper's setting).
         kl_estimator: which estimator `kl_penalty` uses ("k3" is non-negative, low variance).
-        loss_type: a name in `flywheel.objectives.losses.LOSSES`: "ppo" = max(-A * rho, -A * clip(rho)) with the dual clip (the paper);
-            "cispo" = -sg(clip(rho, 1 - clip_low, 1 + clip_high)) * A * log pi_theta: the
-            clipped ratio only weights the gradient, so no token's gradient is dropped
-            (MiniMax-M1's CISPO; the seed's Countdown MCTS recipe trains with it);
-            "self_training" = -w * log pi_theta, w the path weight the data module puts in
-            the advantage column (`--data.credit.advantage=self_training`; ReST-MCTS*'s reward-
-            weighted self-training, `flywheel.objectives.self_training`); no ratio, no clip.
+        loss_type: the policy loss, a name in `LOSSES` (flywheel.objectives.losses; --help lists
+            the registered ones): "ppo" (the paper's clipped ratio with the dual clip) by default;
+            a loss that weights paths ("self_training", ReST-MCTS*) goes with the credit rule
+            that puts path weights in the advantage column (`--data.credit.advantage=self_training`).
         kl_reference: the frozen reference of the KL term (kl_coef > 0): "base" = the policy
             the run started from; "round" = the policy at the start of the current round
             (copied into the reference at each round's first epoch; ReST-MCTS*'s "the policy
@@ -106,9 +103,7 @@ class ObjectiveConfig:
         if self.kl_estimator not in KL_ESTIMATORS:
             fail("kl_estimator", f"it must be one of {KL_ESTIMATORS}",
                  "Set `kl_estimator` to 'k3' (the default), 'k2' or 'k1'.")
-        if self.loss_type not in LOSSES:
-            fail("loss_type", f"it must be one of {tuple(LOSSES)} (flywheel.objectives.losses.LOSSES)",
-                 "Set `loss_type` to 'ppo' (the paper's), 'cispo' or 'self_training'.")
+        LOSSES.check(self.loss_type)
         if self.kl_reference not in KL_REFERENCES:
             fail("kl_reference", f"it must be one of {KL_REFERENCES}",
                  "Set `kl_reference` to 'base' (the run's starting policy) or 'round'.")

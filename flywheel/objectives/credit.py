@@ -2,9 +2,10 @@
 
 A credit rule is a name (`--data.credit.advantage`), the optional `--data.credit.*`
 settings it reads, and a function from a group's responses to each response's per-step
-advantages (None = left out of training). `RULES` holds them all; the command line's
-choices, the settings check and the rows read it, so a new rule is one `CreditRule` added
-there (and its test; docs/credit.md shows one).
+advantages (None = left out of training). `RULES` holds them all (a flywheel.tables.Table);
+the command line's choices, --help, the settings check and the rows read it, so a new rule is
+one `RULES.register(CreditRule(...))`, in this file or in a user's module (`--plugins`), and its
+test (docs/credit.md shows one).
 
 A group is one problem's responses and their baseline: a search tree's K trajectories, a
 flat rollout's samples, or a replay-buffer problem's mixed rollout (its cached correct
@@ -28,6 +29,7 @@ from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.paths import SearchedGroup, SearchedPath, TrainingRow
 from flywheel.objectives.self_training import PathWeighting, weight_paths
 from flywheel.prm import ValueFn
+from flywheel.tables import Table
 
 
 @dataclass(frozen=True)
@@ -135,24 +137,25 @@ NODE_CAUTION = (
 )
 """Why a fit crediting trees by the paper's rule says so (docs/credit.md, "The paper's rule")."""
 
-RULES: dict[str, CreditRule] = {rule.name: rule for rule in (
-    CreditRule("node", "Tree-GRPO: each step's q~ + overlong minus the group's mean final score", node_credit,
-               frozenset({"normalize_std", "degenerate_filter"}), caution=NODE_CAUTION),
-    CreditRule("outcome", "every token gets its final score minus the group mean", outcome_credit,
-               frozenset({"normalize_std", "degenerate_filter"})),
-    CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
-               subtree_credit, frozenset({"degenerate_filter"})),
-    CreditRule("best_of_n", "the correct responses only, every token +1", best_of_n_credit, keeps_only_correct=True),
-    CreditRule("pass_at_k", "Pass@k training: each response's share in the group's pass@k, on every token",
-               pass_at_k_credit, frozenset({"normalize_std", "degenerate_filter", "pass_k"}), keywords=("pass_k",),
-               warnings=pass_k_warnings),
-    CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward", self_training_credit,
-               frozenset({"degenerate_filter", "path_weights"}), weights_paths=True),
-    CreditRule("gigpo", "GiGPO: the episode's advantage plus the step's among the group's steps from the same state",
-               gigpo_credit, frozenset({"normalize_std", "degenerate_filter", "gigpo_gamma", "gigpo_step_weight"}),
-               keywords=("gigpo_gamma", "gigpo_step_weight"), credits_flat=True),
-)}
-"""Every credit rule by name; the first is the default."""
+RULES: Table[CreditRule] = Table("--data.credit.advantage")
+"""Every credit rule by name (flywheel.tables); the first is the default."""
+RULES.register(CreditRule("node", "Tree-GRPO: each step's q~ + overlong minus the group's mean final score",
+                          node_credit, frozenset({"normalize_std", "degenerate_filter"}), caution=NODE_CAUTION))
+RULES.register(CreditRule("outcome", "every token gets its final score minus the group mean",
+                          outcome_credit, frozenset({"normalize_std", "degenerate_filter"})))
+RULES.register(CreditRule("subtree", "TreeRL: a step's mean outcome against its parent and the root, / sqrt(sharing)",
+                          subtree_credit, frozenset({"degenerate_filter"})))
+RULES.register(CreditRule("best_of_n", "the correct responses only, every token +1",
+                          best_of_n_credit, keeps_only_correct=True))
+RULES.register(CreditRule("pass_at_k", "Pass@k training: each response's share in the group's pass@k, on every token",
+                          pass_at_k_credit, frozenset({"normalize_std", "degenerate_filter", "pass_k"}),
+                          keywords=("pass_k",), warnings=pass_k_warnings))
+RULES.register(CreditRule("self_training", "ReST-MCTS*: every path weighted by its (estimated) reward",
+                          self_training_credit, frozenset({"degenerate_filter", "path_weights"}), weights_paths=True))
+RULES.register(CreditRule("gigpo", "GiGPO: the episode's advantage plus the step's among the group's steps from the "
+                          "same state", gigpo_credit,
+                          frozenset({"normalize_std", "degenerate_filter", "gigpo_gamma", "gigpo_step_weight"}),
+                          keywords=("gigpo_gamma", "gigpo_step_weight"), credits_flat=True))
 
 OPTIONAL = ("normalize_std", "degenerate_filter", "path_weights", "pass_k", "gigpo_gamma", "gigpo_step_weight")
 """The settings a rule may ignore; the others (drop_uniform_groups) apply to every rule."""
@@ -163,19 +166,11 @@ class Credit:
     """How trajectories become training rows (docs/credit.md).
 
     Args:
-        advantage: the credit rule (`flywheel.objectives.credit.RULES`): "node" = Tree-GRPO
-            node-level values q~(s_j) minus the group's mean final score (the paper's
-            default); "outcome" = every token gets its trajectory's final score minus the
-            mean ("coarse scores"); "subtree" = TreeRL: a step's value is the mean final score
-            of the trajectories through it, credited against its parent and the root, scaled
-            by 1 / sqrt(trajectories sharing it); "best_of_n" = the correct trajectories only,
-            every token +1; "pass_at_k" = Pass@k training (Chen et al. 2025): a correct response
-            gets 1 - (the group's mean pass@k over its k-subsets), an incorrect one that minus the
-            share of its k-subsets that fail (x2, the +-1 scale; k = 1 is "outcome"), so a
-            problem the group already solves often pushes its right answers up less and its wrong
-            ones down less; "self_training" = ReST-MCTS*'s path weights (`path_weights`; goes
-            with `--model.objective.loss_type=self_training`). Replay-buffer problems follow it
-            too. Flat rollouts are DAPO (or best-of-N) either way, except under "self_training".
+        advantage: the credit rule, a name in `RULES` (--help lists the registered ones with
+            their summaries; docs/credit.md works each through a tree): "node", Tree-GRPO's
+            node-level values q~(s_j) minus the group's mean final score, is the paper's default.
+            Replay-buffer problems follow it too. Flat rollouts are credited by their kind's own
+            rule (`ROLLOUTS`) unless the chosen one weights paths or `credits_flat`.
         normalize_std: divide advantages by the group's std (off: mean-only, paper Table 4);
             read by "node", "outcome" and "pass_at_k" only (refused otherwise).
         drop_uniform_groups: leave out of training every tree (or flat group) whose
@@ -215,9 +210,7 @@ class Credit:
     gigpo_step_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.advantage not in RULES:
-            *rest, last = (repr(name) for name in RULES)
-            raise ValueError(f"--data.credit.advantage={self.advantage!r}: choose {', '.join(rest)} or {last}")
+        RULES.check(self.advantage)
         if not (isinstance(self.positive_weight, (int, float)) and 0 <= self.positive_weight < float("inf")):
             raise ValueError(f"--data.credit.positive_weight must be a number >= 0, got {self.positive_weight!r}")
         if isinstance(self.pass_k, bool) or not (isinstance(self.pass_k, int) and self.pass_k >= 1):
@@ -257,15 +250,19 @@ class RolloutKind:
     name: str
     searches: bool
     credit: str | None
+    summary: str = ""
+    """One line for --help and messages."""
 
 
-ROLLOUTS: dict[str, RolloutKind] = {kind.name: kind for kind in (
-    RolloutKind("search", searches=True, credit=None),
-    RolloutKind("flat", searches=False, credit="node"),
-    RolloutKind("best_of_n", searches=False, credit="best_of_n"),
-)}
-"""Every `--data.rollout` kind by name; the first is the default; the data module's choices read
-this table, and callers ask a kind's properties, never its name."""
+ROLLOUTS: Table[RolloutKind] = Table("--data.rollout")
+"""Every `--data.rollout` kind by name (flywheel.tables); the first is the default; the data
+module's choices read this table, and callers ask a kind's properties, never its name."""
+ROLLOUTS.register(RolloutKind("search", searches=True, credit=None,
+                              summary="tree search, credited by --data.credit.advantage"))
+ROLLOUTS.register(RolloutKind("flat", searches=False, credit="node",
+                              summary="independent samples per problem, DAPO's credit (reward - group mean)"))
+ROLLOUTS.register(RolloutKind("best_of_n", searches=False, credit="best_of_n",
+                              summary="independent samples per problem, the correct ones trained on"))
 
 
 def group_rule(settings: Credit, rollout: str = "search") -> CreditRule:

@@ -5,7 +5,8 @@ A loss is either a clipped surrogate on the importance ratio (`surrogate`: per t
 ratio, the advantage and the log-prob; `policy_loss` masks, weights and aggregates it), or one
 that trains on the paths' weights instead of a ratio (`weights_paths`: ReST-MCTS*'s
 self-training, `flywheel.objectives.self_training_loss`, paired with the credit rule that puts
-path weights in the advantage column). A new surrogate is one function and one `LossRule`.
+path weights in the advantage column). A new surrogate is one function and one `LOSSES.register(LossRule(...))`, from the library or
+from a user's module (`--plugins`, flywheel.tables).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from flywheel.tables import Table
 
 Surrogate = Callable[..., torch.Tensor]
 """(ratio, adv, logprobs, clip_low, clip_high, dual_clip) -> [B, T] per-token loss. `ratio`
@@ -43,9 +46,11 @@ class LossRule:
     """Trains on the credit rule's path weights (`self_training_loss`), no ratio, no clip."""
 
 
-LOSSES: dict[str, LossRule] = {rule.name: rule for rule in (
-    LossRule("ppo", "PPO's clipped ratio with DAPO clip-higher and the dual clip (the paper, Eq. 14)", ppo_surrogate),
-    LossRule("cispo", "CISPO's clipped, stop-gradient importance weight on the log-prob (MiniMax-M1)", cispo_surrogate),
-    LossRule("self_training", "ReST-MCTS*'s path-weighted log-likelihood of the tree's paths (no ratio)",
-             weights_paths=True),
-)}
+LOSSES: Table[LossRule] = Table("--model.objective.loss_type")
+"""Every policy loss by name (flywheel.tables: the first is the default)."""
+LOSSES.register(LossRule("ppo", "PPO's clipped ratio with DAPO clip-higher and the dual clip (the paper, Eq. 14)",
+                         ppo_surrogate))
+LOSSES.register(LossRule("cispo", "CISPO's clipped, stop-gradient importance weight on the log-prob (MiniMax-M1)",
+                         cispo_surrogate))
+LOSSES.register(LossRule("self_training", "ReST-MCTS*'s path-weighted log-likelihood of the tree's paths (no ratio)",
+                         weights_paths=True))

@@ -111,6 +111,9 @@ class FlywheelCLI(LightningCLI):
             help="with --ckpt_path last: start a fresh run when the run has no last.ckpt yet (a scheduler's "
                  "first attempt) instead of failing with the folder searched",
         )
+        from flywheel.run.section_help import describe_rule_tables
+
+        describe_rule_tables(parser)
 
     @property
     def command_config(self):

@@ -44,3 +44,18 @@ def section_help(parser: Any, section: str, command: str) -> str:
         return parser.format_help()
     finally:
         parser._action_groups, parser.usage = saved
+
+
+def describe_rule_tables(parser: Any) -> None:
+    """Each rule flag's help ends with the rules its table holds now, one `name: summary` each
+    (flywheel.tables.FAMILIES): the library's and those a plugin registered (`--plugins`), so
+    --help never lists a name by hand."""
+    from flywheel.tables import FAMILIES
+
+    actions = {action.dest: action for action in parser._actions}
+    for flag, table in FAMILIES.items():
+        action = actions.get(flag.lstrip("-"))
+        if action is None:
+            continue
+        rules = "; ".join(f"{name}: {rule.summary}" if rule.summary else name for name, rule in table.items())
+        action.help = f"{action.help or ''} Registered rules (the first is the default): {rules}.".lstrip()

@@ -42,17 +42,15 @@ class SearchConfig:
         trajectories_per_tree: K, a tree stops once K terminal trajectories were backed up (§1).
         max_expansions_per_tree: safety cap on expansions (generator requests) per tree; a tree
             that hits it finishes with the trajectories it has (status "expansion_cap").
-        selection: "frontier" = local UCT while expansions produce no terminal, global frontier
-            selection after one does (§5, the paper's default); "vanilla_uct" = restart UCT from
-            the root after each terminal (Table 3 baseline); "puct" = descend from the root
-            every iteration by pUCT with sequence-level priors (the Countdown reference);
-            "puct_agents" = the Countdown MCTS of at2005/llm-mcts ("Tree Search Distillation for
-            Language Models using PPO"; flywheel.search.agents): `agents` workers descend one shared tree by pUCT each
-            round with virtual loss, a new node's Q starts at its value (a value model's V(s),
-            a terminal's reward), an expansion backs up V of the expanded node, and after
-            `iterations_per_agent` rounds the most-visited path to a terminal is the tree's ONE
-            training trajectory (trajectories_per_tree is not used). One trajectory has no group
-            to be credited against: train it with the value baseline
+        selection: step expansion: the rule that picks the node to expand next (§5), a name in
+            `SELECTION` (flywheel.search.rule_table; --help lists the registered ones). The
+            paper's "frontier" dives by local UCT while expansions produce no terminal and picks
+            by the global frontier score after one does. A rule with `agents` (the Countdown MCTS
+            of at2005/llm-mcts, flywheel.search.agents) has `agents` workers descend one shared
+            tree by pUCT each round with virtual loss, a new node's Q starting at its value (a
+            value model's V(s), a terminal's reward); after `iterations_per_agent` rounds the
+            most-visited path to a terminal is the tree's ONE training trajectory
+            (trajectories_per_tree is not used), to train with the value baseline
             (--model.objective.value_baseline=true, conf/countdown_mcts.yaml).
         uct_lambda: lambda of local UCT, Q(c) + lambda * sqrt(ln N(parent) / N(c)) (§5).
         uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
@@ -91,24 +89,23 @@ class SearchConfig:
         temperature: sampling temperature of expansions (§1: 1.0).
         top_p: nucleus sampling of expansions (§1: 1.0).
         seed: root of every random choice and every per-request generator seed.
-        expansion: "step" = an expansion samples n single steps of a leaf and adds them all
-            (§1, the paper); "rollout" = it samples n whole continuations (to EOS or max
-            depth) of any non-terminal node, cut into steps afterwards, so every generated
-            token ends in a graded terminal and later rollouts fork from steps of the
-            trajectories found so far (flywheel.search.rollout). In rollout mode every new
-            terminal is backed up and trained on, the tree stops after K rollouts (a repeat of
-            a trajectory counts, so K bounds the tree's cost), and the node to
-            fork from is chosen by `fork_rule` (selection, local UCT and the frontier are
-            step-mode rules).
-        fork_rule: rollout mode: "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s))
-            (+ prm_weight * V(s)) over the non-terminal nodes; "random" = uniform over them;
-            "root" = always the root: flat sampling in rounds of n with the tree's stopping
-            rules (K, stop_when_solved), the control that tells what the forks themselves buy;
-            "entropy" = TreeRL's EPTree forks (arXiv 2506.11902): every new rollout is also cut
-            just before its `entropy_forks_per_chain` highest-entropy tokens, and the next fork
-            is the untried cut with the highest entropy, so the new continuations resample the
-            uncertain token; the root once every cut was tried. A mid-step cut is no reasoning
-            step: it does not count towards max_depth (docs/search.md, "Entropy forks").
+        expansion: how an expansion grows a tree, a name in `EXPANSION` (--help lists them).
+            "step" samples n single steps of a leaf and adds them all (§1, the paper); a mode with
+            `whole_rollouts` ("rollout", flywheel.search.rollout) samples n whole continuations
+            (to EOS or max depth) of any non-terminal node, cut into steps afterwards, so every
+            generated token ends in a graded terminal and later rollouts fork from steps of the
+            trajectories found so far: every new terminal is backed up and trained on, the tree
+            stops after K rollouts (a repeat of a trajectory counts, so K bounds the tree's
+            cost), and the node to fork from is chosen by `fork_rule` (selection, local UCT and
+            the frontier are step-mode rules).
+        fork_rule: rollout mode: where the next rollouts start, a name in `FORK` (--help lists
+            them): "uct" = argmax of Q(s) + uct_lambda * sqrt(ln N(root) / N(s)) (+ prm_weight *
+            V(s)) over the non-terminal nodes; "root" forks at the root only (flat sampling in
+            rounds of n with the tree's stopping rules, the control that tells what the forks
+            buy); a rule with `cut` (TreeRL's EPTree forks, "entropy", arXiv 2506.11902) also
+            cuts every new rollout just before its `entropy_forks_per_chain` highest-entropy
+            tokens and forks from the untried cut with the highest entropy. A mid-step cut is no
+            reasoning step: it does not count towards max_depth (docs/search.md, "Entropy forks").
         entropy_forks_per_chain: rollout mode, fork_rule "entropy": N, the tokens of each new
             rollout (its highest per-token entropies, the first token excepted) before which it
             is cut into fork points (TreeRL's released script: 2).

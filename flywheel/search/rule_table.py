@@ -1,6 +1,7 @@
 """The search's rule tables: every rule a `--data.search.*` flag names, by that name, with what
-it needs declared on it. A leaf: it imports nothing of the search, so SearchConfig checks its
-names here and the rules (which read SearchConfig) register themselves without a circle.
+it needs declared on it. A leaf of the search: it imports nothing of it, so SearchConfig checks its names here and the
+rules (which read SearchConfig) register themselves without a circle. The tables are
+flywheel.tables.Table, the one registration mechanism of every rule family.
 
     SELECTION[config.selection]   step expansion: the node to expand next (§5), or, for a rule
                                   with `agents`, one agent's descent per round
@@ -10,13 +11,16 @@ names here and the rules (which read SearchConfig) register themselves without a
 
 The built-in rules are registered by flywheel.search.rules, which `flywheel.search` imports, so
 the tables are full whenever anything of the package is. A new rule is one `register` call
-(docs/search.md); the command line, SearchConfig's check and the docs read the same table.
+(docs/running.md, "A rule of your own"); the command line, SearchConfig's check and the docs read
+the same table.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from flywheel.tables import Table
 
 
 @dataclass(frozen=True)
@@ -43,33 +47,9 @@ class SearchRule:
     """Selection: the policy's own value head scores the tree's nodes when the policy has one."""
 
 
-class RuleTable(dict[str, SearchRule]):
-    """The rules of one family, by name, in registration order (a dict: tests patch entries)."""
+SELECTION: Table[SearchRule] = Table("--data.search.selection")
+FORK: Table[SearchRule] = Table("--data.search.fork_rule")
+EXPANSION: Table[SearchRule] = Table("--data.search.expansion")
 
-    def __init__(self, flag: str):
-        super().__init__()
-        self.flag = flag
-
-    def register(self, rule: SearchRule) -> SearchRule:
-        if rule.name in self:
-            raise ValueError(f"a {self.flag} rule named {rule.name!r} is registered already")
-        self[rule.name] = rule
-        return rule
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(self)
-
-    def check(self, name: str) -> SearchRule:
-        """The rule called `name`, or the one-line refusal naming the flag and the choices."""
-        rule = self.get(name)
-        if rule is None:
-            raise ValueError(f"--data.search.{self.flag} must be one of {self.names()}, got {name!r}; pick one of those")
-        return rule
-
-
-SELECTION = RuleTable("selection")
-FORK = RuleTable("fork_rule")
-EXPANSION = RuleTable("expansion")
-
-TABLES: dict[str, RuleTable] = {table.flag: table for table in (SELECTION, FORK, EXPANSION)}
+TABLES: dict[str, Table[SearchRule]] = {"selection": SELECTION, "fork_rule": FORK, "expansion": EXPANSION}
 """Every search rule family by the SearchConfig field that names its rule."""
