@@ -1,4 +1,5 @@
-"""Training rows into padded mini-batches with pi_old filled in.
+"""Training rows into padded mini-batches, each built whole: pi_old, the module's packing
+decision and the rows' staleness are in it from the start (flywheel.training.batch.TrainingBatch).
 
 The rows themselves (one per trajectory: prompt, response, per-token advantage, behaviour
 log-prob and step index) come from the credit rules of `flywheel.objectives.credit`.
@@ -13,16 +14,27 @@ from typing import Callable, Sequence
 import torch
 
 from flywheel.objectives.credit import TrainingRow
+from flywheel.training.batch import TrainingBatch
+from flywheel.training.packing import Packed
+
+Pack = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], Packed | None]
+"""The module's packing decision for one mini-batch (flywheel.ports.PolicyPort.pack_batch):
+input_ids, attention_mask [B, L] and group_ids [B] -> the rows' token tries, or None for one
+row per trajectory."""
+
+Score = Callable[[torch.Tensor, torch.Tensor, Packed | None], torch.Tensor]
+"""pi_old of one mini-batch (flywheel.ports.PolicyPort.score_batch): input_ids, attention_mask
+[B, L] and the packed layout -> [B, L-1] log-probs of the policy before the epoch's updates."""
 
 
-def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded tensors; per-token fields are aligned with the NEXT-token targets.
+def collate(rows: Sequence[TrainingRow], pad_id: int, *, pack: Pack, score: Score,
+            staleness: int | None = None) -> TrainingBatch:
+    """The rows as one right-padded mini-batch (shapes: TrainingBatch), laid out by `pack` and
+    scored by `score` once, here; `staleness` (weight syncs behind the trainer, with
+    `--data.async_search`) is stamped on every row.
 
-    Returns input_ids / attention_mask [B, L] and loss_mask / advantages /
-    behaviour_logprobs / step_ids [B, L-1], where position t describes token t+1; plus
-    group_ids and rewards [B], and weight_version [B] when every row is stamped with one.
-    behaviour_logprobs is NaN wherever it is unknown (and off the
-    response): `fill_behaviour` replaces those with the trainer's log-probs.
+    weight_version is set when every row is stamped with one. The generator's log-probs are
+    unknown (NaN) on some tokens (a cached solution's); pi_old stands in for them there.
     """
     if not rows:
         raise ValueError("cannot collate an empty mini-batch")
@@ -43,42 +55,40 @@ def collate(rows: Sequence[TrainingRow], pad_id: int) -> dict[str, torch.Tensor]
         advantages[i, span] = torch.tensor(row.advantages)
         behaviour[i, span] = torch.tensor(row.behaviour_logprobs)
         step_ids[i, span] = torch.tensor(row.step_ids)
-    batch = {
-        "input_ids": input_ids,
-        "attention_mask": attention_mask,
-        "loss_mask": loss_mask,
-        "advantages": advantages,
-        "behaviour_logprobs": behaviour,
-        "step_ids": step_ids,
-        "group_ids": torch.tensor([r.group for r in rows], dtype=torch.long),
-        "rewards": torch.tensor([r.reward for r in rows], dtype=torch.float32),
-    }
-    if all(r.weight_version is not None for r in rows):
-        batch["weight_version"] = torch.tensor([r.weight_version for r in rows], dtype=torch.long)
-    return batch
+    group_ids = torch.tensor([r.group for r in rows], dtype=torch.long)
+    packed = pack(input_ids, attention_mask, group_ids)
+    old_logprobs = score(input_ids, attention_mask, packed)
+    stamped = all(r.weight_version is not None for r in rows)
+    return TrainingBatch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        advantages=advantages,
+        behaviour_logprobs=torch.where(torch.isnan(behaviour), old_logprobs, behaviour),
+        old_logprobs=old_logprobs,
+        step_ids=step_ids,
+        group_ids=group_ids,
+        rewards=torch.tensor([r.reward for r in rows], dtype=torch.float32),
+        weight_version=torch.tensor([r.weight_version for r in rows], dtype=torch.long) if stamped else None,
+        staleness=None if staleness is None else torch.full((b,), staleness, dtype=torch.long),
+        packed=packed,
+    )
 
 
-def empty_batch(pad_id: int) -> dict[str, torch.Tensor]:
+def empty_batch(pad_id: int) -> TrainingBatch:
     """A one-row batch with no response token: loss 0, zero gradients. Keeps the number of
     optimizer steps equal on every rank when a rank has nothing to train on in a slot."""
-    return {
-        "input_ids": torch.full((1, 2), pad_id, dtype=torch.long),
-        "attention_mask": torch.ones((1, 2), dtype=torch.long),
-        "loss_mask": torch.zeros((1, 1), dtype=torch.bool),
-        "advantages": torch.zeros((1, 1)),
-        "behaviour_logprobs": torch.zeros((1, 1)),
-        "old_logprobs": torch.zeros((1, 1)),
-        "step_ids": torch.full((1, 1), -1, dtype=torch.long),
-        "group_ids": torch.zeros(1, dtype=torch.long),
-        "rewards": torch.zeros(1),
-    }
-
-
-def fill_behaviour(batch: dict[str, torch.Tensor], old_logprobs: torch.Tensor) -> None:
-    """Attach pi_old [B, L-1] and use it wherever the generator's log-probs are unknown."""
-    batch["old_logprobs"] = old_logprobs
-    behaviour = batch["behaviour_logprobs"]
-    batch["behaviour_logprobs"] = torch.where(torch.isnan(behaviour), old_logprobs, behaviour)
+    return TrainingBatch(
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
+        attention_mask=torch.ones((1, 2), dtype=torch.long),
+        loss_mask=torch.zeros((1, 1), dtype=torch.bool),
+        advantages=torch.zeros((1, 1)),
+        behaviour_logprobs=torch.zeros((1, 1)),
+        old_logprobs=torch.zeros((1, 1)),
+        step_ids=torch.full((1, 1), -1, dtype=torch.long),
+        group_ids=torch.zeros(1, dtype=torch.long),
+        rewards=torch.zeros(1),
+    )
 
 
 def mini_batches(
@@ -88,11 +98,13 @@ def mini_batches(
     problems_per_batch: int,
     world: int,
     pad_id: int,
-    score: Callable[[dict[str, torch.Tensor]], torch.Tensor],
-) -> list[dict[str, torch.Tensor]]:
-    """An epoch's collated mini-batches, `problems_per_batch` problems each (a problem's rows
-    stay together: the group baseline needs them), pi_old filled in by `score` ([B, L-1]
-    log-probs of the policy before the epoch's updates).
+    pack: Pack,
+    score: Score,
+    staleness: int | None = None,
+) -> list[TrainingBatch]:
+    """An epoch's mini-batches, `problems_per_batch` problems each (a problem's rows stay
+    together: the group baseline needs them), each built whole by `collate`: laid out by
+    `pack`, pi_old scored by `score`, every row stamped with `staleness`.
 
     Every rank makes the same number of optimizer steps, or DDP's gradient all-reduce would
     hang: with `world` > 1 a slot with nothing to train on becomes an all-masked batch. An
@@ -105,8 +117,7 @@ def mini_batches(
         rows = [replace(row, group=group) for group, problem_rows in enumerate(per_problem[first : first + problems_per_batch])
                 for row in problem_rows]
         if rows:
-            batch = collate(rows, pad_id=pad_id)
-            fill_behaviour(batch, score(batch))
+            batch = collate(rows, pad_id, pack=pack, score=score, staleness=staleness)
         elif world > 1:
             batch = empty_batch(pad_id=pad_id)
         else:

@@ -24,12 +24,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import lightning as L
-import torch
 from torch.utils.data import DataLoader
 
 from data_modules.curriculum import Curriculum
 from data_modules.epoch_metrics import epoch_metrics
-from data_modules.examples import empty_batch, mini_batches
+from data_modules.examples import Pack, Score, empty_batch, mini_batches
 from data_modules.pool import ProblemPool
 from data_modules.progress import progress
 from data_modules.resume import data_state, restore_data_state
@@ -54,6 +53,7 @@ from flywheel.search.driver import derive_seed
 from flywheel.tasks import Problem, Task
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.grading import Grader, GradingConfig
+from flywheel.training.batch import TrainingBatch
 from flywheel.reporting.wall_split import SEARCH_AHEAD, SEARCH_WAIT, TRAIN, UNTIMED, search_section, timed
 
 log = logging.getLogger(__name__)
@@ -243,8 +243,8 @@ class SearchDataModule(L.LightningDataModule):
            ahead, beside the last epoch's training);
         2. record what the search found and cost (the curriculum's counts, the epoch's scalars);
         3. with `--data.async_search`, start the next epoch's search on a thread;
-        4. turn the trees' training rows into mini-batches, each scored by pi_old (the
-           policy before this epoch's updates);
+        4. turn the trees' training rows into mini-batches, each laid out (packed or not) by the
+           module and scored by pi_old (the policy before this epoch's updates);
         5. write the run files (trees, hard set, replay buffer)."""
         trainer, module = self.trainer, self.policy_port
         tokenizer = module.tokenizer
@@ -256,7 +256,7 @@ class SearchDataModule(L.LightningDataModule):
         searched = self.search_epoch(module.policy, tokenizer, epoch, rank, world)
         lag = self.record_epoch(searched)
         self.search_next(tokenizer, epoch + 1, rank, world)  # after the generator's stats were read
-        batches = self.training_batches(searched, tokenizer, module.score_batch, world, lag)
+        batches = self.training_batches(searched, tokenizer, module.pack_batch, module.score_batch, world, lag)
         out = searched.rollouts
         write_run_files(trainer, self.curriculum.hard, self.curriculum.buffer,
                         (epoch, out.results, decoder(tokenizer), self.save_trees,
@@ -308,18 +308,17 @@ class SearchDataModule(L.LightningDataModule):
             self.epoch_metrics.update({"search/staleness": float(lag[0]), "search/staleness_steps": float(lag[1])})
         return lag
 
-    def training_batches(self, searched: Searched, tokenizer: Any, score: Callable, world: int,
-                         lag: tuple[int, int]) -> list[dict[str, torch.Tensor]]:
-        """Step 4: the epoch's training rows (stamped with the weights that sampled them) as this
-        rank's mini-batches, each scored by `score` (pi_old log-probs, counted as training time)."""
+    def training_batches(self, searched: Searched, tokenizer: Any, pack: Pack, score: Score, world: int,
+                         lag: tuple[int, int]) -> list[TrainingBatch]:
+        """Step 4: the epoch's training rows (stamped with the weights that sampled them and, with
+        `--data.async_search`, the syncs they lag behind: the module logs compute/staleness) as
+        this rank's mini-batches, each laid out by `pack` and scored by `score` (the module's
+        packing decision and pi_old log-probs, both counted as training time)."""
         rows = [[replace(row, weight_version=searched.version) for row in group] for group in searched.rollouts.rows]
-        batches = mini_batches(rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
-                               problems_per_batch=self.batching.mini_batch_problems, world=world,
-                               pad_id=tokenizer.pad_token_id, score=timed(self.wall, TRAIN, score))
-        if self.async_search.enabled:  # logged per batch by the module (compute/staleness)
-            for batch in batches:
-                batch["staleness"] = torch.full((len(batch["input_ids"]),), lag[0], dtype=torch.long)
-        return batches
+        return mini_batches(rows, problems_per_rank=math.ceil(self.batching.problems_per_epoch / world),
+                            problems_per_batch=self.batching.mini_batch_problems, world=world,
+                            pad_id=tokenizer.pad_token_id, pack=timed(self.wall, TRAIN, pack),
+                            score=timed(self.wall, TRAIN, score), staleness=lag[0] if self.async_search.enabled else None)
 
     def epoch_problems(self, tokenizer: Any, rank: int, world: int) -> list[Problem]:
         """This rank's problems of the epoch: its share of the round's hard-set stream, or with

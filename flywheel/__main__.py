@@ -173,7 +173,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
     from lightning.pytorch.utilities.exceptions import SIGTERMException
 
     from data_modules.search import SearchDataModule
-    from flywheel.module import TreeGRPOModule
+    from flywheel.module import PolicyModule
     from flywheel.run.cli import SUBCOMMANDS, FlywheelCLI
     from flywheel.run.preemption import EXIT_CODE
     from flywheel.run.settings import RunSettings
@@ -183,7 +183,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
     raise_errors = {"exit_on_error": False, "allow_abbrev": False}
     try:
         return FlywheelCLI(
-            TreeGRPOModule,
+            PolicyModule,
             SearchDataModule,
             trainer_defaults={"reload_dataloaders_every_n_epochs": 1, "use_distributed_sampler": False, "num_sanity_val_steps": 0},
             save_config_callback=RunSettings,

@@ -1,8 +1,10 @@
-"""TreeGRPOModule: the policy and its Tree-GRPO / DAPO objective, as a LightningModule.
+"""PolicyModule: a causal-LM policy and the loss it trains by, as a LightningModule.
 
-Thin glue: the loss, the advantages and the log-probs are the pure functions of
-`flywheel.objectives`; the training data (with advantages already attached) comes from
-`data_modules.SearchDataModule`, which regenerates it every epoch by tree search.
+Thin glue: the losses (`--model.objective.loss_type`: Tree-GRPO / DAPO, CISPO, ReST-MCTS*
+self-training), the advantages and the log-probs are the pure functions of
+`flywheel.objectives`; the training data (typed mini-batches, flywheel.training.batch, with
+advantages already attached) comes from `data_modules.SearchDataModule`, which regenerates it
+every epoch by tree search.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from flywheel.objectives.credit import check_loss
 from flywheel.objectives.losses import LOSSES
 from flywheel.objectives.value import value_baseline_advantages, value_loss
 from flywheel.ports import PortClient
-from flywheel.training.packing import PACKABLE_MODEL_TYPES, pack_for, packable, packed_logprobs, packing_pays
+from flywheel.training.batch import TrainingBatch
+from flywheel.training.packing import PACKABLE_MODEL_TYPES, Packed, pack_for, packable, packed_logprobs, packing_pays
 from flywheel.training.tree_attention import enable_tree_attention, uses_tree_attention
 from flywheel.policies.load import LoraSettings, add_lora, load_policy
 from flywheel.policies.check import load_checked_policy
@@ -64,8 +67,13 @@ class OptimizerConfig:
             raise ValueError(f"--model.optimizer.warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
-class TreeGRPOModule(PortClient, L.LightningModule):
-    """A causal LM policy trained with the Tree-GRPO objective (DeepSearch §3.3).
+class PolicyModule(PortClient, L.LightningModule):
+    """A causal LM policy trained by the chosen loss: Tree-GRPO, DAPO, CISPO or ReST-MCTS* self-training.
+
+    The loss is `--model.objective.loss_type` (flywheel.objectives.losses): the clipped Tree-GRPO
+    objective (DeepSearch §3.3) and its DAPO and CISPO variants, or ReST-MCTS*'s log-likelihood of
+    the search's paths weighted by their rewards. With `--model.objective.value_coef` > 0 a value
+    head is trained beside the policy (its loss, and with `value_baseline` the advantage r - V(s)).
 
     The data module is its port (flywheel.ports.DataPort, connected by the CLI): the credit rule its
     loss must match, the round boundaries, and the held-out set of `validate` and `test`.
@@ -152,10 +160,10 @@ class TreeGRPOModule(PortClient, L.LightningModule):
         assert self.value_head is not None
         return prefix_values(self.policy, self.value_head, prefixes, pad_id=self.tokenizer.pad_token_id or 0)
 
-    def logprobs_and_values(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    def logprobs_and_values(self, batch: TrainingBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """[B, L-1] next-token log-probs and [B, L-1] V of the state before each target, one forward."""
-        out = self.policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], output_hidden_states=True)
-        logprobs = token_logprobs(out.logits[:, :-1], batch["input_ids"][:, 1:])
+        out = self.policy(input_ids=batch.input_ids, attention_mask=batch.attention_mask, output_hidden_states=True)
+        logprobs = token_logprobs(out.logits[:, :-1], batch.input_ids[:, 1:])
         return logprobs, self.value_head(out.hidden_states[-1][:, :-1])
 
     # ------------------------------------------------------------------ log-probs
@@ -164,30 +172,40 @@ class TreeGRPOModule(PortClient, L.LightningModule):
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]  # [B, L-1, V]
         return token_logprobs(logits, input_ids[:, 1:])
 
-    def batch_logprobs(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """[B, L-1] next-token log-probs of a collated batch: tree-packed when `packing` is on
-        (or "auto" and `packing_pays`)."""
+    def laid_out_logprobs(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          packed: Packed | None) -> torch.Tensor:
+        """[B, L] ids -> [B, L-1] next-token log-probs under `model`: one forward over the rows'
+        token tries when `packed`, else one row per trajectory."""
+        if packed is None:
+            return self.sequence_logprobs(model, input_ids, attention_mask)
+        return packed_logprobs(model, packed.to(input_ids.device), input_ids.shape)
+
+    def batch_logprobs(self, model: torch.nn.Module, batch: TrainingBatch) -> torch.Tensor:
+        """[B, L-1] next-token log-probs of a mini-batch, in the layout it was built with."""
+        return self.laid_out_logprobs(model, batch.input_ids, batch.attention_mask, batch.packed)
+
+    def pack_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids: torch.Tensor) -> Packed | None:
+        """The layout of a mini-batch's forward passes, decided once as the data module builds it:
+        the rows' token tries when `packing` is on (with "auto", when `packing_pays`), else None
+        (one row per trajectory). Laid out for the policy; the KL reference, the same
+        architecture with the same attention, reads the same layout."""
         if not self.packing:
-            return self.sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
-        packed = batch.get("packed")
-        if packed is None:  # decided and built once per batch; the epoch's batches are reused by every pass
-            mask = batch["attention_mask"].cpu()
-            packed = pack_for(model, batch["input_ids"].cpu(), mask, batch["group_ids"].cpu(),
-                              pad_id=self.tokenizer.pad_token_id or 0)
-            if self.packing == "auto" and not packing_pays(packed, mask, uses_tree_attention(model)):
-                packed = False
-            batch["packed"] = packed
-        if packed is False:
-            return self.sequence_logprobs(model, batch["input_ids"], batch["attention_mask"])
-        return packed_logprobs(model, packed.to(batch["input_ids"].device), batch["input_ids"].shape)
+            return None
+        mask = attention_mask.cpu()
+        packed = pack_for(self.policy, input_ids.cpu(), mask, group_ids.cpu(), pad_id=self.tokenizer.pad_token_id or 0)
+        if self.packing == "auto" and not packing_pays(packed, mask, uses_tree_attention(self.policy)):
+            return None
+        return packed
 
     @torch.no_grad()
-    def score_batch(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """pi_old log-probs [B, L-1] for a collated batch, without grad (used before an epoch's updates)."""
+    def score_batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, packed: Packed | None) -> torch.Tensor:
+        """pi_old log-probs [B, L-1] of a mini-batch being built, in its layout `packed`, without
+        grad (before the epoch's updates): computed on the policy's device, returned on the rows'."""
         was_training = self.policy.training
         self.policy.eval()
         try:
-            return self.batch_logprobs(self.policy, batch)
+            logprobs = self.laid_out_logprobs(self.policy, input_ids.to(self.device), attention_mask.to(self.device), packed)
+            return logprobs.to(input_ids.device)
         finally:
             self.policy.train(was_training)
 
@@ -207,8 +225,8 @@ class TreeGRPOModule(PortClient, L.LightningModule):
         if self.reference is not None and self.objective.kl_reference == "round" and self.port.round_starts(self.current_epoch):
             self.reference.load_state_dict(self.policy.state_dict())
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
-        mask = batch["loss_mask"]  # [B, L-1]
+    def training_step(self, batch: TrainingBatch, batch_idx: int) -> torch.Tensor | None:
+        mask = batch.loss_mask  # [B, L-1]
         if not mask.any() and self._can_skip_steps():
             # Nothing to train on (an epoch whose groups were all left out): no optimizer
             # step, where a zero-gradient one would still move AdamW's weights (momentum, decay).
@@ -218,27 +236,26 @@ class TreeGRPOModule(PortClient, L.LightningModule):
             logprobs, values = self.logprobs_and_values(batch)
         else:
             logprobs = self.batch_logprobs(self.policy, batch)
-        advantages = batch["advantages"]
+        advantages = batch.advantages
         if self.objective.value_baseline:  # the search's one trajectory per tree: r - sg(V_old(s_t))
-            advantages = value_baseline_advantages(values, batch["rewards"], batch["step_ids"], mask)
-        if batch.get("packed") and self._trainer is not None:  # tokens a flat pass would compute / computed
-            self.log("compute/packed_token_ratio", float(batch["attention_mask"].sum()) / max(batch["packed"].tokens, 1),
-                     batch_size=len(batch["input_ids"]))
+            advantages = value_baseline_advantages(values, batch.rewards, batch.step_ids, mask)
+        n = len(batch.input_ids)
+        if batch.packed is not None and self._trainer is not None:  # tokens a flat pass would compute / computed
+            self.log("compute/packed_token_ratio", float(batch.attention_mask.sum()) / max(batch.packed.tokens, 1),
+                     batch_size=n)
         if self.packing and self._trainer is not None:
-            self.log("compute/packed", float(bool(batch.get("packed"))), batch_size=len(batch["input_ids"]))
-        if "staleness" in batch and self._trainer is not None:  # --data.async_search: how old the sampling weights are
-            n = len(batch["input_ids"])
-            self.log("compute/staleness", batch["staleness"].float().mean(), batch_size=n)
-            self.log("compute/staleness_steps", (self.global_step - batch["weight_version"]).float().mean(), batch_size=n)
+            self.log("compute/packed", float(batch.packed is not None), batch_size=n)
+        if batch.staleness is not None and self._trainer is not None:  # --data.async_search: how old the sampling weights are
+            self.log("compute/staleness", batch.staleness.float().mean(), batch_size=n)
+            self.log("compute/staleness_steps", (self.global_step - batch.weight_version).float().mean(), batch_size=n)
         if LOSSES[self.objective.loss_type].weights_paths:
             loss, stats = self._self_training_loss(batch, logprobs)
         else:
             loss, stats = self._policy_loss(batch, logprobs, advantages)
         if values is not None:
-            v_loss = value_loss(values, batch["rewards"], batch["step_ids"], mask)
+            v_loss = value_loss(values, batch.rewards, batch.step_ids, mask)
             loss = loss + self.objective.value_coef * v_loss
             stats["value_loss"] = v_loss.detach()
-        n = int(batch["input_ids"].shape[0])
         self.log("train/loss", loss, prog_bar=True, batch_size=n)
         for key, value in stats.items():
             self.log(f"train/{key}", value, batch_size=n)
@@ -257,24 +274,24 @@ class TreeGRPOModule(PortClient, L.LightningModule):
             )
         return loss
 
-    def _self_training_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor):
+    def _self_training_loss(self, batch: TrainingBatch, logprobs: torch.Tensor):
         """ReST-MCTS*: the rows' advantages are their path weights (`--data.credit.advantage=self_training`)."""
         ref = self.batch_logprobs(self.reference, batch).detach() if self.reference is not None else None
         return self_training_loss(
-            logprobs, batch["advantages"], batch["loss_mask"], ref, kl_coef=self.objective.kl_coef,
-            kl_estimator=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"),
+            logprobs, batch.advantages, batch.loss_mask, ref, kl_coef=self.objective.kl_coef,
+            kl_estimator=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.step_ids,
         )
 
-    def _policy_loss(self, batch: dict[str, torch.Tensor], logprobs: torch.Tensor, advantages: torch.Tensor):
+    def _policy_loss(self, batch: TrainingBatch, logprobs: torch.Tensor, advantages: torch.Tensor):
         """Tree-GRPO / DAPO / CISPO: the clipped surrogate on the rows' advantages, plus the KL."""
-        mask = batch["loss_mask"]
+        mask = batch.loss_mask
         weights = None
         if self.old_logprobs == "behaviour":
-            old = batch["behaviour_logprobs"]
+            old = batch.behaviour_logprobs
         else:
-            old = batch["old_logprobs"]
+            old = batch.old_logprobs
             if self.old_logprobs == "recompute_tis":
-                weights = truncated_importance_weight(old, batch["behaviour_logprobs"], mask, self.objective.tis_cap)
+                weights = truncated_importance_weight(old, batch.behaviour_logprobs, mask, self.objective.tis_cap)
         loss, stats = policy_loss(
             logprobs,
             old,
@@ -284,13 +301,13 @@ class TreeGRPOModule(PortClient, L.LightningModule):
             clip_high=self.objective.clip_high,
             dual_clip=self.objective.dual_clip,
             aggregation=self.objective.aggregation,
-            step_ids=batch.get("step_ids"),
+            step_ids=batch.step_ids,
             weights=weights,
             loss_type=self.objective.loss_type,
         )
         if self.reference is not None:
             ref = self.batch_logprobs(self.reference, batch).detach()
-            kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.get("step_ids"))
+            kl = kl_penalty(logprobs, ref, mask, kind=self.objective.kl_estimator, aggregation=self.objective.aggregation, step_ids=batch.step_ids)
             loss = loss + self.objective.kl_coef * kl
             stats["kl_ref"] = kl.detach()
         return loss, stats

@@ -24,13 +24,14 @@ if TYPE_CHECKING:
     from flywheel.search.outputs import TreeResult
     from flywheel.tasks import Problem, Task
     from flywheel.tasks.grading import Grader
+    from flywheel.training.packing import Packed
 
 
 class PolicyPort(Protocol):
     """The LightningModule as the data module sees it, and all it reads of it: the policy the
-    generator samples from, its tokenizer, pi_old scoring of a mini-batch, and the policy's own
-    value head for the search (flywheel.module.TreeGRPOModule implements it; the data module
-    reaches it only through `SearchDataModule.policy_port`)."""
+    generator samples from, its tokenizer, the packing decision and pi_old scoring of a
+    mini-batch, and the policy's own value head for the search (flywheel.module.PolicyModule
+    implements it; the data module reaches it only through `SearchDataModule.policy_port`)."""
 
     policy: Any
     """The torch model being trained (the generator is put in step with it)."""
@@ -38,8 +39,12 @@ class PolicyPort(Protocol):
     value_head: Any
     """The value head trained beside the policy, or None."""
 
-    def score_batch(self, batch: dict[str, Any]) -> Any:
-        """pi_old log-probs of a collated mini-batch, without grad."""
+    def pack_batch(self, input_ids: Any, attention_mask: Any, group_ids: Any) -> Packed | None:
+        """How a mini-batch's forward passes are laid out, decided once as it is built: its rows'
+        token tries, or None for one row per trajectory."""
+
+    def score_batch(self, input_ids: Any, attention_mask: Any, packed: Packed | None) -> Any:
+        """pi_old log-probs [B, L-1] of a mini-batch laid out by `pack_batch`, without grad."""
 
     def search_values(self, prefixes: list[tuple[int, ...]]) -> list[float]:
         """The value head's values of token-id prefixes (the search's node values)."""

@@ -9,7 +9,7 @@ import pytest
 
 from data_modules.search import SearchDataModule
 from flywheel.__main__ import main
-from flywheel.module import TreeGRPOModule
+from flywheel.module import PolicyModule
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "conf").glob("*.yaml"))
@@ -35,7 +35,7 @@ def test_every_config_parses_and_instantiates(config, tmp_path, caplog):
     args += GPU_RECIPES.get(config.name, [])
     with caplog.at_level(logging.WARNING, logger="data_modules.search"):
         cli = main(args + [f"--trainer.default_root_dir={tmp_path}"], run=False)
-    assert isinstance(cli.model, TreeGRPOModule)
+    assert isinstance(cli.model, PolicyModule)
     assert isinstance(cli.datamodule, SearchDataModule)
     # a shipped recipe or overlay sets no credit its rollout ignores (an overlay pins its own rule)
     assert not [r.getMessage() for r in caplog.records if "is not used with --data.rollout" in r.getMessage()]
@@ -99,7 +99,7 @@ def test_bad_values_fail_with_the_flag_named():
     with pytest.raises(ValueError, match="--data.rollout"):
         SearchDataModule(rollout="tree")
     with pytest.raises(ValueError, match="--model.policy"):  # a PreflightError: one line on the command line
-        TreeGRPOModule(policy="/no/such/folder")
+        PolicyModule(policy="/no/such/folder")
 
 
 def test_help_lists_subcommands_and_documents_options():
@@ -175,7 +175,7 @@ def test_each_recipe_checkpoints_under_its_own_run_name(tmp_path):
 def test_a_self_training_credit_without_the_self_training_loss_is_refused_at_fit_start():
     from flywheel.objectives.credit import Credit
 
-    module = TreeGRPOModule()
+    module = PolicyModule()
     module.connect(SearchDataModule(credit=Credit(advantage="self_training")))  # the port, as the CLI connects it
     with pytest.raises(ValueError, match=r"--data\.credit\.advantage='self_training' and --model\.objective\.loss_type='ppo'"):
         module.on_fit_start()
@@ -220,7 +220,7 @@ def test_every_help_section_title_is_a_whole_sentence():
     from callbacks.budget import GenerationBudget
     from callbacks.prm import PRMUpdate
 
-    for cls in (TreeGRPOModule, SearchDataModule, GenerationBudget, PRMUpdate):
+    for cls in (PolicyModule, SearchDataModule, GenerationBudget, PRMUpdate):
         first = inspect.getdoc(cls).split("\n\n")[0]
         assert "\n" not in first and first.endswith("."), (cls.__name__, first)
 

@@ -17,6 +17,7 @@ from flywheel.objectives.credit import Credit, Group, credit_groups
 from flywheel.search.config import SearchConfig
 from flywheel.search.driver import SearchDriver, SearchProblem
 from flywheel.search.flat import flat_rollouts
+from flywheel.search.rule_table import SELECTION
 from scripted import ScriptedGenerator
 from flywheel.tasks.base import Problem
 from flywheel.tasks.environment import Turn, guard_turn
@@ -169,11 +170,17 @@ def test_observations_are_credited_but_never_trained_on():
     won, lost = credited.rows[0]
     assert won.advantages == (1.0,) * 10 and lost.advantages == (-1.0,) * 10
     assert won.loss_mask == (True, True, False, False, False) * 2
-    batch = collate([won, lost], pad_id=0)
+    batch = flat_batch([won, lost], pad_id=0)
     # Position t predicts token t+1: the prompt is 2 tokens, so the response's tokens are predicted at 1..10.
     expected = torch.zeros(11, dtype=torch.bool)
     expected[[1, 2, 6, 7]] = True
-    assert torch.equal(batch["loss_mask"][0], expected) and torch.equal(batch["loss_mask"][1], expected)
+    assert torch.equal(batch.loss_mask[0], expected) and torch.equal(batch.loss_mask[1], expected)
+
+
+def flat_batch(rows, pad_id: int):
+    """The rows as a mini-batch of one row per trajectory; pi_old (unread here) zero."""
+    return collate(rows, pad_id, pack=lambda ids, mask, groups: None,
+                   score=lambda ids, mask, packed: torch.zeros(ids.shape[0], ids.shape[1] - 1))
 
 
 # ---------------------------------------------------------------------------- the guard
@@ -298,29 +305,29 @@ def test_packed_training_masks_observations_as_the_unpacked_forward_does(one_thr
             mask += (True,) * len(ids(action)) + (False,) * len(ids(observation))
         rows.append(TrainingRow("p", 0, prompt, response, (1.0 - 2 * group,) * len(response), (0.0,) * len(response),
                                 (0,) * len(response), 1.0 - 2 * group, loss_mask=mask))
-    batch = collate(rows, pad_id=tok.pad_token_id)
-    assert int(batch["loss_mask"].sum()) == 8  # 2 episodes x 2 actions x 2 tokens
+    batch = flat_batch(rows, pad_id=tok.pad_token_id)
+    assert int(batch.loss_mask.sum()) == 8  # 2 episodes x 2 actions x 2 tokens
     model = build_tiny_llama(tok, seed=0, initializer_range=0.2).float().train()
-    input_ids, attention = batch["input_ids"], batch["attention_mask"]
+    input_ids, attention = batch.input_ids, batch.attention_mask
     flat = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1].log_softmax(-1)
     flat = torch.where(attention[:, 1:].bool(), flat.gather(2, input_ids[:, 1:, None])[..., 0], 0.0)
     old = flat.detach() + 0.05
 
     def loss_of(logprobs, advantages):
-        return policy_loss(logprobs, old, advantages, batch["loss_mask"])[0]
+        return policy_loss(logprobs, old, advantages, batch.loss_mask)[0]
 
-    packed = packed_logprobs(model, pack_rows(input_ids, attention, batch["group_ids"]), input_ids.shape)
+    packed = packed_logprobs(model, pack_rows(input_ids, attention, batch.group_ids), input_ids.shape)
     assert torch.allclose(packed, flat, atol=1e-5)
-    flat_loss, packed_loss = loss_of(flat, batch["advantages"]), loss_of(packed, batch["advantages"])
+    flat_loss, packed_loss = loss_of(flat, batch.advantages), loss_of(packed, batch.advantages)
     params = list(model.parameters())
     for a, b in zip(torch.autograd.grad(flat_loss, params, retain_graph=True),
                     torch.autograd.grad(packed_loss, params, retain_graph=True)):
         assert torch.allclose(a, b, atol=1e-5)
-    on_observations = batch["advantages"].clone()
-    on_observations[~batch["loss_mask"] & batch["attention_mask"][:, 1:].bool()] = 100.0
+    on_observations = batch.advantages.clone()
+    on_observations[~batch.loss_mask & batch.attention_mask[:, 1:].bool()] = 100.0
     assert torch.equal(loss_of(packed, on_observations), packed_loss)  # observations are never trained on
-    on_actions = batch["advantages"].clone()
-    on_actions[batch["loss_mask"]] = 100.0
+    on_actions = batch.advantages.clone()
+    on_actions[batch.loss_mask] = 100.0
     assert not torch.equal(loss_of(packed, on_actions), packed_loss)
 
 
@@ -344,7 +351,7 @@ class GuessingGenerator:
         return out
 
 
-@pytest.mark.parametrize("selection", ["frontier", "vanilla_uct", "puct", "puct_agents"])
+@pytest.mark.parametrize("selection", SELECTION.library_names())
 def test_every_selection_rule_plays_episodes_the_environment_agrees_with(selection):
     # Whatever the rule picks, every trajectory is an episode: its actions, replayed through the
     # environment alone, give its verdict, and its text interleaves each action with its answer.

@@ -18,7 +18,7 @@ from data_modules.search import SearchDataModule
 from data_modules.settings import ProblemsConfig
 from flywheel.__main__ import main
 from flywheel.run.checkpoint import AtomicCheckpointIO, CheckpointReadError, unreadable_checkpoint_message
-from flywheel.module import TreeGRPOModule
+from flywheel.module import PolicyModule
 from flywheel.run.preflight import PreflightError, check_folder, load_inputs
 from flywheel.tasks.countdown import CountdownTask
 from flywheel.tasks.math import MathTask
@@ -93,7 +93,7 @@ def test_a_prompt_longer_than_the_policy_context_fails_at_load_with_file_line(tm
     ok = {"numbers": [3, 5, 7], "target": 22}
     long = {"numbers": list(range(10, 250)), "target": 22}  # ~720 characters: over 512 - 128 tokens
     train = write_jsonl(tmp_path / "train.jsonl", [ok, long, {**ok, "id": "b"}])
-    module = TreeGRPOModule()
+    module = PolicyModule()
     strict = SearchDataModule(problems=ProblemsConfig(train_files=[str(train)]))
     with pytest.raises(PreflightError, match=rf"{train}:2: problem .*exceeds the policy's context of 512 tokens.*"
                                              r"--data.problems.skip_bad_rows=true"):
@@ -143,7 +143,7 @@ def tiny_disk(tmp_path):
 
 def test_a_full_disk_is_reported_as_no_space_left_on_the_folder(tiny_disk):
     # Before: a full checkpoint folder surfaced at the first save as a bare zip-writer error.
-    module = TreeGRPOModule()
+    module = PolicyModule()
     with pytest.raises(PreflightError, match=f"no space left on {tiny_disk}: a checkpoint needs about"):
         from flywheel.run.preflight import checkpoint_bytes
 

@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.__main__ import main
 from flywheel.io import OutputWriteError
-from flywheel.module import TreeGRPOModule
+from flywheel.module import PolicyModule
 from flywheel.run.preflight import PreflightError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,14 +46,14 @@ def fit_args(folder: Path, *extra: str) -> list[str]:
 
 def test_a_run_folder_turned_read_only_mid_run_is_named(mount, monkeypatch):
     folder = mount("64m")
-    step = TreeGRPOModule.training_step
+    step = PolicyModule.training_step
 
     def read_only_from_epoch_1(self, *args, **kwargs):
         if self.trainer.current_epoch == 1:
             subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
         return step(self, *args, **kwargs)
 
-    monkeypatch.setattr(TreeGRPOModule, "training_step", read_only_from_epoch_1)
+    monkeypatch.setattr(PolicyModule, "training_step", read_only_from_epoch_1)
     try:
         with pytest.raises(OutputWriteError) as err:
             main(fit_args(folder, "--trainer.max_epochs=2"))

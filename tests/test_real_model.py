@@ -52,9 +52,9 @@ def tok(folder):
 @pytest.fixture(scope="module")
 def module(folder):
     """The trainer's module on the real policy (packing on: Llama takes the tree mask)."""
-    from flywheel.module import TreeGRPOModule
+    from flywheel.module import PolicyModule
 
-    return TreeGRPOModule(policy=NAME, packing=True)
+    return PolicyModule(policy=NAME, packing=True)
 
 
 def arith(n: int):
@@ -161,11 +161,12 @@ def test_search_and_training_agree_on_log_probs_with_end_of_turn_tokens_in_the_p
     credited = credit_groups([Group.of(r) for r in results], Credit(degenerate_filter=DegenerateFilter(enabled=False)))
     rows = [replace(row, group=i) for i, tree in enumerate(credited.rows) for row in tree]
     assert rows and all(row.prompt_ids.count(IM_END) == 2 for row in rows)
-    batch = collate(rows, pad_id=tok.pad_token_id)
-    mask, behaviour = batch["loss_mask"], batch["behaviour_logprobs"]
-    flat = module.sequence_logprobs(module.policy.eval(), batch["input_ids"], batch["attention_mask"])
     module.packing = True
-    packed = module.batch_logprobs(module.policy, dict(batch))
+    batch = collate(rows, tok.pad_token_id, pack=module.pack_batch, score=module.score_batch)
+    assert batch.packed is not None
+    mask, behaviour = batch.loss_mask, batch.behaviour_logprobs
+    flat = module.sequence_logprobs(module.policy.eval(), batch.input_ids, batch.attention_mask)
+    packed = module.batch_logprobs(module.policy, batch)
     assert (flat[mask] - behaviour[mask]).abs().max() < 1e-3
     assert (packed[mask] - flat[mask]).abs().max() < 1e-4
     stats = generator.stats

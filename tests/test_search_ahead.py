@@ -248,9 +248,9 @@ def spy_on_loaders(monkeypatch) -> list[tuple[int, int, list[int], list[int]]]:
     def spied(self):
         loader = build(self)
         for batch in loader.dataset:
-            if "weight_version" in batch:
-                seen.append((self.trainer.current_epoch, self.trainer.global_step, batch["weight_version"].tolist(),
-                             batch["staleness"].tolist()))
+            if batch.weight_version is not None:
+                seen.append((self.trainer.current_epoch, self.trainer.global_step, batch.weight_version.tolist(),
+                             batch.staleness.tolist()))
         return loader
 
     monkeypatch.setattr(SearchDataModule, "train_dataloader", spied)
@@ -329,10 +329,10 @@ def test_ctrl_c_mid_overlap_resumes_with_every_epoch_trained_exactly_once(tmp_pa
     """Ctrl-C during epoch 1's steps, while epoch 2 is searched ahead: the epoch finishes, the
     search ahead is abandoned, last.ckpt holds epoch 2's problems; the resumed run searches
     exactly those, once, with its own weights (staleness 0), and trains on them."""
-    from flywheel.module import TreeGRPOModule
+    from flywheel.module import PolicyModule
 
     caplog.set_level(logging.INFO)
-    step = TreeGRPOModule.training_step
+    step = PolicyModule.training_step
     pressed = []
 
     def press_in_epoch_1(self, batch, batch_idx):
@@ -342,7 +342,7 @@ def test_ctrl_c_mid_overlap_resumes_with_every_epoch_trained_exactly_once(tmp_pa
         return step(self, batch, batch_idx)
 
     with monkeypatch.context() as patch:
-        patch.setattr(TreeGRPOModule, "training_step", press_in_epoch_1)
+        patch.setattr(PolicyModule, "training_step", press_in_epoch_1)
         with pytest.raises(SystemExit) as stopped:
             fit(tmp_path, 3)
     assert stopped.value.code == 130

@@ -35,9 +35,9 @@ def test_one_token_per_character_with_bos(tok):
 
 
 def test_left_padding(tok):
-    batch = tok(["ab", "abcd"], padding=True)
-    assert batch["input_ids"][0][:2] == [0, 0]
-    assert batch["attention_mask"][0] == [0, 0, 1, 1, 1]
+    encoded = tok(["ab", "abcd"], padding=True)
+    assert encoded["input_ids"][0][:2] == [0, 0]
+    assert encoded["attention_mask"][0] == [0, 0, 1, 1, 1]
 
 
 def test_save_load_round_trip(tok, tmp_path):

@@ -12,7 +12,7 @@ import torch
 import flywheel.objectives.value as value_mod
 from data_modules.examples import collate
 from flywheel.objectives.credit import TrainingRow
-from flywheel.module import OptimizerConfig, TreeGRPOModule
+from flywheel.module import OptimizerConfig, PolicyModule
 from flywheel.objectives import ObjectiveConfig
 from flywheel.objectives.value import step_start_values, step_starts, value_baseline_advantages, value_loss
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
@@ -64,12 +64,12 @@ def test_value_baseline_needs_the_value_head():
         ObjectiveConfig(value_coef=-1.0)
 
 
-def module_with(tmp_path, **objective) -> TreeGRPOModule:
+def module_with(tmp_path, **objective) -> PolicyModule:
     tokenizer = build_char_tokenizer()
     model = build_tiny_llama(tokenizer, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, seed=0)
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    return TreeGRPOModule(policy=str(tmp_path), objective=ObjectiveConfig(**objective),
+    return PolicyModule(policy=str(tmp_path), objective=ObjectiveConfig(**objective),
                           optimizer=OptimizerConfig(lr=1e-2, weight_decay=0.0, warmup_steps=0))
 
 
@@ -93,9 +93,9 @@ def test_module_loss_is_policy_term_with_value_baseline_plus_value_loss(tmp_path
         module.value_head.out.bias.fill_(0.5)  # out.weight is 0: V = tanh(0.5) everywhere
     c = math.tanh(0.5)
     tok = module.tokenizer
-    batch = collate(rows(tok, [1.0, -1.0]), tok.pad_token_id)
-    batch["old_logprobs"] = module.score_batch(batch)  # on-policy: ratio 1, the PPO term is -A
-    batch["behaviour_logprobs"] = batch["old_logprobs"]
+    # pi_old is the policy now (on-policy): ratio 1, the PPO term is -A. The value head's rows are never packed.
+    batch = collate(rows(tok, [1.0, -1.0]), tok.pad_token_id, pack=module.pack_batch, score=module.score_batch)
+    assert batch.packed is None
     # Token mean of -A over equally long rows: -((1 - c) + (-1 - c)) / 2 = c; value loss at the two
     # step starts: ((c - 1)^2 + (c + 1)^2) / 2 = 1 + c^2, weighted 0.5.
     loss = module.training_step(batch, 0)

@@ -31,7 +31,7 @@ from flywheel.__main__ import main  # noqa: E402
 from flywheel.run.checkpoint import AtomicCheckpointIO  # noqa: E402
 from flywheel.generation.hf import HFGenerator  # noqa: E402
 from flywheel.io import atomic_writer  # noqa: E402
-from flywheel.module import TreeGRPOModule  # noqa: E402
+from flywheel.module import PolicyModule  # noqa: E402
 
 
 SIGNAL = signal.SIGKILL
@@ -77,7 +77,7 @@ def arm_optimizer(n: int) -> None:
 
 
 def arm_train(epoch: int) -> None:
-    step = TreeGRPOModule.training_step
+    step = PolicyModule.training_step
     done = []
 
     def _step(self, batch, batch_idx):
@@ -86,7 +86,7 @@ def arm_train(epoch: int) -> None:
             die(f"at the first training step of epoch {epoch}")
         return step(self, batch, batch_idx)
 
-    TreeGRPOModule.training_step = _step
+    PolicyModule.training_step = _step
 
 
 def arm_checkpoint(n: int) -> None:
