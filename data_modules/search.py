@@ -76,11 +76,12 @@ class SearchDataModule(L.LightningDataModule):
             problems). Default: Countdown (`flywheel.tasks.countdown.CountdownTask`).
         generator: the sampling backend. Default: in-process transformers
             (`flywheel.generation.backends.HFBackend`).
-        rollout: "search" = DeepSearch MCTS with Tree-GRPO advantages (default; with
-            `batching.flat_first` = m, trees only for the problems m flat samples all fail); "flat" =
-            `batching.flat_samples` independent responses per problem with DAPO advantages
-            (reward - group mean); "best_of_n" = the same samples, train on the correct ones
-            only (rejection-sampling fine-tuning).
+        rollout: what is sampled for each problem, a kind in `ROLLOUTS`
+            (flywheel.objectives.credit; --help lists them): "search" = tree search, credited by
+            `credit.advantage` (default; with `batching.flat_first` = m, trees only for the
+            problems m flat samples all fail); a kind that does not search samples
+            `batching.flat_samples` independent responses per problem, credited by its own rule
+            (DAPO for "flat", the correct ones only for "best_of_n").
         search: the tree-search rules and their parameters (expansion width, K, selection...).
         problems: the training and held-out problem files, splits and limits.
         batching: problems per epoch, per optimizer step and per generator call; flat samples.

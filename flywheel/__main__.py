@@ -100,6 +100,7 @@ def main(args: list[str] | None = None, run: bool = True):
     from flywheel.reporting.bars import is_terminal
     from flywheel.run.command_line import LOG_LEVEL_VARIABLE, check_log_level
     from flywheel.run.errors import CheckpointReadError, GeneratorFailure, PreflightError
+    from flywheel.run.plugins import load_plugins
 
     level = check_log_level(os.environ.get(LOG_LEVEL_VARIABLE))
     logging.basicConfig(level=level, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -107,7 +108,8 @@ def main(args: list[str] | None = None, run: bool = True):
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     argv = sys.argv[1:] if args is None else list(args)
     try:
-        return _dispatch(argv, args is None, run)
+        command = load_plugins(argv)  # a user's own rules, registered before any command reads the tables
+        return _dispatch(command, args is None, run, argv)
     except (PreflightError, CheckpointReadError, GeneratorFailure):
         raise
     except Exception as err:
@@ -124,9 +126,10 @@ COMMANDS = ("eval", "diagnose", "report", "tree", "get-policy")
 """flywheel's own subcommands (besides LightningCLI's fit|validate|test), each dispatched by `_dispatch`."""
 
 
-def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
+def _dispatch(argv: list[str], from_sys_argv: bool, run: bool, given: list[str]):
     """The subcommands that are not Lightning's (`COMMANDS`), each its module's `main(argv)`,
-    imported by name here so the import-graph test sees each edge; the rest is `_lightning`."""
+    imported by name here so the import-graph test sees each edge; the rest is `_lightning`.
+    `given`: the command line as typed, `--plugins` included (for the resume hint)."""
     if argv[:1] == ["eval"]:
         from flywheel.reporting.eval_command import main as eval_main
 
@@ -149,11 +152,12 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool):
         if code := get_policy_main(argv[1:]):
             raise SystemExit(code)
         return None
-    return _lightning(argv, from_sys_argv, run)
+    return _lightning(argv, from_sys_argv, run, given)
 
 
-def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
-    """fit / validate / test: the command line checked, then FlywheelCLI."""
+def _lightning(argv: list[str], from_sys_argv: bool, run: bool, given: list[str]):
+    """fit / validate / test: the command line checked, then FlywheelCLI (`given`: the command
+    line as typed, for the resume hint of a run stopped by SIGTERM)."""
     from flywheel.run.command_line import long_config_flags
 
     if argv[:1] in (["--help"], ["-h"]):
@@ -194,7 +198,7 @@ def _lightning(argv: list[str], from_sys_argv: bool, run: bool):
                            **raise_errors, **{sub: raise_errors for sub in SUBCOMMANDS}},
             args=argv,
             run=run,
-            argv=argv,
+            argv=given,  # the resume hint repeats --plugins
             help_section=section,
         )
     except ArgumentError as err:
