@@ -60,7 +60,7 @@ def test_the_flat_first_arm_counts_flat_groups_and_trees_by_hand():
     from data_modules.rollout import rollout
 
     problems = [ff.Problem("a", "10", "C"), ff.Problem("b", "11", "C")]
-    out = rollout(problems, generator=ff.FlatAndTree(ff.FLAT, ff.TREE), task=ff.ToyTask(), tokenizer=ff.ToyTokenizer(),
+    out = rollout(problems, generator=ff.ScriptedGenerator({**ff.FLAT, **ff.TREE}), task=ff.ToyTask(), tokenizer=ff.ToyTokenizer(),
                   kind="search", search=ff.CONFIG, flat_samples=8, max_concurrent_trees=4, credit=ff.Credit(), flat_first=2)
     arm = bench.tree_arm(out.results, [len(rows) for rows in out.rows])
     assert arm["tokens_per_problem"] == 6.0 and arm["solved"] == 1.0

@@ -29,28 +29,12 @@ def c(tokens, finish="eos") -> Completion:
     return Completion(tuple(tokens), (-1.0,) * len(tokens), finish)
 
 
-class FlatAndTree:
-    """Scripted completions for a prefix, one script for flat steps (requests with a stop
-    string) and one for tree rollouts (whole continuations, no stop string): the same prefix
-    may be asked for by both. Records every call's requests."""
-
-    def __init__(self, flat: dict, tree: dict) -> None:
-        self.flat, self.tree = ScriptedGenerator(flat), ScriptedGenerator(tree)
-        self.calls: list[list] = []
-        self.stats = self.flat.stats
-
-    def sample(self, requests):
-        self.calls.append(list(requests))
-        return [(self.flat if r.params.stop_strings else self.tree).sample([r])[0] for r in requests]
-
-
 # Problem "a" (prompt 0 10): its 2 flat samples are "C" and "W": solved once, a flat group.
-# Problem "b" (prompt 0 11): "x\n" then "W", and "W": 0 of 2, a tree. Its fork from the step
+# Problem "b" (prompt 0 11): "x\n W" (two steps) and "W": 0 of 2, a tree. Its fork from the step
 # "x\n" (node 1; the root is full: max_children 2) writes "C".
 FLAT = {
     (0, 10): [c((C, EOS)), c((W, EOS))],
-    (0, 11): [c((X, NEWLINE), "stop"), c((W, EOS))],
-    (0, 11, X, NEWLINE): [c((W, EOS))],
+    (0, 11): [c((X, NEWLINE, W, EOS)), c((W, EOS))],
 }
 TREE = {(0, 11, X, NEWLINE): [c((C, EOS))]}
 CONFIG = SearchConfig(expansion="rollout", expansion_width=1, trajectories_per_tree=3, max_depth=3, uct_lambda=0.5,
@@ -166,18 +150,19 @@ def test_an_epoch_trains_flat_groups_where_flat_solves_and_trees_where_it_fails(
       b, tree: mean final score (-1 - 1 + 1) / 3 = -1/3; node 1's q~ = tanh(0.5) = 0.4621:
         "x\\n W": 0.4621 + 1/3 = 0.7954 on x\\n, -1 + 1/3 = -0.6667 on W EOS;
         "W": -0.6667; "x\\n C": 0.7954 on x\\n, 1 + 1/3 = 1.3333 on C EOS.
-    Tokens, counted once: a 2 + 2, b 2 + 2 then 2 (the flat stage) and the fork's 2 = 12.
+    Tokens, counted once: a 2 + 2, b 4 + 2 (the flat stage) and the fork's 2 = 12.
     """
     from data_modules.rollout import FLAT_FIRST_SEED, rollout, search_outcomes
     from flywheel.search.driver import derive_seed
 
     problems = [Problem("a", "10", "C"), Problem("b", "11", "C")]
-    gen = FlatAndTree(FLAT, TREE)
+    gen = ScriptedGenerator({**FLAT, **TREE})
     out = rollout(problems, generator=gen, task=ToyTask(), tokenizer=ToyTokenizer(), kind="search", search=CONFIG,
                   flat_samples=8, max_concurrent_trees=4, credit=Credit(), flat_first=2)
-    # The flat stage (2 rounds: both prompts, then b's open chain), then b's tree (1 round).
-    assert [[(r.prompt_ids, r.n, bool(r.params.stop_strings)) for r in call] for call in gen.calls] == [
-        [((0, 10), 2, True), ((0, 11), 2, True)], [((0, 11, X, NEWLINE), 1, True)], [((0, 11, X, NEWLINE), 1, False)]]
+    # The flat stage (1 round: both prompts, whole responses with room for d_T = 3 steps of 3
+    # tokens), then b's tree (1 round: a rollout from node 1, 2 steps left).
+    assert [[(r.prompt_ids, r.n, r.params.max_new_tokens) for r in call] for call in gen.calls] == [
+        [((0, 10), 2, 9), ((0, 11), 2, 9)], [((0, 11, X, NEWLINE), 1, 6)]]
     flat_seed = derive_seed(CONFIG.seed, FLAT_FIRST_SEED)  # not the trees' root seed: no request seed repeats
     assert gen.calls[0][0].seed == derive_seed(flat_seed, 0, 0) != derive_seed(CONFIG.seed, 0, 0)
     a, b = out.results

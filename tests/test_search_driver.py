@@ -378,27 +378,25 @@ def test_json_dump_format():
 
 
 # ------------------------------------------------------------------------------- flat baseline
-def test_flat_rollouts_one_call_per_round_and_multi_step_continuation():
-    script = {
-        (0, 1): [c((5, 5)), c((3, EOS), -0.2, "eos")],  # sample 0 continues, sample 1 ends (wrong)
-        (0, 1, 5, 5): [c((2, EOS), -0.4, "eos")],  # sample 0 ends correct
-        (0, 2): [c((2, EOS), finish="eos"), c((5, 5))],
-        (0, 2, 5, 5): [c((5, 5))],  # sample 1 of problem 2 hits max_depth = 2 without an answer
+def test_flat_rollouts_sample_whole_responses_cut_into_steps():
+    script = {  # whole responses, steps of 2 tokens, d_T = 2
+        (0, 1): [c((5, 5, 2, EOS), -0.4, "eos"), c((3, EOS), -0.2, "eos")],  # "xx" "C": correct; "W": wrong
+        (0, 2): [c((2, EOS), finish="eos"), c((5, 5, 5, 5))],  # "C"; "xx" "xx" at max_depth without an answer
     }
     gen = ScriptedGenerator(script)
     problems = [problem((0, 1), "a"), problem((0, 2), "b")]
     cfg = SearchConfig(max_depth=2, overlong_penalty=False)
     res = flat_rollouts(problems, gen, n=2, step=StepSpec(2), decode=toy_decode, config=cfg)
-    assert [len(call) for call in gen.calls] == [2, 2]  # round 1: both prompts; round 2: two open chains
-    assert [r.n for r in gen.calls[0]] == [2, 2] and [r.n for r in gen.calls[1]] == [1, 1]
+    assert [[(r.prompt_ids, r.n, r.params.max_new_tokens, r.params.stop_strings) for r in call] for call in gen.calls] == [
+        [((0, 1), 2, 4, ()), ((0, 2), 2, 4, ())]]  # one call, one request per problem: room for 2 steps of 2
     a, b = res
     assert a.mode == "flat" and a.status == "complete"
     assert [(t.kind, t.reward, len(t.steps)) for t in a.trajectories] == [("correct", 1.0, 2), ("incorrect", -1.0, 1)]
     assert [s.q_soft for s in a.trajectories[0].steps] == [1.0, 1.0]  # every node carries the outcome
     assert [s.q for s in a.trajectories[0].steps] == [1.0, 1.0]
-    assert [(t.kind, t.reward) for t in b.trajectories] == [("correct", 1.0), ("incomplete", -1.0)]
+    assert [(t.kind, t.reward, len(t.steps)) for t in b.trajectories] == [("correct", 1.0, 1), ("incomplete", -1.0, 2)]
     assert a.trajectories[0].response_text == "xxC"
-    assert a.stats.expansions == 2 and b.stats.expansions == 2
+    assert a.stats.expansions == 1 and b.stats.expansions == 1 and b.stats.generated_tokens == 6
 
 
 def test_flat_rollouts_continuous_batching_and_determinism():

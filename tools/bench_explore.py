@@ -270,12 +270,11 @@ def fork_gain_mode(args, search_problems, generator, config, task, decode, eos) 
     """--fork-gain: the fork value of failed flat samples (flywheel.reporting.fork_gain), last line RESULT."""
     import torch
 
-    from flywheel.search import SearchDriver
     from flywheel.reporting.fork_gain import ForkSetup, measure, report
+    from flywheel.search.expansion import StepEnds
 
-    # the driver's matcher of the task's step delimiter in token ids (a BPE token may hold it)
-    ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
-    setup = ForkSetup(search_problems, generator, config, task.step, ends_step, decode, frozenset(eos))
+    # the matcher of the task's step delimiter in token ids (a BPE token may hold it)
+    setup = ForkSetup(search_problems, generator, config, task.step, StepEnds(task.step, decode), decode, frozenset(eos))
     start = time.perf_counter()
     with torch.no_grad():
         pool, forks, root = measure(setup, samples=args.fork_samples, resamples=args.fork_resamples,

@@ -160,7 +160,7 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
     point kind, the fresh samples' line, and the recommendation (flywheel.reporting.fork_gain)."""
     from flywheel.reporting.problem_view import search_problems
     from flywheel.reporting.fork_gain import ROOT_KIND, ForkSetup, kind_line, kind_order, measure_within, recommend
-    from flywheel.search import SearchDriver
+    from flywheel.search.expansion import StepEnds
     from flywheel.search.config import SearchConfig
     from flywheel.tasks.grading import Grader
 
@@ -170,8 +170,7 @@ def measure_policy(model, tokenizer, task: Task, backend: GeneratorBackend, prob
     eos = frozenset([tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else [])
     grader = Grader(task)  # the grading guard's defaults: one pathological response cannot stall the measurement
     problems_seen = search_problems(tokenizer, task, problems, grader)  # an environment's: with its answers
-    ends_step = SearchDriver(generator, config, step=task.step, decode=decode).ends_step
-    setup = ForkSetup(problems_seen, generator, config, task.step, ends_step, decode, eos, chatty=False)
+    setup = ForkSetup(problems_seen, generator, config, task.step, StepEnds(task.step, decode), decode, eos, chatty=False)
     start = time.perf_counter()
     with progress_bar(len(problems), "diagnose", "problem", True, leave=True) as bar, torch.no_grad(), \
             contextlib.closing(grader):

@@ -24,7 +24,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 from flywheel.generation.base import Completion, GenerationRequest, Generator
 from flywheel.prm import ValueFn
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
-from flywheel.search.expansion import Decode, SearchProblem, step_sampling_params
+from flywheel.search.expansion import Decode, SearchProblem, StepEnds, step_sampling_params
 from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: flywheel.search.driver.derive_seed)
 from flywheel.search.episode_rollouts import EpisodeRolloutTree
 from flywheel.search.live import LiveTree
@@ -102,7 +102,7 @@ class SearchDriver:
         self.params = step_sampling_params(step, config)
         if config.distinct_children:  # the search's children only: flat rollouts share step_sampling_params
             self.params = replace(self.params, distinct_first_token=True)
-        self._may_end_step: dict[int, bool] = {}
+        self.ends_step = StepEnds(step, decode)
         self.new_tree = self._tree_factory()
 
     def _tree_factory(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
@@ -135,21 +135,6 @@ class SearchDriver:
                 self._score_new_nodes([tree])
             tree.choose_next()
         return tree
-
-    def ends_step(self, piece: Sequence[int]) -> bool:
-        """Does the step whose tokens so far are `piece` end with its last token: does that token
-        complete the delimiter in the step's text? Matched as the generators match a stop string
-        (a BPE tokenizer may spell "\n\n" as "\n" "\n", or inside a larger token), on the text of
-        the step's last few tokens; tokens that cannot complete it are memoised per id."""
-        delimiter = self.step.delimiter
-        if delimiter is None or not piece:
-            return False
-        token = piece[-1]
-        may = self._may_end_step.get(token)
-        if may is None:  # its text holds the delimiter's last character, or is empty or a partial character
-            text = self.decode([token])
-            may = self._may_end_step[token] = not text or "\ufffd" in text or delimiter[-1] in text
-        return may and delimiter in self.decode(piece[-(2 * len(delimiter) + 2):])
 
     def _score_new_nodes(self, trees: list[LiveTree | AgentTree]) -> None:
         """One value-model call for the new non-terminal children of every live tree."""

@@ -65,6 +65,30 @@ def derive_seed(*parts: int) -> int:
     return int.from_bytes(h.digest(), "little") >> 33
 
 
+class StepEnds:
+    """Does the step whose tokens so far are `piece` end with its last token: does that token
+    complete `step`'s delimiter in the step's text? Matched as the generators match a stop string
+    (a BPE tokenizer may spell "\n\n" as "\n" "\n", or inside a larger token), on the text of the
+    step's last few tokens; tokens that cannot complete it are memoised per id. Fixed chunks (no
+    delimiter) never end early. What cuts a whole continuation into steps (rollout.split_steps)."""
+
+    def __init__(self, step: StepSpec, decode: Decode) -> None:
+        self.delimiter = step.delimiter
+        self.decode = decode
+        self._may_end: dict[int, bool] = {}
+
+    def __call__(self, piece: Sequence[int]) -> bool:
+        delimiter = self.delimiter
+        if delimiter is None or not piece:
+            return False
+        token = piece[-1]
+        may = self._may_end.get(token)
+        if may is None:  # its text holds the delimiter's last character, or is empty or a partial character
+            text = self.decode([token])
+            may = self._may_end[token] = not text or "\ufffd" in text or delimiter[-1] in text
+        return may and delimiter in self.decode(piece[-(2 * len(delimiter) + 2):])
+
+
 def step_sampling_params(step: StepSpec, config: SearchConfig) -> SamplingParams:
     """One step's request (§1): a fixed chunk of max_tokens, or text up to the delimiter capped at max_tokens."""
     return SamplingParams(

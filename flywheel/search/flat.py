@@ -1,26 +1,41 @@
 """Flat rollouts for the baselines (DAPO / GRPO, best-of-N) in the search's output format.
 
-n independent responses per problem, each grown step by step (one generator call per
-round for every unfinished response of every live problem: flywheel.search.lockstep's loop,
-shared with the tree search). A response ends at EOS or after `config.max_depth` steps;
-with `StepSpec(max_tokens=budget)` and max_depth=1 a response is one call. The result is a TreeResult (mode "flat") whose root has
-n chains; every node's value is its chain's terminal reward, which is what DAPO trains on
-(§6: replacing q~(s_j) by q(s_end) turns Tree-GRPO into DAPO).
+n independent responses per problem, sampled whole: one request of n samples per problem (with
+room for `config.max_depth` steps of the task's step cap), each response cut into steps
+afterwards as the step rule would have sampled them (rollout.split_steps: at the delimiter or
+the cap; tokens past the max_depth-th step are dropped, but counted as generated). An
+environment's episode goes turn by turn instead (one generator call a turn for every episode
+still going), since each action waits for the environment's answer. Problems run in
+flywheel.search.lockstep's loop, shared with the tree search. The result is a TreeResult (mode
+"flat") whose root has n chains; every node's value is its chain's terminal reward, which is
+what DAPO trains on (§6: replacing q~(s_j) by q(s_end) turns Tree-GRPO into DAPO).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterable, Sequence
 
 from flywheel.generation.base import Completion, GenerationRequest, Generator, SamplingParams
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
-from flywheel.search.expansion import (Decode, SearchProblem, child_ends, derive_seed, grade_terminal,
-                                       step_sampling_params)
+from flywheel.search.expansion import (Decode, SearchProblem, StepEnds, child_ends, derive_seed, emitted_eos,
+                                       grade_terminal, rollout_sampling_params, step_sampling_params)
 from flywheel.search.lockstep import DriverStats, Lockstep
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
+from flywheel.search.rollout import insert_path, split_steps
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
+
+
+@dataclass(frozen=True)
+class Whole:
+    """How a flat response is sampled whole and cut into the task's steps."""
+
+    params: SamplingParams
+    """Room for max_depth steps of the step cap, no stop string (rollout_sampling_params)."""
+    step: StepSpec
+    ends_step: StepEnds
 
 
 class _FlatProblem:
@@ -28,7 +43,7 @@ class _FlatProblem:
 
     def __init__(
         self, index: int, problem: SearchProblem, n: int, params: SamplingParams, config: SearchConfig,
-        decode: Decode, eos_ids: frozenset[int], seed: tuple[int, int] | None = None,
+        decode: Decode, eos_ids: frozenset[int], seed: tuple[int, int] | None = None, whole: Whole | None = None,
     ) -> None:
         self.index = index
         self.seed = seed if seed is not None else (config.seed, index)
@@ -39,6 +54,8 @@ class _FlatProblem:
         self.config = config
         self.decode = decode
         self.eos_ids = eos_ids
+        self.whole = whole if problem.respond is None else None
+        """How a whole response is requested and cut into steps; None: an episode, turn by turn."""
         self.tree = SearchTree(problem.prompt_ids)
         self.leaves: list[int] = []  # chain j's current last node; ROOT before the first round
         self.chains: list[list[int]] = []  # per request of this round: the chains it feeds
@@ -52,10 +69,10 @@ class _FlatProblem:
 
     def requests(self) -> list[GenerationRequest]:
         tree = self.tree
-        if not self.leaves:  # first round: n samples of the prompt in one request
+        if not self.leaves:  # first round: n samples of the prompt in one request (whole ones but for an episode)
             self.chains = [list(range(self.n))]
-            return [GenerationRequest(tree.prompt_ids, self.n, self.params, derive_seed(*self.seed, 0),
-                                      affinity=self.index)]
+            params = self.whole.params if self.whole is not None else self.params
+            return [GenerationRequest(tree.prompt_ids, self.n, params, derive_seed(*self.seed, 0), affinity=self.index)]
         self.chains = [[j] for j in self.open_chains()]
         return [
             GenerationRequest(tree.prefix_ids(self.leaves[j]), 1, self.params,
@@ -109,8 +126,9 @@ def flat_rollouts(
     if max_concurrent_problems < 1:
         raise ValueError(f"max_concurrent_problems must be >= 1, got {max_concurrent_problems}")
     params = step_sampling_params(step, config)
+    whole = Whole(rollout_sampling_params(step, config, depth=0), step, StepEnds(step, decode))
     eos_ids = frozenset(eos_token_ids)
-    groups = (_FlatProblem(i, p, n, params, config, decode, eos_ids, None if seeds is None else (seeds[i], 0))
+    groups = (_FlatProblem(i, p, n, params, config, decode, eos_ids, None if seeds is None else (seeds[i], 0), whole)
               for i, p in enumerate(problems))
     finished = 0
 
@@ -133,10 +151,18 @@ def _extend(
     decode: Decode,
     eos_ids: frozenset[int],
 ) -> None:
-    """Append one step to each chain in `chains`; grade chains that ended."""
+    """Append one step to each chain in `chains` (whole responses: all of their steps); grade
+    chains that ended."""
     tree = fp.tree
     fp.generated_tokens += sum(len(c.token_ids) for c in completions)
-    if not fp.leaves:  # the first round's n completions are the root's n children
+    if fp.whole is not None:  # n whole responses, each the root's chain of its steps, terminal at its end
+        ends = []
+        for completion in completions:
+            pieces = split_steps(completion, fp.whole.step, fp.whole.ends_step, config.max_depth)
+            leaf, _ = insert_path(tree, ROOT, pieces, True, merge=False)
+            fp.leaves.append(leaf)
+            ends.append((leaf, emitted_eos(pieces[-1], eos_ids)))  # False when the cut at max depth dropped the end
+    elif not fp.leaves:  # the first round's n completions are the root's n children
         flags, turns = child_ends(tree, ROOT, completions, fp.problem, decode, config.max_depth, eos_ids)
         fp.leaves = tree.add_children(ROOT, completions, [t for t, _ in flags], turns=turns)
         ends = [(leaf, e) for leaf, (_, e) in zip(fp.leaves, flags)]
