@@ -128,7 +128,7 @@ class Countdown:
 
 
 def test_lockstep_admits_as_members_leave_and_counts_every_round():
-    from flywheel.search.lockstep import Lockstep
+    from flywheel.search.lockstep import Lockstep, sample
 
     gen = Recording(HashGenerator(0.0))
     sizes = []
@@ -137,7 +137,13 @@ def test_lockstep_admits_as_members_leave_and_counts_every_round():
     members = [Countdown(0, 3), Countdown(1, 1, width=2), Countdown(2, 2), Countdown(3, 1)]
     settled, rounds = [], []
     stats = DriverStats()
-    loop = Lockstep(gen, members, max_live=2, stats=stats, settle=lambda live: settled.append([m.index for m in live]),
+
+    def one_round(live):
+        for member, outputs in zip(live, sample(gen, [m.requests() for m in live], stats)):
+            member.absorb(outputs)
+        settled.append([m.index for m in live])
+
+    loop = Lockstep(members, max_live=2, round=one_round, stats=stats,
                     on_round=lambda live, ended: rounds.append(([m.index for m in live], [m.index for m in ended])))
     out = list(loop)
     # Round 1: members 0 and 1 (two requests); 1 ends and 2 joins. Round 2: 0, 2. Round 3: 0

@@ -1,13 +1,13 @@
 """The batched multi-tree driver: many DeepSearch trees in lock-step over one Generator.
 
-Every round: each live tree names the one leaf it wants expanded (with selection
-"puct_agents", one leaf per agent of the tree, flywheel.search.live_agents); ONE
-`generator.sample` call carries all of those expansions (n children each); then each tree adds its
-children, grades its new terminals, backs one up (§3-4) and selects its next leaf (§5).
-Finished trees leave and queued problems join at once (continuous batching), so the
-generator batch stays at `max_concurrent_trees` requests until the queue runs dry. The loop
-itself is flywheel.search.lockstep's, shared with the flat rollouts; a tree enters it as a
-`_TreeMember`.
+A round is `SearchDriver.search_round`, the whole algorithm in one function: expand (ONE
+`generator.sample` call carries the node each live tree selected, n samples each; with selection
+"puct_agents", one node per agent, flywheel.search.live_agents), evaluate (the samples become
+children or whole paths, new terminals are graded), back up (§3-4), the value model (one call
+for every tree still searching), select (§5, or a fork rule). Finished trees leave and queued
+problems join at once (continuous batching, flywheel.search.lockstep's engine, shared with the
+flat rollouts), so the generator batch stays at `max_concurrent_trees` requests until the queue
+runs dry.
 
 A tree's evolution depends only on its own generator outputs, its index in the input
 and the config seed (per-request seeds and its rng are derived from them), so the same
@@ -19,9 +19,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator
 
-from flywheel.generation.base import Completion, GenerationRequest, Generator
+from flywheel.generation.base import Generator
 from flywheel.prm import ValueFn
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, StepEnds, step_sampling_params
@@ -29,7 +29,7 @@ from flywheel.search.expansion import derive_seed  # noqa: F401  (re-exported: f
 from flywheel.search.episode_rollouts import EpisodeRolloutTree
 from flywheel.search.live import LiveTree
 from flywheel.search.live_agents import AgentTree
-from flywheel.search.lockstep import DriverStats, Lockstep
+from flywheel.search.lockstep import DriverStats, Lockstep, sample
 from flywheel.search.outputs import TreeResult
 from flywheel.search.rule_table import EXPANSION, SELECTION
 from flywheel.tasks.base import StepSpec
@@ -133,7 +133,7 @@ class SearchDriver:
             tree.start_from(problem.first_rollouts, self.decode, self.eos_token_ids)
             if self.value_fn is not None and tree.status is None:
                 self._score_new_nodes([tree])
-            tree.choose_next()
+            tree.select()
         return tree
 
     def _score_new_nodes(self, trees: list[LiveTree | AgentTree]) -> None:
@@ -162,14 +162,14 @@ class SearchDriver:
         """Search every problem, yielding each TreeResult as soon as its tree finishes (so the
         caller can persist it); the order is completion order, `TreeResult.index` is input order."""
         total = len(problems) if hasattr(problems, "__len__") else None  # type: ignore[arg-type]
-        trees = (_TreeMember(self.join(index, problem), self) for index, problem in enumerate(problems))
+        trees = (self.join(index, problem) for index, problem in enumerate(problems))
         done = done_trajectories = 0
         start = last_log = time.perf_counter()
 
-        def on_round(live: list[_TreeMember], finished: list[_TreeMember]) -> None:
+        def on_round(live: list[LiveTree | AgentTree], finished: list[LiveTree | AgentTree]) -> None:
             nonlocal done, done_trajectories, last_log
             done += len(finished)
-            done_trajectories += sum(len(m.tree.trajectories) for m in finished)
+            done_trajectories += sum(len(tree.trajectories) for tree in finished)
             now = time.perf_counter()
             if self.progress is None and now - last_log < self.log_every_seconds:
                 return
@@ -177,7 +177,7 @@ class SearchDriver:
                 trees_done=done,
                 trees_live=len(live),
                 trees_total=total,
-                trajectories=done_trajectories + sum(len(m.tree.trajectories) for m in live),
+                trajectories=done_trajectories + sum(len(tree.trajectories) for tree in live),
                 expansions=self.stats.expansions,
                 generated_tokens=self.stats.generated_tokens,
                 rounds=self.stats.rounds,
@@ -193,46 +193,30 @@ class SearchDriver:
                     snapshot.expansions, snapshot.generated_tokens, snapshot.elapsed_seconds,
                 )
 
-        yield from Lockstep(
-            self.generator, trees, max_live=self.max_concurrent_trees, stats=self.stats,
-            settle=self._settle, on_round=on_round,
-        )
+        yield from Lockstep(trees, max_live=self.max_concurrent_trees, round=self.search_round, stats=self.stats,
+                            on_round=on_round)
 
-    def _settle(self, live: list[_TreeMember]) -> None:
-        """After a round: one value-model call for every live tree's new nodes, then each tree
-        picks its next node (§5) or finishes."""
+    def search_round(self, trees: list[LiveTree | AgentTree]) -> None:
+        """One round of every live tree (mctx's loop body). Each tree selected its node(s) at the
+        end of its last round (or when it joined); the rules each phase runs are the tree's own,
+        resolved once from the config (`_tree_factory`)."""
+        # Expand: every tree's selected node(s), n samples each, in ONE generator call.
+        outputs = sample(self.generator, [tree.requests(self.params) for tree in trees], self.stats)
+        # Evaluate: the samples hang below the selected nodes (a step each, or whole paths), new
+        # terminals are graded.
+        for tree, completions in zip(trees, outputs):
+            tree.grow(completions, self.decode, self.eos_token_ids)
+        # Back up: the new terminals' rewards along their paths (§3-4); a tree that holds K
+        # trajectories, or meets another stopping rule, finishes here.
+        for tree in trees:
+            tree.back_up()
+        # Evaluate: the value model scores the new nodes of the trees still searching, one call.
         if self.value_fn is not None:
-            self._score_new_nodes([m.tree for m in live if m.tree.status is None])
-        for member in live:
-            member.tree.choose_next()
-
-
-class _TreeMember:
-    """A live tree as a member of the lock-step loop (flywheel.search.lockstep)."""
-
-    __slots__ = ("tree", "driver")
-
-    def __init__(self, tree: LiveTree | AgentTree, driver: SearchDriver) -> None:
-        self.tree = tree
-        self.driver = driver
-
-    def requests(self) -> list[GenerationRequest]:
-        # One request per tree, or one per agent that reached a leaf (selection "puct_agents");
-        # none for a tree that finished when it joined (its first rollouts left nothing to do).
-        if self.tree.status is not None:
-            return []
-        return self.tree.requests(self.driver.params)
-
-    def absorb(self, outputs: Sequence[Sequence[Completion]]) -> None:
-        if self.tree.status is None:
-            self.tree.absorb_all(outputs, self.driver.decode, self.driver.eos_token_ids)
-
-    @property
-    def done(self) -> bool:
-        return self.tree.status is not None
-
-    def result(self) -> TreeResult:
-        return self.tree.result()
+            self._score_new_nodes([tree for tree in trees if tree.status is None])
+        # Select: each tree's node(s) for the next round (§5, the fork rule, the agents' descents
+        # after they back up their leaves' values), or it finishes as exhausted.
+        for tree in trees:
+            tree.select()
 
 
 def run_search(

@@ -25,7 +25,7 @@ from flywheel.generation.base import Completion, GenerationRequest, SamplingPara
 from flywheel.search.config import SearchConfig
 from flywheel.search.expansion import Decode, SearchProblem, child_ends, derive_seed
 from flywheel.search.live import LiveTree
-from flywheel.search.rollout import finish_rollout, same_child
+from flywheel.search.rollout import back_up_rollout, grade_rollout, same_child
 
 if TYPE_CHECKING:
     from flywheel.search.rollout import RolloutExpansion
@@ -48,6 +48,8 @@ class EpisodeRolloutTree(LiveTree):
     def requests(self, params: SamplingParams) -> list[GenerationRequest]:
         """One request per node an unfinished rollout stands at, n = the rollouts there; a new
         expansion's n rollouts all start at the fork node (one request of n samples)."""
+        if self.status is not None:
+            return []
         if not self.cursors:
             self.cursors = [self.next_node] * self.mode.width(self, self.next_node)
         self._asked = sorted(Counter(self.cursors).items())
@@ -59,20 +61,29 @@ class EpisodeRolloutTree(LiveTree):
             self._calls += 1
         return out
 
-    def absorb_all(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
+    def grow(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
         """Each rollout's next action becomes a node below the one it stood at, with the
-        environment's answer; a finished episode is graded and backed up. The expansion ends
-        when every rollout has finished; only then may the tree stop."""
+        environment's answer; a finished episode is graded (`back_up` backs it up)."""
+        if self.status is not None:
+            return
         if len(outputs) != len(self._asked):
             raise RuntimeError(f"{len(outputs)} outputs for {len(self._asked)} requests")
         cursors: list[int] = []
-        self.new_live, self.produced_terminal = [], False
+        self.new_live, self.produced_terminal, self._graded = [], False, []
         for (node, _), completions in zip(self._asked, outputs):
             self.generated_tokens += sum(len(c.token_ids) for c in completions)
             cursors += self._advance(node, completions, decode, eos_ids)
         self.cursors = cursors
         self.rounds += 1
-        if not cursors:
+
+    def back_up(self) -> None:
+        """Back up the episodes that finished this round. The expansion ends when every rollout
+        has finished; only then may the tree stop."""
+        if self.status is not None:
+            return
+        for leaf, fresh in self._graded:
+            back_up_rollout(self, leaf, fresh)
+        if not self.cursors:
             self.tree.expanded[self.next_node] += 1
             self.expansions += 1
             self.last_expanded = self.next_node
@@ -97,10 +108,11 @@ class EpisodeRolloutTree(LiveTree):
                 going_on.append(child)
                 continue
             self.produced_terminal = True
-            finish_rollout(self, child, fresh, eos, decode)
+            grade_rollout(self, child, fresh, eos, decode)
+            self._graded.append((child, fresh))
         return going_on
 
-    def choose_next(self) -> None:
+    def select(self) -> None:
         """While rollouts are in flight the expansion goes on; after it, the fork rule's node."""
         if not self.cursors:
-            super().choose_next()
+            super().select()

@@ -21,7 +21,7 @@ from flywheel.generation.base import Completion, GenerationRequest, Generator, S
 from flywheel.search.config import MAX_CONCURRENT_TREES, SearchConfig
 from flywheel.search.expansion import (Decode, SearchProblem, StepEnds, child_ends, derive_seed, emitted_eos,
                                        grade_terminal, rollout_sampling_params, step_sampling_params)
-from flywheel.search.lockstep import DriverStats, Lockstep
+from flywheel.search.lockstep import DriverStats, Lockstep, sample
 from flywheel.search.outputs import TreeResult, TreeStats, build_trajectory
 from flywheel.search.rollout import insert_path, split_steps
 from flywheel.search.tree import ROOT, SearchTree
@@ -138,8 +138,14 @@ def flat_rollouts(
         if progress is not None:
             progress(finished)
 
-    loop = Lockstep(generator, groups, max_live=max_concurrent_problems,
-                    stats=stats if stats is not None else DriverStats(), on_round=on_round)
+    stats = stats if stats is not None else DriverStats()
+
+    def one_round(live: list[_FlatProblem]) -> None:
+        """Every open response of every live problem sampled in one generator call, then each extended."""
+        for group, outputs in zip(live, sample(generator, [group.requests() for group in live], stats)):
+            group.absorb(outputs)
+
+    loop = Lockstep(groups, max_live=max_concurrent_problems, round=one_round, stats=stats, on_round=on_round)
     return sorted(loop, key=lambda r: r.index)
 
 

@@ -1,6 +1,8 @@
-"""One tree being searched: its state between the driver's rounds. How an expansion grows it
-(one step of a node, §1-4, or whole rollouts) and how the next node is picked (§5, or a fork
-rule) are its ExpansionMode, resolved once from the config (flywheel.search.rules)."""
+"""One tree being searched: its state between the driver's rounds, and the phases of a round the
+driver's loop calls on it (flywheel.search.driver.SearchDriver.search_round): `requests` (the
+node it selected), `grow` (the samples added, new terminals graded), `back_up`, `select`. How an
+expansion grows it (one step of a node, §1-4, or whole rollouts) and how the next node is picked
+(§5, or a fork rule) are its ExpansionMode, resolved once from the config (flywheel.search.rules)."""
 
 from __future__ import annotations
 
@@ -29,10 +31,15 @@ class ExpansionMode(Protocol):
         """n, the samples of the request that expands `node`."""
         ...
 
-    def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
-               eos_ids: frozenset[int]) -> tuple[list[int], bool]:
-        """Add `live.next_node`'s completions to the tree, grade and back up; returns the new
-        non-terminal nodes and whether the expansion produced a terminal."""
+    def grow(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
+             eos_ids: frozenset[int]) -> tuple[list[int], bool, object]:
+        """Add `live.next_node`'s completions to the tree and grade its new terminals; returns the
+        new non-terminal nodes, whether the expansion produced a terminal, and what `back_up`
+        backs up."""
+        ...
+
+    def back_up(self, live: LiveTree, pending: object) -> None:
+        """Back up what `grow` graded (its third return value)."""
         ...
 
     def next_node(self, live: LiveTree) -> int | None:
@@ -72,6 +79,8 @@ class LiveTree:
         self.produced_terminal = False
         """Whether the last expansion added a terminal (step selection reads it, §5)."""
         self.new_live: list[int] = []
+        self._graded: object = None
+        """What this round's `grow` graded and `back_up` backs up (the mode's own record)."""
         # The last request's prefix: while local UCT dives, the next node is a child of the
         # last expanded one, so its prefix is that prefix + one step (no walk to the root).
         self._prefix_node = -1
@@ -94,24 +103,28 @@ class LiveTree:
         )
 
     def requests(self, params: SamplingParams) -> list[GenerationRequest]:
-        """This round's requests (one: the node the tree selected)."""
-        return [self.request(params)]
+        """This round's requests: one, the node the tree selected; none once it finished."""
+        return [self.request(params)] if self.status is None else []
 
-    def absorb_all(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
-        """`absorb` the one request's completions."""
+    def grow(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
+        """Expand `next_node` with the one request's completions: new children (or paths), new
+        terminals graded; `back_up` then backs them up."""
+        if self.status is not None:
+            return
         (completions,) = outputs
-        self.absorb(completions, decode, eos_ids)
-
-    def absorb(self, completions: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
-        """Expand `next_node` with `completions` and back up (or finish); `choose_next` then
-        picks the next node, after a value model has scored the new children."""
         node = self.next_node
         self.generated_tokens += sum(len(c.token_ids) for c in completions)
         self.tree.expanded[node] += 1
         self.expansions += 1
         self.rounds += 1
-        self.new_live, self.produced_terminal = self.mode.absorb(self, completions, decode, eos_ids)
+        self.new_live, self.produced_terminal, self._graded = self.mode.grow(self, completions, decode, eos_ids)
         self.last_expanded = node
+
+    def back_up(self) -> None:
+        """Back up what this round's expansion graded, then finish if a stopping rule says so."""
+        if self.status is not None:
+            return
+        self.mode.back_up(self, self._graded)
         self._check_stop()
 
     def start_from(self, rollouts: Sequence[Completion], decode: Decode, eos_ids: frozenset[int]) -> None:
@@ -128,7 +141,8 @@ class LiveTree:
         self.reused_tokens += tokens
         self.next_node = ROOT
         self.tree.expanded[ROOT] += 1
-        self.new_live, self.produced_terminal = self.mode.absorb(self, rollouts, decode, eos_ids)
+        self.new_live, self.produced_terminal, graded = self.mode.grow(self, rollouts, decode, eos_ids)
+        self.mode.back_up(self, graded)
         self.last_expanded = ROOT
         self._check_stop()
 
@@ -146,7 +160,11 @@ class LiveTree:
         """The non-terminal nodes the last expansion added (what a value model scores)."""
         return self.new_live
 
-    def choose_next(self) -> None:
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    def select(self) -> None:
         """Pick the node to expand next round (or finish the tree as exhausted)."""
         if self.status is not None:
             return

@@ -33,8 +33,8 @@ terminal or an unexpanded leaf, or None when nothing is open. Reads the tree, ne
 
 
 class AgentTree:
-    """One shared tree and its agents' pending selections (the driver's live-tree interface:
-    requests, absorb_all, new_live_children, choose_next, result)."""
+    """One shared tree and its agents' pending selections (the phases of the driver's round, as a
+    LiveTree has them: requests, grow, back_up, new_live_children, select, done, result)."""
 
     def __init__(self, index: int, problem: SearchProblem, config: SearchConfig, descend: AgentDescent) -> None:
         self.index = index
@@ -60,6 +60,9 @@ class AgentTree:
         self._new_live: list[int] = []
 
     def requests(self, params: SamplingParams) -> list[GenerationRequest]:
+        """One request per agent that reached an unexpanded leaf this round; none once finished."""
+        if self.status is not None:
+            return []
         return [
             GenerationRequest(
                 prompt_ids=self.tree.prefix_ids(leaf),
@@ -71,9 +74,11 @@ class AgentTree:
             for i, leaf in enumerate(self.leaves)
         ]
 
-    def absorb_all(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
+    def grow(self, outputs: Sequence[Sequence[Completion]], decode: Decode, eos_ids: frozenset[int]) -> None:
         """Hang each leaf's sampled steps below it and grade the new terminals; the backup waits
-        for the value model (`choose_next`)."""
+        for the value model (`select`)."""
+        if self.status is not None:
+            return
         cfg, tree = self.config, self.tree
         self._new_live = []
         for leaf, completions in zip(self.leaves, outputs, strict=True):
@@ -98,9 +103,19 @@ class AgentTree:
         """The non-terminal nodes this round added (what a value model scores)."""
         return self._new_live
 
-    def choose_next(self) -> None:
+    def back_up(self) -> None:
+        """Nothing yet: an expansion backs up V of the expanded leaf, which the value model gives
+        after this phase of the round (the leaves are backed up at the start of `select`)."""
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None
+
+    def select(self) -> None:
         """Back up this round's expansions, then let the agents select the next round's leaves;
         finish after M rounds, at the expansion cap, or when nothing is left to expand."""
+        if self.status is not None:
+            return
         tree, cfg = self.tree, self.config
         for leaf in self.leaves:
             add_pending(tree, self.pending, leaf, -1)

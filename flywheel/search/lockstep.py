@@ -1,12 +1,11 @@
-"""The lock-step batching loop shared by the tree search (flywheel.search.driver) and the flat
-rollouts (flywheel.search.flat).
+"""The lock-step batching engine shared by the tree search (flywheel.search.driver) and the flat
+rollouts (flywheel.search.flat): it keeps members in flight and knows nothing of what a round does.
 
-Every round: each live member (a search tree, a flat group) names its requests; ONE
-`generator.sample` call carries all of them; each member absorbs the completions of its own
-requests; an optional `settle` hook runs over the whole batch (the search: one value-model
-call for every tree's new nodes, then every tree picks its next node); finished members
-leave and queued ones join at once (continuous batching), so the batch stays at `max_live`
-members until the queue runs dry. Pure: no torch, no Lightning, no I/O.
+`Lockstep` hands the live members (search trees, flat groups) to a `round` function, then the
+finished ones leave and queued ones join at once (continuous batching), so a round holds
+`max_live` members until the queue runs dry. A round makes ONE generator call for every live
+member's requests through `sample`, which counts the requests, tokens and generator time. Pure:
+no torch, no Lightning, no I/O.
 """
 
 from __future__ import annotations
@@ -65,17 +64,9 @@ class DriverStats:
 class Member(Protocol):
     """One unit of work in the loop: a search tree or a flat group of responses."""
 
-    def requests(self) -> list[GenerationRequest]:
-        """This round's requests (at least one while the member is not done)."""
-        ...
-
-    def absorb(self, outputs: Sequence[Sequence[Completion]]) -> None:
-        """Take the completions of this round's requests, in request order."""
-        ...
-
     @property
     def done(self) -> bool:
-        """Finished after this round (checked after `settle`)."""
+        """Finished after this round."""
         ...
 
     def result(self) -> TreeResult:
@@ -86,37 +77,52 @@ class Member(Protocol):
 M = TypeVar("M", bound=Member)
 
 
+def sample(generator: Generator, requests: Sequence[Sequence[GenerationRequest]], stats: DriverStats
+           ) -> list[list[list[Completion]]]:
+    """ONE generator call for every member's `requests` (a member may have none): each member's
+    completions, request by request. The requests, expansions, generated tokens and generator
+    time are added to `stats`; with no request at all the generator is not called."""
+    flat = [r for own in requests for r in own]
+    start = time.perf_counter()
+    outputs = generator.sample(flat) if flat else []
+    stats.generator_seconds += time.perf_counter() - start
+    check_outputs(generator, flat, outputs)
+    stats.requests += len(flat)
+    stats.expansions += len(flat)
+    stats.generated_tokens += sum(len(c.token_ids) for comps in outputs for c in comps)
+    per_member, first = [], 0
+    for own in requests:
+        per_member.append(list(outputs[first : first + len(own)]))
+        first += len(own)
+    return per_member
+
+
 class Lockstep(Generic[M]):
-    """Runs members in lock-step rounds over one Generator (see the module docstring).
+    """Runs members in lock-step rounds (see the module docstring).
 
     Args:
-        generator: each round makes exactly one `sample` call.
         members: the queue, consumed lazily: a member is built (its clock started) when it
             joins the batch.
         max_live: members in flight at once.
-        stats: rounds, requests, generated tokens, finished members and their trajectories,
-            generator and total seconds are added to it.
-        settle: called with the live members after they absorbed a round and before the
-            finished ones leave.
+        round: one round of the live members (its one generator call through `sample`).
+        stats: rounds, finished members and their trajectories, and total seconds are added to it.
         on_round: called after every round with the members still live and those that
             finished in it (before their results are yielded).
     """
 
     def __init__(
         self,
-        generator: Generator,
         members: Iterable[M],
         *,
         max_live: int,
+        round: Callable[[list[M]], None],
         stats: DriverStats,
-        settle: Callable[[list[M]], None] | None = None,
         on_round: Callable[[list[M], list[M]], None] | None = None,
     ) -> None:
-        self.generator = generator
         self.queue = iter(members)
         self.max_live = max_live
+        self.round = round
         self.stats = stats
-        self.settle = settle
         self.on_round = on_round
         self.live: list[M] = []
 
@@ -133,29 +139,12 @@ class Lockstep(Generic[M]):
         self._refill()
         while live:
             round_start = time.perf_counter()
-            per_member = [m.requests() for m in live]
-            requests = [r for own in per_member for r in own]
-            gen_start = time.perf_counter()
-            # No requests at all: every member finished when it joined (a tree whose first
-            # rollouts, sampled before it, left it nothing to do); the generator is not called.
-            outputs = self.generator.sample(requests) if requests else []
-            stats.generator_seconds += time.perf_counter() - gen_start
-            check_outputs(self.generator, requests, outputs)
-            first = 0
-            for member, own in zip(live, per_member):
-                mine = outputs[first : first + len(own)]
-                first += len(own)
-                member.absorb(mine)
-                stats.generated_tokens += sum(len(c.token_ids) for comps in mine for c in comps)
-            if self.settle is not None:
-                self.settle(live)
+            self.round(live)
             ended = [m for m in live if m.done]
             results = [m.result() for m in ended]
             live[:] = [m for m in live if not m.done]
             self._refill()
             stats.rounds += 1
-            stats.requests += len(requests)
-            stats.expansions += len(requests)
             stats.trees_done += len(results)
             stats.trajectories += sum(len(r.trajectories) for r in results)
             stats.total_seconds += time.perf_counter() - round_start

@@ -179,23 +179,29 @@ def fork_root(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int
     return ROOT if candidates and candidates[0] == ROOT else None
 
 
-def finish_rollout(live: LiveTree, leaf: int, fresh: bool, eos: bool, decode: Decode) -> None:
-    """A rollout reached the terminal `leaf`: a `fresh` one (a new node) is graded and becomes a
-    trajectory; a repeat of an existing one is backed up again. Either way it counts as a rollout
-    (K counts rollouts, so a policy that keeps writing one answer cannot keep a tree alive)."""
-    tree, cfg = live.tree, live.config
+def grade_rollout(live: LiveTree, leaf: int, fresh: bool, eos: bool, decode: Decode) -> None:
+    """A rollout reached the terminal `leaf`: a `fresh` one (a new node) is graded; a repeat of an
+    existing trajectory keeps its grade."""
+    tree = live.tree
     if fresh:
-        grade_terminal(tree, leaf, live.problem, decode, eos, cfg, live.graded)
+        grade_terminal(tree, leaf, live.problem, decode, eos, live.config, live.graded)
         live.terminals += 1
+        if live.first_correct_tokens is None and tree.kind[leaf] == "correct":
+            live.first_correct_tokens = live.generated_tokens
+
+
+def back_up_rollout(live: LiveTree, leaf: int, fresh: bool) -> None:
+    """Back up a graded rollout's reward (a repeat of a trajectory again); it counts as a rollout
+    (K counts rollouts, so a policy that keeps writing one answer cannot keep a tree alive), and
+    a fresh one becomes a trajectory."""
+    tree = live.tree
     reward = tree.reward[leaf]
     assert reward is not None
-    backup_trajectory(tree, leaf, reward, cfg)
+    backup_trajectory(tree, leaf, reward, live.config)
     live.rollouts += 1
     if fresh:
         tree.backup_index[leaf] = len(live.trajectories)
         live.trajectories.append(leaf)
-        if live.first_correct_tokens is None and tree.kind[leaf] == "correct":
-            live.first_correct_tokens = live.generated_tokens
 
 
 ForkCut = Callable[[Sequence[Completion], int, SearchConfig], tuple[list[Completion], list[bool], dict[int, float]]]
@@ -206,8 +212,8 @@ preceding node becomes a fork point (flywheel.search.entropy_forks.cut_at_entrop
 
 class RolloutExpansion:
     """The ExpansionMode of rollout expansion: each expansion hangs n whole continuations of the
-    chosen node below it as paths of steps, grades their terminals and backs every one up; the
-    next node is `fork`'s choice. K counts rollouts (a repeat of a trajectory too), so a policy
+    chosen node below it as paths of steps and grades their terminals (`grow`), then backs every
+    one up (`back_up`); the next node is `fork`'s choice. K counts rollouts (a repeat of a trajectory too), so a policy
     that keeps writing one wrong answer cannot keep a tree alive. `cut` (fork_rule "entropy")
     also cuts each rollout at its fork points."""
 
@@ -227,10 +233,11 @@ class RolloutExpansion:
         out = rollout_sampling_params(self.step, cfg, tree.depth[node], len(open_step(tree, node)))
         return replace(out, distinct_first_token=True) if cfg.distinct_children else out
 
-    def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
-               eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+    def grow(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
+             eos_ids: frozenset[int]) -> tuple[list[int], bool, list[tuple[int, bool]]]:
         cfg, tree, node = live.config, live.tree, live.next_node
         new_live: list[int] = []
+        ended: list[tuple[int, bool]] = []
         carried = open_step(tree, node)
         for completion in completions:
             pieces = split_steps(completion, self.step, self.ends_step, cfg.max_depth - tree.depth[node], carried)
@@ -248,8 +255,13 @@ class RolloutExpansion:
             new_live.extend(v for v in new if not tree.terminal[v])
             if not tree.terminal[leaf]:
                 continue
-            finish_rollout(live, leaf, leaf in new, eos, decode)
-        return new_live, True
+            grade_rollout(live, leaf, leaf in new, eos, decode)
+            ended.append((leaf, leaf in new))
+        return new_live, True, ended
+
+    def back_up(self, live: LiveTree, ended: list[tuple[int, bool]]) -> None:
+        for leaf, fresh in ended:
+            back_up_rollout(live, leaf, fresh)
 
     def next_node(self, live: LiveTree) -> int | None:
         return self.fork(live.tree, live.config, live.rng)

@@ -1,6 +1,6 @@
 """Step expansion, the paper's (deepsearch.md §1-5): an expansion samples n single steps of a
-node and adds them all; a new terminal is graded and one of them (or every one) is backed up;
-the next node is the selection rule's choice (§5). The rule is injected
+node and adds them all, grading the new terminals (`grow`); one of them (or every one) is backed
+up (`back_up`); the next node is the selection rule's choice (§5). The rule is injected
 (flywheel.search.rule_table.SELECTION), never named here.
 """
 
@@ -38,8 +38,8 @@ class StepExpansion:
     def width(self, live: LiveTree, node: int) -> int:
         return live.config.expansion_width
 
-    def absorb(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
-               eos_ids: frozenset[int]) -> tuple[list[int], bool]:
+    def grow(self, live: LiveTree, completions: Sequence[Completion], decode: Decode,
+             eos_ids: frozenset[int]) -> tuple[list[int], bool, list[int]]:
         cfg, tree, node = live.config, live.tree, live.next_node
         if cfg.merge_duplicate_steps:
             completions = distinct_steps(completions)
@@ -54,9 +54,11 @@ class StepExpansion:
         live.terminals += len(new_terminals)
         if live.first_correct_tokens is None and any(tree.kind[c] == "correct" for c in new_terminals):
             live.first_correct_tokens = live.generated_tokens
+        return new_live, bool(new_terminals), new_terminals
+
+    def back_up(self, live: LiveTree, new_terminals: list[int]) -> None:
         if new_terminals:
             back_up_new_terminals(live, new_terminals)
-        return new_live, bool(new_terminals)
 
     def next_node(self, live: LiveTree) -> int | None:
         return self.select(live.tree, live.last_expanded, live.produced_terminal, live.config, live.rng)
