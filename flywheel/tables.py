@@ -62,8 +62,8 @@ class Table(dict[str, R], Generic[R]):
         return tuple(self)
 
     def library_names(self) -> tuple[str, ...]:
-        """The rules flywheel itself registered, the ones its docs must describe; a rule from a
-        plugin or a test is valid but not one of them."""
+        """The rules flywheel itself registered (what a test of every built-in rule runs); a rule
+        from a plugin or a test is valid but not one of them."""
         return tuple(name for name in self if self.origin.get(name, "").split(".")[0] == "flywheel")
 
     def check(self, name: str) -> R:
