@@ -51,15 +51,20 @@ class SearchTree:
         so it has its parent's depth and the node completing that step counts it."""
         self.mid_step: list[bool] = [False]
         """The node ends inside a step: a rollout cut before a high-entropy token (fork_rule
-        "entropy"); its children continue the same step."""
+        "entropy"); its children continue the same step. Kept here, not by the rule, because the
+        structure reads it: depth (a mid-step node adds none), a prefix's open step, merging."""
         self.fork_points: dict[int, float] = {}
         """Rollout fork_rule "entropy": node -> entropy of the token that followed it in a rollout,
-        for the nodes a rollout was cut at (the highest such entropy when several were)."""
+        for the nodes a rollout was cut at (the highest such entropy when several were). Kept
+        here, not by the rule, because rules keep no state (one object serves every tree) and
+        the tree's dump shows where it forked."""
         # Statistics (§4): N and q (a sum); Q = q / N is derived.
         self.visits: list[int] = [0]
         self.value: list[float] = [0.0]
         self.prm_value: list[float] = [math.nan]
-        """A value model's score of the node (NaN = not scored)."""
+        """A value model's score of the node (NaN = not scored). Kept per node like N and q: the
+        value model is an input of every selection and fork rule (prm_weight) and of the agents'
+        backup, not of one rule."""
         # The step itself.
         self.tokens: list[tuple[int, ...]] = [()]
         """The node's own generated tokens (its step, or its action)."""
