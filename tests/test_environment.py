@@ -14,7 +14,7 @@ from data_modules.examples import collate
 from flywheel.reporting.problem_view import Observations
 from flywheel.generation.base import Completion
 from flywheel.objectives.credit import Credit, Group, credit_groups
-from flywheel.search.config import SearchConfig
+from flywheel.search.config import SearchConfig, SearchAblations
 from flywheel.search.driver import SearchDriver, SearchProblem
 from flywheel.search.flat import flat_rollouts
 from flywheel.search.rule_table import SELECTION
@@ -95,7 +95,7 @@ def test_the_tree_forks_at_turns_and_each_action_continues_after_its_observation
 def test_an_episode_ends_at_max_depth_without_the_environment_incomplete_and_by_eos_incorrect():
     generator = ScriptedGenerator({PROMPT: [step("1\n"), step("2\n", eos=True)]})
     config = SearchConfig(expansion_width=2, trajectories_per_tree=1, max_depth=1, overlong_penalty=False,
-                          backup_all_terminals=True)
+                          ablations=SearchAblations(backup_all_terminals=True))
     (result,) = SearchDriver(generator, config, step=TASK.step, decode=decode, eos_token_ids=[EOS]).run([episode_problem()])
     tree = result.tree
     assert [tree.kind[n] for n in (1, 2)] == ["incomplete", "incorrect"]
@@ -202,7 +202,7 @@ def test_a_guarded_episode_in_the_search_is_graded_lost_with_the_guards_reason()
     grader = Grader(GuessTask(trap="fail"), FAST)
     generator = ScriptedGenerator({PROMPT: [step("9\n"), step("3\n")]})
     config = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=2, overlong_penalty=False,
-                          backup_all_terminals=True)
+                          ablations=SearchAblations(backup_all_terminals=True))
     try:
         problem = episode_problem(respond=lambda actions: grader.respond(SECRET_3, actions))
         (result,) = SearchDriver(generator, config, step=TASK.step, decode=decode).run([problem])

@@ -11,6 +11,7 @@ import math
 
 import pytest
 
+from flywheel.search.config import SearchAblations
 from flywheel.generation.base import Completion, GenerationRequest, GenerationStats
 from flywheel.rewards import Verdict
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem, derive_seed, flat_rollouts, run_search
@@ -154,10 +155,12 @@ def test_exhausted_tree_and_backup_all_terminals():
     cfg = SearchConfig(expansion_width=3, trajectories_per_tree=5, max_depth=1)
     (res,) = run_search([problem()], gen, cfg, step=StepSpec(4), decode=toy_decode)
     assert res.status == "exhausted" and len(res.trajectories) == 1  # one terminal per expansion
-    cfg_all = SearchConfig(expansion_width=3, trajectories_per_tree=5, max_depth=1, backup_all_terminals=True)
+    cfg_all = SearchConfig(expansion_width=3, trajectories_per_tree=5, max_depth=1,
+                           ablations=SearchAblations(backup_all_terminals=True))
     (res_all,) = run_search([problem()], gen, cfg_all, step=StepSpec(4), decode=toy_decode)
     assert res_all.status == "exhausted" and len(res_all.trajectories) == 3
-    cfg_k2 = SearchConfig(expansion_width=3, trajectories_per_tree=2, max_depth=1, backup_all_terminals=True)
+    cfg_k2 = SearchConfig(expansion_width=3, trajectories_per_tree=2, max_depth=1,
+                           ablations=SearchAblations(backup_all_terminals=True))
     (res_k2,) = run_search([problem()], gen, cfg_k2, step=StepSpec(4), decode=toy_decode)
     assert res_k2.status == "complete" and len(res_k2.trajectories) == 2  # never more than K
 
@@ -260,9 +263,9 @@ def _dump(res) -> str:
     "overrides",
     [
         {},
-        {"selection": "vanilla_uct", "uct_sampling": "softmax"},
+        {"selection": "vanilla_uct", "ablations": SearchAblations(uct_sampling="softmax")},
         {"selection": "puct", "terminal_choice": "random"},
-        {"frontier_lambda2": 0.3, "depth_bonus": "log", "backup": "vanilla", "gamma_rule": "code"},
+        {"frontier_lambda2": 0.3, "ablations": SearchAblations(depth_bonus="log"), "backup": "vanilla", "gamma_rule": "code"},
     ],
 )
 def test_same_seed_same_outputs_identical_trees_at_any_concurrency(overrides):

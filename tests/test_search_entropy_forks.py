@@ -9,11 +9,13 @@ answer "W", 4 = newline (the step delimiter here), 5.. = filler "x".
 from __future__ import annotations
 
 import doctest
+from dataclasses import replace
 import random
 
 import pytest
 
 import flywheel.search.entropy_forks as entropy_forks_mod
+from flywheel.search.config import SearchAblations
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy, open_step, top_entropy_positions
@@ -163,7 +165,7 @@ def test_the_same_rollout_forked_at_steps_only_has_one_node_per_step():
     script = {(0,): ENTROPY_SCRIPT[(0,)][:1]}
     (uct,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(script), cfg, step=STEP, decode=toy_decode)
     (ent,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(script),
-                        SearchConfig(**{**cfg.to_dict(), "fork_rule": "entropy", "entropy_forks_per_chain": 1}),
+                        replace(cfg, fork_rule="entropy", entropy_forks_per_chain=1),
                         step=STEP, decode=toy_decode)
     assert uct.tree.depth == [0, 1, 2, 3] and ent.tree.depth == [0, 1, 1, 2, 3]
     assert uct.trajectories[0].kind == ent.trajectories[0].kind == "incorrect"
@@ -209,7 +211,7 @@ def test_distinct_children_reaches_the_tree_requests_only():
         for on in (False, True):
             gen = ScriptedGenerator(script)
             cfg = SearchConfig(expansion=expansion, expansion_width=2, trajectories_per_tree=2, max_depth=2,
-                               backup_all_terminals=True, distinct_children=on, overlong_penalty=False)
+                               ablations=SearchAblations(backup_all_terminals=True), distinct_children=on, overlong_penalty=False)
             run_search([SearchProblem((0,), toy_score)], gen, cfg, step=StepSpec(max_tokens=2), decode=toy_decode)
             assert [r.params.distinct_first_token for call in gen.calls for r in call] == [on], (expansion, on)
     gen = ScriptedGenerator(script)

@@ -11,6 +11,7 @@ import hashlib
 
 import pytest
 
+from flywheel.search.config import SearchAblations
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from scripted import HashGenerator, toy_decode, toy_score
 from flywheel.tasks.base import StepSpec
@@ -39,14 +40,15 @@ def digest(results) -> str:
 CASES = {
     # name: (SearchConfig overrides, step, eos_prob, pinned digest)
     "frontier": ({}, StepSpec(4, delimiter="\n"), 0.15, "3c402df7c209ada4"),
-    "frontier_lambda2_log": ({"frontier_lambda2": 0.3, "depth_bonus": "log", "backup": "vanilla", "gamma_rule": "code"},
+    "frontier_lambda2_log": ({"frontier_lambda2": 0.3, "ablations": SearchAblations(depth_bonus="log"), "backup": "vanilla",
+                              "gamma_rule": "code"},
                              StepSpec(6), 0.1, "948053618c4558db"),
-    "vanilla_uct_softmax": ({"selection": "vanilla_uct", "uct_sampling": "softmax"}, StepSpec(4, delimiter="\n"),
+    "vanilla_uct_softmax": ({"selection": "vanilla_uct", "ablations": SearchAblations(uct_sampling="softmax")}, StepSpec(4, delimiter="\n"),
                             0.15, "904f8918894bfd2e"),
     "puct_random": ({"selection": "puct", "terminal_choice": "random"}, StepSpec(4, delimiter="\n"), 0.2,
                     "c916d50210203bbe"),
-    "merge_backup_all_train_all": ({"merge_duplicate_steps": True, "backup_all_terminals": True,
-                                    "train_all_terminals": True}, StepSpec(2), 0.25, "329970a936ad927a"),
+    "merge_backup_all_train_all": ({"merge_duplicate_steps": True, "ablations": SearchAblations(
+        backup_all_terminals=True, train_all_terminals=True)}, StepSpec(2), 0.25, "329970a936ad927a"),
     "entropy": ({"terminal_choice": "entropy"}, StepSpec(4, delimiter="\n"), 0.15, "7fb8c940cc91a9e0"),
     "rollout": ({"expansion": "rollout"}, StepSpec(4, delimiter="\n"), 0.1, "8012e7371eba7c54"),
     "puct_agents": ({"selection": "puct_agents"}, StepSpec(4, delimiter="\n"), 0.15, "b0922198634746d7"),

@@ -10,7 +10,9 @@ changes them. The HashGenerator's outputs depend only on the request, so the dig
 the same on every machine. A new field of SamplingParams or SearchConfig changes them too
 (its default is in the hashed repr and the JSON's config): they were recorded again when
 `distinct_first_token`, `entropy_forks_per_chain`, `fork_width` and `distinct_children` came,
-after checking that the old digests held with exactly those default-valued fields left out.
+after checking that the old digests held with exactly those default-valued fields left out;
+again when four switches moved into `SearchConfig.ablations` (the JSON's config nests them),
+after checking that every old digest held with the config's `ablations` merged back into it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from flywheel.search.config import SearchAblations
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem, flat_rollouts
 from flywheel.search.driver import DriverStats
 from scripted import HashGenerator, toy_decode, toy_score
@@ -64,11 +67,12 @@ def value_fn(prefixes):
 
 
 SEARCHES = {
-    "frontier": ({}, None, "c9b99ca3c3d1ad9bca1e291c44b1f9f6"),
-    "vanilla_uct": ({"selection": "vanilla_uct", "uct_sampling": "softmax"}, None, "914ca1ffdbf437e21132d96e6237ae6e"),
-    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "2bc144e7d6208e1f166f7ca79b2c7a1e"),
-    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "6aab984c5916763f1766da7869ef12c6"),
-    "agents": ({"selection": "puct_agents", "agents": 3, "iterations_per_agent": 4}, value_fn, "10fccd235aa82db11ed0b82233e135a3"),
+    "frontier": ({}, None, "65c02a61c91c5cce091a57edf6f59fca"),
+    "vanilla_uct": ({"selection": "vanilla_uct", "ablations": SearchAblations(uct_sampling="softmax")}, None,
+                    "237ac4b36d62a358cf6825c59aab29d4"),
+    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "825dde52ebf6c1dc7b3b77e15fa3288a"),
+    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "279151687e9fdf659831cc4de8a3bed6"),
+    "agents": ({"selection": "puct_agents", "agents": 3, "iterations_per_agent": 4}, value_fn, "dd34ff6d94903ee1c25fff54a99ddc82"),
 }
 
 
@@ -88,9 +92,9 @@ def test_search_outputs_and_call_order_are_pinned(name):
 
 
 @pytest.mark.parametrize(("n", "depth", "concurrent", "expected"), [
-    (4, 5, 2, "09e8797f6c01fe8b67d6eee800e0e745"),  # re-pinned: flat samples are whole responses (one request a problem)
-    (1, 1, 64, "934a4a693110fe6d246536753ea92026"),
-    (3, 4, 3, "67eeda7866fc049c62d0e033922015c2"),
+    (4, 5, 2, "cee4ee0c8de8aa437258710e23abbd90"),  # re-pinned: flat samples are whole responses (one request a problem)
+    (1, 1, 64, "bc8495718d18aae90baaf9b063937883"),
+    (3, 4, 3, "8c8c1b58551a58bab288422d555d9512"),
 ])
 def test_flat_outputs_and_call_order_are_pinned(n, depth, concurrent, expected):
     cfg = SearchConfig(max_depth=depth, seed=4)

@@ -8,6 +8,7 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flywheel.search.config import SearchAblations
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, run_search
 from flywheel.search.backup import backup_trajectory
@@ -86,7 +87,7 @@ def test_frontier_yields_a_childless_non_terminal_argmax(seed, expansions, width
     for node in range(len(tree)):  # arbitrary values
         tree.visits[node] += rng.randrange(3)
         tree.value[node] = rng.uniform(-2, 2)
-    cfg = SearchConfig(max_depth=5, frontier_lambda2=lambda2, depth_bonus=bonus)
+    cfg = SearchConfig(max_depth=5, frontier_lambda2=lambda2, ablations=SearchAblations(depth_bonus=bonus))
     # brute force over every node of F = {non-terminal, no children, depth < d_T}, root excluded
     brute = [
         n
@@ -132,7 +133,7 @@ def test_full_searches_keep_every_invariant(
 ):
     cfg = SearchConfig(
         expansion_width=width, trajectories_per_tree=k, max_depth=max_depth, max_expansions_per_tree=cap,
-        selection=selection, terminal_choice=terminal_choice, backup_all_terminals=backup_all, seed=salt,
+        selection=selection, terminal_choice=terminal_choice, ablations=SearchAblations(backup_all_terminals=backup_all), seed=salt,
     )
     gen = HashGenerator(eos_prob, correct_prob, nan_prob=nan_prob, salt=salt, pool_size=8)
     problems = [SearchProblem((0, 9, i), toy_score, id=str(i)) for i in range(trees)]

@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from flywheel.search.config import SearchAblations
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.rollout import fork_candidates, fork_random, fork_root, fork_uct, insert_path, split_steps
@@ -148,7 +149,7 @@ def test_stop_when_solved_ends_a_solved_tree_early_and_keeps_unsolved_ones_going
     # with its 2 trajectories... only once it holds stop_when_solved = 2 of them.
     solved = {(0,): [c((2, EOS)), c((3, EOS))]}
     gen = ScriptedGenerator(solved)
-    cfg = SearchConfig(expansion_width=2, trajectories_per_tree=4, max_depth=2, backup_all_terminals=True,
+    cfg = SearchConfig(expansion_width=2, trajectories_per_tree=4, max_depth=2, ablations=SearchAblations(backup_all_terminals=True),
                        stop_when_solved=2, overlong_penalty=False)
     (res,) = run_search([SearchProblem((0,), toy_score)], gen, cfg, step=StepSpec(max_tokens=2), decode=toy_decode)
     assert res.status == "solved" and res.complete and len(res.trajectories) == 2
@@ -194,7 +195,7 @@ def test_train_all_terminals_and_subtree_rows():
     from tests.test_search_driver import SMALL_SCRIPT
 
     cfg = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=3, overlong_penalty=False,
-                       train_all_terminals=True)
+                       ablations=SearchAblations(train_all_terminals=True))
     (res,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(SMALL_SCRIPT), cfg,
                         step=StepSpec(max_tokens=2), decode=toy_decode)
     assert [(t.terminal_id, t.backup_index) for t in res.trajectories] == [(3, 0), (6, 1), (4, -1)]

@@ -17,7 +17,7 @@ import flywheel.search.values as values_mod
 from flywheel.generation.base import Completion
 from flywheel.rewards import Verdict
 from flywheel.search.backup import backup_trajectory, constrained_update, time_decay_weight, vanilla_update
-from flywheel.search.config import SearchConfig
+from flywheel.search.config import SearchConfig, SearchAblations
 from flywheel.search.selection import (
     depth_bonus,
     descend_puct,
@@ -212,7 +212,7 @@ def test_local_uct_prefers_unvisited_bonus_and_skips_terminals():
 
 def test_local_uct_softmax_is_seeded():
     tree = _root_with_children(4)
-    cfg = SearchConfig(uct_sampling="softmax")
+    cfg = SearchConfig(ablations=SearchAblations(uct_sampling="softmax"))
     picks_a = [local_uct_select(tree, 0, cfg, random.Random(s)) for s in range(30)]
     picks_b = [local_uct_select(tree, 0, cfg, random.Random(s)) for s in range(30)]
     assert picks_a == picks_b and len(set(picks_a)) > 1
@@ -353,7 +353,6 @@ def test_overlong_penalty_small_budget():
         ({"soft_clip_qmax": -1.0}, "search.soft_clip_qmax"),
         ({"terminal_choice": "entropy", "entropy_top_k": 0}, "entropy_top_k"),
         ({"top_p": 0.0}, "search.top_p"),
-        ({"depth_bonus": "cubic"}, "search.depth_bonus"),
     ],
 )
 def test_config_validation_names_the_field(kwargs, fragment):
@@ -361,11 +360,17 @@ def test_config_validation_names_the_field(kwargs, fragment):
         SearchConfig(**kwargs)
 
 
+def test_an_ablation_switch_is_checked_in_its_group():
+    with pytest.raises(ValueError, match=r"--data\.search\.ablations\.depth_bonus must be one of \('sqrt', 'linear', "
+                                         r"'log'\), got 'cubic'"):
+        SearchAblations(depth_bonus="cubic")
+
+
 def test_config_defaults_are_the_paper():
     cfg = SearchConfig()
     assert (cfg.expansion_width, cfg.max_depth, cfg.trajectories_per_tree) == (8, 64, 8)
     assert (cfg.uct_lambda, cfg.frontier_lambda1, cfg.frontier_lambda2, cfg.frontier_lambda3) == (2.0, 0.4, 0.0, 0.01)
-    assert (cfg.depth_bonus, cfg.selection, cfg.backup, cfg.gamma_min, cfg.gamma_rule) == (
+    assert (cfg.ablations.depth_bonus, cfg.selection, cfg.backup, cfg.gamma_min, cfg.gamma_rule) == (
         "sqrt", "frontier", "constrained", 0.1, "paper",
     )
     assert (cfg.overlong_max_tokens, cfg.overlong_buffer_tokens, cfg.soft_clip_eps, cfg.soft_clip_qmax) == (

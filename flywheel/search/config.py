@@ -33,6 +33,43 @@ MAX_EXPANSION_WIDTH = 1024
 
 
 @dataclass(frozen=True)
+class SearchAblations:
+    """Switches that turn a rule of the search into one of the paper's ablations or the official
+    code's variant. No recipe, tool or result in docs/ sets them; they are kept so each ablation
+    can be run again, and grouped (`--data.search.ablations.*`) so the search's own settings read
+    as the algorithm. The defaults are the paper's rules.
+
+    Args:
+        uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
+            softmax of the UCT scores).
+        depth_bonus: D(d) of the frontier score: "sqrt" = sqrt(d / d_T) (paper), "linear" = d,
+            "log" = log(d + 1).
+        backup_all_terminals: back up every new terminal of an expansion, best first, instead
+            of only one (keeps correct siblings that the official code drops, §9).
+        train_all_terminals: a finished tree hands every distinct graded terminal to training,
+            not only the K backed up (the backed-up ones first, then the others by creation);
+            rollout mode always does.
+    """
+
+    uct_sampling: UctSampling = "argmax"
+    depth_bonus: DepthBonus = "sqrt"
+    backup_all_terminals: bool = False
+    train_all_terminals: bool = False
+
+    def __post_init__(self) -> None:
+        check_literal_fields(self, "data.search.ablations")
+
+
+def check_literal_fields(settings: Any, section: str) -> None:
+    """Every Literal-typed field of `settings` holds one of its annotation's values; else the one-line
+    refusal naming `--{section}.{field}` and the choices."""
+    for name, hint in get_type_hints(type(settings)).items():
+        if get_origin(hint) is Literal and getattr(settings, name) not in get_args(hint):
+            raise ValueError(f"--{section}.{name} must be one of {get_args(hint)}, got {getattr(settings, name)!r}; "
+                             "pick one of those")
+
+
+@dataclass(frozen=True)
 class SearchConfig:
     """How one DeepSearch tree is grown, backed up and read out.
 
@@ -53,13 +90,10 @@ class SearchConfig:
             (trajectories_per_tree is not used), to train with the value baseline
             (--model.objective.value_baseline=true, conf/countdown_mcts.yaml).
         uct_lambda: lambda of local UCT, Q(c) + lambda * sqrt(ln N(parent) / N(c)) (§5).
-        uct_sampling: "argmax" (paper) or "softmax" (code option: sample a child from the
-            softmax of the UCT scores).
         frontier_lambda1: weight of tanh(Q(parent)) in the frontier score (§5).
         frontier_lambda2: weight of the node's uncertainty H(s) (mean NLL of its own step);
             0 = off, as in the paper's final configuration.
         frontier_lambda3: weight of the depth bonus D(depth) (§5).
-        depth_bonus: D(d): "sqrt" = sqrt(d / d_T) (paper), "linear" = d, "log" = log(d + 1).
         puct_c: c in Q + c * P * sqrt(N(parent)) / (1 + N) for selection "puct".
         prm_weight: weight of a value model's V(s) in [0, 1] (ReST-MCTS*, when the driver has
             one): added to the frontier score F(s), to local UCT and to pUCT of every scored
@@ -72,8 +106,6 @@ class SearchConfig:
             the whole trajectory (paper A.2 and code), "entropy" = lowest mean Shannon entropy
             (needs a generator that returns entropies), "random" (Table 5 ablation).
         entropy_top_k: top log-probs the generator uses for entropies (terminal_choice "entropy").
-        backup_all_terminals: back up every new terminal of an expansion, best first, instead
-            of only one (keeps correct siblings that the official code drops, §9).
         merge_duplicate_steps: keep one child per distinct step among the n samples of an
             expansion (the first; the paper adds all n, §1). With 256-token chunks siblings never
             coincide, so this changes nothing there; with short steps (a Countdown line) the n
@@ -119,9 +151,6 @@ class SearchConfig:
             that can (the in-process HFBackend; the vLLM sidecar refuses it).
         max_children: rollout mode: a node with this many children is no longer forked from
             (0 = no cap).
-        train_all_terminals: a finished tree hands every distinct graded terminal to training,
-            not only the K backed up (the backed-up ones first, then the others by creation);
-            rollout mode always does.
         stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
             many trajectories (rollout mode: rollouts) (0 = off: every tree runs to K). With K above it, the expansions a
             solved tree would have spent go to trees that have not found an answer yet.
@@ -133,6 +162,8 @@ class SearchConfig:
         virtual_loss: selection "puct_agents": a pending selection counts on every node of its path
             as a visit with value -virtual_loss until its expansion returns, so the other agents
             of the round spread out (0 = a visit with value 0).
+        ablations: the switches of the paper's ablations and the official code's variants that
+            no recipe, tool or result in docs/ uses (`--data.search.ablations.*`, SearchAblations).
     """
 
     expansion_width: int = 8
@@ -141,11 +172,9 @@ class SearchConfig:
     max_expansions_per_tree: int = 1024
     selection: str = "frontier"
     uct_lambda: float = 2.0
-    uct_sampling: UctSampling = "argmax"
     frontier_lambda1: float = 0.4
     frontier_lambda2: float = 0.0
     frontier_lambda3: float = 0.01
-    depth_bonus: DepthBonus = "sqrt"
     puct_c: float = 0.5
     prm_weight: float = 0.0
     backup: BackupRule = "constrained"
@@ -153,7 +182,6 @@ class SearchConfig:
     gamma_rule: GammaRule = "paper"
     terminal_choice: TerminalChoice = "mean_nll"
     entropy_top_k: int = 20
-    backup_all_terminals: bool = False
     merge_duplicate_steps: bool = False
     incomplete_reward: float = -1.0
     overlong_penalty: bool = True
@@ -170,11 +198,11 @@ class SearchConfig:
     fork_width: int = 0
     distinct_children: bool = False
     max_children: int = 0
-    train_all_terminals: bool = False
     stop_when_solved: int = 0
     agents: int = 1
     iterations_per_agent: int = 100
     virtual_loss: float = 1.0
+    ablations: SearchAblations = SearchAblations()
 
     def __post_init__(self) -> None:
         check_finite_fields(self, "data.search")
@@ -186,10 +214,7 @@ class SearchConfig:
 
     def _check_choices(self) -> None:
         """Every named choice is one its table (or its Literal) holds."""
-        for name, allowed in _LITERAL_CHOICES.items():
-            value = getattr(self, name)
-            if value not in allowed:
-                raise ValueError(f"--data.search.{name} must be one of {allowed}, got {value!r}; pick one of those")
+        check_literal_fields(self, "data.search")
         for table, name in ((SELECTION, self.selection), (FORK, self.fork_rule), (EXPANSION, self.expansion)):
             table.check(name)
 
@@ -282,10 +307,3 @@ class SearchConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-_LITERAL_CHOICES: dict[str, tuple[str, ...]] = {
-    name: get_args(hint) for name, hint in get_type_hints(SearchConfig).items() if get_origin(hint) is Literal
-}
-"""The allowed values of every Literal-typed field, read from its annotation."""
-

@@ -177,7 +177,7 @@ class LiveTree:
     def _trained_terminals(self) -> list[int]:
         """The backed-up terminals, then (train_all_terminals) every other graded terminal
         whose response differs from all taken so far."""
-        if not self.config.train_all_terminals:
+        if not self.config.ablations.train_all_terminals:
             return self.trajectories
         tree, out = self.tree, list(self.trajectories)
         seen = {tuple(tree.response_ids(t)) for t in out}

@@ -52,7 +52,7 @@ class Trajectory:
     terminal_id: int
     backup_index: int
     """Order in which it was backed up within its tree (0 = first); -1 for a terminal that was
-    not backed up but is trained on (`search.train_all_terminals`)."""
+    not backed up but is trained on (`--data.search.ablations.train_all_terminals`)."""
     steps: tuple[StepRecord, ...]
     kind: str
     """"correct" | "incorrect" | "incomplete" (§2)."""

@@ -58,7 +58,7 @@ def local_uct_select(tree: SearchTree, node: int, config: SearchConfig, rng: ran
                   for c in candidates]
     else:  # prm_term is 0.0 for every child
         scores = [uct_score(tree.mean_q(c), parent_visits, tree.visits[c], lam) + 0.0 for c in candidates]
-    return candidates[_pick(scores, config.uct_sampling, rng)]
+    return candidates[_pick(scores, config.ablations.uct_sampling, rng)]
 
 
 def prm_term(tree: SearchTree, node: int, config: SearchConfig) -> float:
@@ -96,7 +96,7 @@ def frontier_score(
     score = config.frontier_lambda1 * math.tanh(parent_q_mean)
     if config.frontier_lambda2 and uncertainty == uncertainty:
         score += config.frontier_lambda2 * uncertainty
-    return score + config.frontier_lambda3 * depth_bonus(depth, config.max_depth, config.depth_bonus)
+    return score + config.frontier_lambda3 * depth_bonus(depth, config.max_depth, config.ablations.depth_bonus)
 
 
 def select_frontier(tree: SearchTree, config: SearchConfig) -> int | None:

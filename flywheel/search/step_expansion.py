@@ -88,7 +88,7 @@ def back_up_new_terminals(live: LiveTree, new_terminals: list[int]) -> None:
         uncertainty,
         rule=cfg.terminal_choice,
         rng=live.rng,
-        back_up_all=cfg.backup_all_terminals,
+        back_up_all=cfg.ablations.backup_all_terminals,
     )
     for terminal in chosen:
         if len(live.trajectories) >= cfg.trajectories_per_tree:
