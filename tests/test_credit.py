@@ -302,11 +302,12 @@ def test_path_weights_and_a_changed_degenerate_filter_are_refused_where_ignored(
 
 
 def test_a_rule_the_rollout_does_not_use_is_warned_about():
-    assert check(Credit(advantage="outcome"), "flat") == [
-        "--data.credit.advantage=outcome is not used with --data.rollout=flat: its groups are credited by the 'node' "
-        "rule (Tree-GRPO: each step's q~ + overlong minus the group's mean final score); remove "
+    assert check(Credit(advantage="subtree"), "flat") == [
+        "--data.credit.advantage=subtree is not used with --data.rollout=flat: its groups are credited by the "
+        "'outcome' rule (every token gets its final score minus the group mean); remove "
         "--data.credit.advantage or use --data.rollout=search"]
     assert check(Credit(advantage="best_of_n"), "best_of_n") == []  # it is the rule used
+    assert check(Credit(advantage="outcome"), "flat") == []  # DAPO's, the flat kind's own rule
     assert check(Credit(), "flat") == check(Credit(advantage="self_training"), "flat") == []
 
 

@@ -193,8 +193,8 @@ def test_an_unknown_advantage_rule_fails_with_the_flag_and_the_choices():
 
 def test_an_advantage_rule_a_flat_rollout_ignores_is_reported(caplog):
     with caplog.at_level(logging.WARNING, logger="data_modules.search"):
-        SearchDataModule(rollout="flat", credit=Credit(advantage="outcome"))
-    assert "--data.credit.advantage=outcome is not used with --data.rollout=flat" in caplog.text
+        SearchDataModule(rollout="flat", credit=Credit(advantage="subtree"))
+    assert "--data.credit.advantage=subtree is not used with --data.rollout=flat" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="data_modules.search"):
         SearchDataModule(rollout="search", credit=Credit(advantage="outcome"))

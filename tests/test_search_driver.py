@@ -395,11 +395,26 @@ def test_flat_rollouts_sample_whole_responses_cut_into_steps():
     a, b = res
     assert a.mode == "flat" and a.status == "complete"
     assert [(t.kind, t.reward, len(t.steps)) for t in a.trajectories] == [("correct", 1.0, 2), ("incorrect", -1.0, 1)]
-    assert [s.q_soft for s in a.trajectories[0].steps] == [1.0, 1.0]  # every node carries the outcome
-    assert [s.q for s in a.trajectories[0].steps] == [1.0, 1.0]
+    assert [s.q_soft for s in a.trajectories[0].steps] == [0.0, 1.0]  # graded, never backed up: the outcome
+    assert [s.q for s in a.trajectories[0].steps] == [0.0, 0.0]       # credits a flat group (DAPO)
     assert [(t.kind, t.reward, len(t.steps)) for t in b.trajectories] == [("correct", 1.0, 1), ("incomplete", -1.0, 2)]
     assert a.trajectories[0].response_text == "xxC"
     assert a.stats.expansions == 1 and b.stats.expansions == 1 and b.stats.generated_tokens == 6
+
+
+def test_a_flat_group_is_credited_by_its_outcomes_whatever_the_chosen_rule():
+    """DAPO: problem a's two responses (above), "xx" "C" correct (+1) and "W" wrong (-1), mean 0:
+    every token of the first gets +1, of the second -1, under the default rule ("node") as under
+    "outcome" (the flat kind's own rule), though no step of a flat response is backed up."""
+    from flywheel.objectives.credit import Credit, Group, credit_groups
+
+    script = {(0, 1): [c((5, 5, 2, EOS), -0.4, "eos"), c((3, EOS), -0.2, "eos")]}
+    cfg = SearchConfig(max_depth=2, overlong_penalty=False)
+    (a,) = flat_rollouts([problem((0, 1), "a")], ScriptedGenerator(script), n=2, step=StepSpec(2),
+                         decode=toy_decode, config=cfg)
+    for advantage in ("node", "outcome"):
+        rows = credit_groups([Group.of(a)], Credit(advantage=advantage), "flat").rows[0]
+        assert [r.advantages for r in rows] == [(1.0,) * 4, (-1.0,) * 2]
 
 
 def test_flat_rollouts_continuous_batching_and_determinism():

@@ -13,6 +13,8 @@ the same on every machine. A new field of SamplingParams or SearchConfig changes
 after checking that the old digests held with exactly those default-valued fields left out;
 again when four switches moved into `SearchConfig.ablations` (the JSON's config nests them),
 after checking that every old digest held with the config's `ablations` merged back into it.
+The flat digests were recorded again when flat samples became whole responses (one request a
+problem) and when a flat group's nodes stopped carrying its outcome (its q and N in the JSON).
 """
 
 from __future__ import annotations
@@ -92,9 +94,9 @@ def test_search_outputs_and_call_order_are_pinned(name):
 
 
 @pytest.mark.parametrize(("n", "depth", "concurrent", "expected"), [
-    (4, 5, 2, "cee4ee0c8de8aa437258710e23abbd90"),  # re-pinned: flat samples are whole responses (one request a problem)
-    (1, 1, 64, "bc8495718d18aae90baaf9b063937883"),
-    (3, 4, 3, "8c8c1b58551a58bab288422d555d9512"),
+    (4, 5, 2, "cb02b6cde1f94346055d22f58a08e156"),
+    (1, 1, 64, "e447825988629925c2894381724833ed"),
+    (3, 4, 3, "ee3acefb8311d8fa9b8391e1eb5a585f"),
 ])
 def test_flat_outputs_and_call_order_are_pinned(n, depth, concurrent, expected):
     cfg = SearchConfig(max_depth=depth, seed=4)

@@ -13,8 +13,9 @@ solutions in place of the first direct samples, deepsearch.md §7). A mixed roll
 tree: each response is one step, a cached one scored +1, and the chosen rule credits it as
 it credits a tree (node and outcome: the DAPO advantage r - mean; best_of_n: the correct
 ones only, +1; subtree: 2 (r - mean), its local and global terms being the same step).
-Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by the "node" rule (DAPO) or
-"best_of_n" whatever the chosen rule, except one that weights paths (self-training).
+Flat rollouts (`--data.rollout=flat|best_of_n`) are credited by their kind's own rule
+(`ROLLOUTS`: "outcome", DAPO's r - mean, or "best_of_n") whatever the chosen rule, except one
+that weights paths (self-training) or credits flat groups itself (GiGPO).
 """
 
 from __future__ import annotations
@@ -259,7 +260,7 @@ ROLLOUTS: Table[RolloutKind] = Table("--data.rollout")
 module's choices read this table, and callers ask a kind's properties, never its name."""
 ROLLOUTS.register(RolloutKind("search", searches=True, credit=None,
                               summary="tree search, credited by --data.credit.advantage"))
-ROLLOUTS.register(RolloutKind("flat", searches=False, credit="node",
+ROLLOUTS.register(RolloutKind("flat", searches=False, credit="outcome",
                               summary="independent samples per problem, DAPO's credit (reward - group mean)"))
 ROLLOUTS.register(RolloutKind("best_of_n", searches=False, credit="best_of_n",
                               summary="independent samples per problem, the correct ones trained on"))
@@ -299,7 +300,7 @@ def check(settings: Credit, rollout: str = "search", trajectories_per_tree: int 
 
 def fit_cautions(settings: Credit, rollout: str = "search") -> list[str]:
     """The measured flaws (`CreditRule.caution`) of the rule that credits `rollout`'s groups,
-    where those groups are trees: a flat rollout's "node" groups are DAPO's, which it leaves alone."""
+    where those groups are trees (a flat rollout's groups are credited by its kind's own rule)."""
     rule = group_rule(settings, rollout)
     return [rule.caution] if rule.caution and ROLLOUTS[rollout].searches else []
 

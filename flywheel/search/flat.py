@@ -7,8 +7,8 @@ the cap; tokens past the max_depth-th step are dropped, but counted as generated
 environment's episode goes turn by turn instead (one generator call a turn for every episode
 still going), since each action waits for the environment's answer. Problems run in
 flywheel.search.lockstep's loop, shared with the tree search. The result is a TreeResult (mode
-"flat") whose root has n chains; every node's value is its chain's terminal reward, which is
-what DAPO trains on (§6: replacing q~(s_j) by q(s_end) turns Tree-GRPO into DAPO).
+"flat") whose root has n chains, graded at their ends and never backed up: a flat group is
+credited by its outcomes (DAPO, `ROLLOUTS["flat"]` in flywheel.objectives.credit).
 """
 
 from __future__ import annotations
@@ -183,11 +183,6 @@ def _extend(
     for node, e in ends:
         if tree.terminal[node]:
             grade_terminal(tree, node, fp.problem, decode, e, config)
-            reward = tree.reward[node]
-            assert reward is not None
-            for step_node in tree.path(node)[1:]:  # every node carries the outcome (DAPO)
-                tree.value[step_node] = reward
-                tree.visits[step_node] = 1
 
 
 def _result(fp: _FlatProblem, config: SearchConfig) -> TreeResult:
@@ -198,7 +193,7 @@ def _result(fp: _FlatProblem, config: SearchConfig) -> TreeResult:
         index=fp.index,
         problem_id=fp.problem.id,
         prompt_ids=fp.problem.prompt_ids,
-        trajectories=tuple(build_trajectory(tree, leaf, config, mode="flat") for leaf in fp.leaves),
+        trajectories=tuple(build_trajectory(tree, leaf, config) for leaf in fp.leaves),
         status="complete",
         stats=TreeStats(
             expansions=fp.requests_made,

@@ -37,7 +37,8 @@ class StepRecord:
     """Accumulated value q(s) (a sum, §4)."""
     q_soft: float
     """q~(s) = tanh(q / eps_q) * q_max for an intermediate step; the terminal reward for the
-    terminal step (§6); the terminal reward for every step of a flat rollout (DAPO)."""
+    terminal step (§6). A flat rollout's steps are never backed up (q = 0): its group is credited
+    by outcome (DAPO: `ROLLOUTS["flat"]` in flywheel.objectives.credit), which reads no q~."""
     visits: int
     finish_reason: str
     observation_ids: tuple[int, ...] = ()
@@ -147,18 +148,15 @@ class TreeResult:
         return tree_to_json(self, decode=decode, logprobs=logprobs)
 
 
-def node_soft_value(tree: SearchTree, node: int, config: SearchConfig, mode: str = "search") -> float:
-    """q~ of one node: a terminal keeps its reward; a flat rollout's nodes carry the terminal
-    reward (DAPO, §6); otherwise tanh(q / eps_q) * q_max."""
+def node_soft_value(tree: SearchTree, node: int, config: SearchConfig) -> float:
+    """q~ of one node: a terminal keeps its reward; otherwise tanh(q / eps_q) * q_max (§6)."""
     reward = tree.reward[node]
     if reward is not None:
         return reward
-    if mode == "flat":
-        return tree.value[node]
     return soft_clip(tree.value[node], config.soft_clip_eps, config.soft_clip_qmax)
 
 
-def step_record(tree: SearchTree, node: int, config: SearchConfig, mode: str = "search") -> StepRecord:
+def step_record(tree: SearchTree, node: int, config: SearchConfig) -> StepRecord:
     """The record of one node of a finished tree."""
     return StepRecord(
         node_id=node,
@@ -166,7 +164,7 @@ def step_record(tree: SearchTree, node: int, config: SearchConfig, mode: str = "
         token_ids=tree.tokens[node],
         logprobs=tree.logprobs[node],
         q=tree.value[node],
-        q_soft=node_soft_value(tree, node, config, mode),
+        q_soft=node_soft_value(tree, node, config),
         visits=tree.visits[node],
         finish_reason=tree.finish[node] or "",
         observation_ids=tree.observation[node],
@@ -177,16 +175,15 @@ def build_trajectory(
     tree: SearchTree,
     terminal: int,
     config: SearchConfig,
-    mode: str = "search",
     shared_steps: dict[int, StepRecord] | None = None,
 ) -> Trajectory:
     """Read one backed-up trajectory out of a finished tree. `shared_steps` (node id -> its
     record) lets the trajectories of one finished tree share the records of their common
     prefix instead of building them once per trajectory (the tree no longer changes)."""
     steps = tuple(
-        step_record(tree, node, config, mode)
+        step_record(tree, node, config)
         if shared_steps is None
-        else shared_steps.get(node) or shared_steps.setdefault(node, step_record(tree, node, config, mode))
+        else shared_steps.get(node) or shared_steps.setdefault(node, step_record(tree, node, config))
         for node in tree.path(terminal)[1:]
     )
     penalty = 0.0
@@ -255,7 +252,7 @@ def tree_to_json(
             "visits": tree.visits[node],
             "q": tree.value[node],
             "Q": tree.mean_q(node),
-            "q_soft": node_soft_value(tree, node, config, result.mode) if node else None,
+            "q_soft": node_soft_value(tree, node, config) if node else None,
             "terminal": tree.terminal[node],
             "kind": tree.kind[node],
             "reward": tree.reward[node],
