@@ -133,7 +133,7 @@ def test_countdown_mcts_overlay_puts_the_seed_recipe_together():
     quick = main(base, run=False)
     search, objective = cli.datamodule.search, cli.model.objective
     assert (search.selection, search.expansion_width, search.temperature, search.puct_c) == ("puct_agents", 4, 0.8, 0.5)
-    assert search.agents > 1 and cli.model.value_head is not None
+    assert search.agents.count > 1 and cli.model.value_head is not None
     assert (objective.loss_type, objective.kl_coef, objective.value_baseline) == ("cispo", 0.05, True)
     assert cli.model.reference is not None  # the KL's frozen initial policy
     assert cli.datamodule.task.reward == "dense" and quick.datamodule.task.reward == "binary"

@@ -18,7 +18,7 @@ def test_countdown_mcts_fit_trains_the_value_head_and_checkpoints_it(tmp_path):
         "fit", "--config", str(ROOT / "conf" / "quickstart.yaml"), "--config", str(ROOT / "conf" / "countdown_mcts.yaml"),
         "--trainer.max_epochs=1", "--data.batching.problems_per_epoch=8", "--data.batching.mini_batch_problems=4",
         "--data.problems.max_eval_problems=8", "--data.eval.samples=1", "--data.eval.at_start=false",
-        "--data.search.agents=2", "--data.search.iterations_per_agent=4", "--data.save_trees=0",
+        "--data.search.agents.count=2", "--data.search.agents.iterations=4", "--data.save_trees=0",
         f"--trainer.logger.init_args.save_dir={tmp_path}", f"--trainer.callbacks.init_args.dirpath={tmp_path / 'ckpt'}",
     ])
     module, dm = cli.model, cli.datamodule

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from flywheel.search.config import RolloutSettings
 from flywheel.generation.base import Completion
 from flywheel.objectives.credit import Credit
 from flywheel.rewards import Verdict
@@ -38,7 +39,7 @@ FLAT = {
 }
 TREE = {(0, 11, X, NEWLINE): [c((C, EOS))]}
 CONFIG = SearchConfig(expansion="rollout", expansion_width=1, trajectories_per_tree=3, max_depth=3, uct_lambda=0.5,
-                      max_children=2, overlong_penalty=False)
+                      rollout=RolloutSettings(max_children=2), overlong_penalty=False)
 
 
 def test_a_tree_starts_from_its_first_rollouts_and_forks_from_them():
@@ -83,7 +84,8 @@ def test_a_tree_its_first_rollouts_leave_nothing_to_do_finishes_without_a_reques
     # One first rollout "W", max_children 1: the root is full and its only child is terminal, so
     # nothing is left to fork from: the tree is exhausted when it joins and makes no request.
     gen = ScriptedGenerator({})
-    cfg = SearchConfig(expansion="rollout", expansion_width=1, trajectories_per_tree=2, max_depth=3, max_children=1,
+    cfg = SearchConfig(expansion="rollout", expansion_width=1, trajectories_per_tree=2, max_depth=3,
+                       rollout=RolloutSettings(max_children=1),
                        overlong_penalty=False)
     problems = [SearchProblem((0, 11), toy_score, id="b", first_rollouts=(c((W, EOS)),))]
     (res,) = run_search(problems, gen, cfg, step=STEP, decode=toy_decode)

@@ -12,7 +12,7 @@ import pytest
 import flywheel.search.agents as agents_mod
 from flywheel.generation.base import Completion
 from flywheel.search.agents import add_pending, agent_descend, agent_q, back_up_value, greedy_terminal, open_nodes
-from flywheel.search.config import SearchConfig
+from flywheel.search.config import SearchConfig, AgentSettings
 from flywheel.search.driver import SearchDriver, SearchProblem
 from scripted import EOS, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
@@ -116,8 +116,8 @@ class Recorder(ScriptedGenerator):
 
 
 def run(agents: int, iterations: int, problems=1, value_fn=None, **kw):
-    config = SearchConfig(selection="puct_agents", expansion_width=2, max_depth=4, agents=agents,
-                          iterations_per_agent=iterations, overlong_penalty=False, **kw)
+    config = SearchConfig(selection="puct_agents", expansion_width=2, max_depth=4,
+                          agents=AgentSettings(count=agents, iterations=iterations), overlong_penalty=False, **kw)
     gen = Recorder(SCRIPT)
     driver = SearchDriver(gen, config, step=StepSpec(max_tokens=4, delimiter="\n"), decode=toy_decode,
                           max_concurrent_trees=problems, value_fn=value_fn)
@@ -165,8 +165,10 @@ def test_many_trees_one_call_and_expansion_cap():
     results, gen, _ = run(agents=2, iterations=50, problems=3, max_expansions_per_tree=3)
     assert len(gen.prefixes[1]) == 6  # 3 trees x 2 agents in round 2
     assert all(r.stats.expansions == 3 and r.status == "expansion_cap" for r in results)
-    with pytest.raises(ValueError, match="--data.search.agents"):
-        SearchConfig(agents=0)
+    with pytest.raises(ValueError, match="--data.search.agents.count must be >= 1"):
+        AgentSettings(count=0)
+    with pytest.raises(ValueError, match="--data.search.selection=frontier has no agents"):
+        SearchConfig(agents=AgentSettings(count=2))
     with pytest.raises(ValueError, match="expansion=step"):
         SearchConfig(selection="puct_agents", expansion="rollout")
 
@@ -179,8 +181,8 @@ def test_every_visit_is_one_backup_and_the_readout_is_a_terminal(agents, rounds,
     reached by most-visited children."""
     from scripted import HashGenerator
 
-    config = SearchConfig(selection="puct_agents", expansion_width=3, max_depth=5, agents=agents,
-                          iterations_per_agent=rounds, overlong_penalty=False, seed=seed)
+    config = SearchConfig(selection="puct_agents", expansion_width=3, max_depth=5,
+                          agents=AgentSettings(count=agents, iterations=rounds), overlong_penalty=False, seed=seed)
     trees = []
     driver = SearchDriver(HashGenerator(eos_prob=eos_prob, salt=seed), config, step=StepSpec(max_tokens=4, delimiter="\n"),
                           decode=toy_decode, max_concurrent_trees=3)

@@ -15,7 +15,7 @@ import random
 import pytest
 
 import flywheel.search.entropy_forks as entropy_forks_mod
-from flywheel.search.config import SearchAblations
+from flywheel.search.config import SearchAblations, RolloutSettings
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy, open_step, top_entropy_positions
@@ -51,7 +51,7 @@ def test_cuts_inside_a_step_and_at_a_step_boundary():
     0.9 at token 1 (inside step 1: cut into (5,) mid-step + (6, 4)) and 0.8 at token 3 (the first
     token of step 2: no new piece, the node of (6, 4) is the fork point)."""
     steps = [c((5, 6, NEWLINE), (0.1, 0.9, 0.2), "stop"), c((3, EOS), (0.8, 0.3))]
-    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", entropy_forks_per_chain=2))
+    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=2)))
     assert [p.token_ids for p in pieces] == [(5,), (6, NEWLINE), (3, EOS)]
     assert [p.finish_reason for p in pieces] == ["length", "stop", "eos"]
     assert [p.entropies for p in pieces] == [(0.1,), (0.9, 0.2), (0.8, 0.3)]
@@ -59,10 +59,10 @@ def test_cuts_inside_a_step_and_at_a_step_boundary():
     assert forks == {1: 0.9, 2: 0.8}
     # Only one cut: the 0.9 token. The first token (0.1 here, 5.0 below) is never a cut.
     steps[0] = c((5, 6, NEWLINE), (5.0, 0.9, 0.2), "stop")
-    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", entropy_forks_per_chain=1))
+    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=1)))
     assert [p.token_ids for p in pieces] == [(5,), (6, NEWLINE), (3, EOS)] and forks == {1: 0.9}
     # Step 1 repeats an existing node (first_new = 1): only step 2's tokens are candidates.
-    pieces, mid, forks = cut_at_entropy(steps, 1, SearchConfig(fork_rule="entropy", entropy_forks_per_chain=1))
+    pieces, mid, forks = cut_at_entropy(steps, 1, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=1)))
     assert [p.token_ids for p in pieces] == [(5, 6, NEWLINE), (3, EOS)] and mid == [False, False] and forks == {1: 0.8}
     with pytest.raises(RuntimeError, match="fork_rule='entropy' needs per-token entropies"):
         cut_at_entropy([Completion((5, EOS), (-1.0, -1.0), "eos")], 0, SearchConfig(fork_rule="entropy"))
@@ -127,8 +127,8 @@ def test_entropy_fork_tree_reproduced_exactly():
     3 rollouts = K: complete.
     """
     gen = ScriptedGenerator(ENTROPY_SCRIPT)
-    cfg = SearchConfig(expansion="rollout", fork_rule="entropy", entropy_forks_per_chain=1, expansion_width=2,
-                       fork_width=1, trajectories_per_tree=3, max_depth=3, merge_duplicate_steps=True,
+    cfg = SearchConfig(expansion="rollout", fork_rule="entropy", expansion_width=2,
+                       rollout=RolloutSettings(fork_width=1, entropy_forks_per_chain=1), trajectories_per_tree=3, max_depth=3, merge_duplicate_steps=True,
                        overlong_penalty=False)
     (res,) = run_search([SearchProblem((0,), toy_score, id="p")], gen, cfg, step=STEP, decode=toy_decode)
     tree = res.tree
@@ -165,7 +165,7 @@ def test_the_same_rollout_forked_at_steps_only_has_one_node_per_step():
     script = {(0,): ENTROPY_SCRIPT[(0,)][:1]}
     (uct,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(script), cfg, step=STEP, decode=toy_decode)
     (ent,) = run_search([SearchProblem((0,), toy_score)], ScriptedGenerator(script),
-                        replace(cfg, fork_rule="entropy", entropy_forks_per_chain=1),
+                        replace(cfg, fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=1)),
                         step=STEP, decode=toy_decode)
     assert uct.tree.depth == [0, 1, 2, 3] and ent.tree.depth == [0, 1, 1, 2, 3]
     assert uct.trajectories[0].kind == ent.trajectories[0].kind == "incorrect"
@@ -186,20 +186,20 @@ def test_fork_entropy_picks_the_untried_highest_then_the_root():
     assert fork_entropy(tree, SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=2), rng) == 1  # 3 at d_T
     tree.expanded[3] = tree.expanded[1] = 1
     assert fork_entropy(tree, cfg, rng) == 0  # every fork point tried: fresh rollouts
-    capped = SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=3, max_children=1)
+    capped = SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=3, rollout=RolloutSettings(max_children=1))
     assert fork_entropy(tree, capped, rng) is None  # and the root is full
 
 
 def test_config_checks_name_the_flag():
     with pytest.raises(ValueError, match="entropy_forks_per_chain >= 1"):
-        SearchConfig(expansion="rollout", fork_rule="entropy", entropy_forks_per_chain=0)
+        SearchConfig(expansion="rollout", fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=0))
     with pytest.raises(ValueError, match="entropy_top_k >= 1"):
         SearchConfig(expansion="rollout", fork_rule="entropy", entropy_top_k=0)
-    with pytest.raises(ValueError, match="--data.search.fork_width=2 .* --data.search.expansion=rollout"):
-        SearchConfig(fork_width=2)
-    with pytest.raises(ValueError, match="--data.search.fork_width must be in"):
-        SearchConfig(expansion="rollout", fork_width=-1)
-    assert SearchConfig(expansion="rollout", fork_width=2).fork_width == 2
+    with pytest.raises(ValueError, match="--data.search.rollout.fork_width=2 .* --data.search.expansion=rollout"):
+        SearchConfig(rollout=RolloutSettings(fork_width=2))
+    with pytest.raises(ValueError, match="--data.search.rollout.fork_width must be in"):
+        RolloutSettings(fork_width=-1)
+    assert SearchConfig(expansion="rollout", rollout=RolloutSettings(fork_width=2)).rollout.fork_width == 2
 
 
 # ----------------------------------------------------------------- distinct children, search side

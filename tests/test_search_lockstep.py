@@ -11,8 +11,8 @@ the same on every machine. A new field of SamplingParams or SearchConfig changes
 (its default is in the hashed repr and the JSON's config): they were recorded again when
 `distinct_first_token`, `entropy_forks_per_chain`, `fork_width` and `distinct_children` came,
 after checking that the old digests held with exactly those default-valued fields left out;
-again when four switches moved into `SearchConfig.ablations` (the JSON's config nests them),
-after checking that every old digest held with the config's `ablations` merged back into it.
+again when switches moved into groups of SearchConfig (`ablations`, `rollout`, `agents`: the JSON's
+config nests them), after checking that every old digest held with the groups merged back into it.
 The flat digests were recorded again when flat samples became whole responses (one request a
 problem) and when a flat group's nodes stopped carrying its outcome (its q and N in the JSON).
 """
@@ -25,7 +25,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from flywheel.search.config import SearchAblations
+from flywheel.search.config import SearchAblations, AgentSettings
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem, flat_rollouts
 from flywheel.search.driver import DriverStats
 from scripted import HashGenerator, toy_decode, toy_score
@@ -69,12 +69,12 @@ def value_fn(prefixes):
 
 
 SEARCHES = {
-    "frontier": ({}, None, "65c02a61c91c5cce091a57edf6f59fca"),
+    "frontier": ({}, None, "743f28468704c74b8636fbeff9121cdd"),
     "vanilla_uct": ({"selection": "vanilla_uct", "ablations": SearchAblations(uct_sampling="softmax")}, None,
-                    "237ac4b36d62a358cf6825c59aab29d4"),
-    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "825dde52ebf6c1dc7b3b77e15fa3288a"),
-    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "279151687e9fdf659831cc4de8a3bed6"),
-    "agents": ({"selection": "puct_agents", "agents": 3, "iterations_per_agent": 4}, value_fn, "dd34ff6d94903ee1c25fff54a99ddc82"),
+                    "6556c9e2b6daaeaa6c35c3892a6eb7ee"),
+    "puct_prm": ({"selection": "puct", "prm_weight": 0.5, "terminal_choice": "random"}, value_fn, "015d698330020ae86173a4e80f698c28"),
+    "rollout": ({"expansion": "rollout", "fork_rule": "uct", "stop_when_solved": 2}, None, "5336ddd4a52663f7525959cfcd04f381"),
+    "agents": ({"selection": "puct_agents", "agents": AgentSettings(count=3, iterations=4)}, value_fn, "a1908e78958372e985fa7148b3ed9c61"),
 }
 
 
@@ -94,9 +94,9 @@ def test_search_outputs_and_call_order_are_pinned(name):
 
 
 @pytest.mark.parametrize(("n", "depth", "concurrent", "expected"), [
-    (4, 5, 2, "cb02b6cde1f94346055d22f58a08e156"),
-    (1, 1, 64, "e447825988629925c2894381724833ed"),
-    (3, 4, 3, "ee3acefb8311d8fa9b8391e1eb5a585f"),
+    (4, 5, 2, "d66dec933a77574571b1513377e758f0"),
+    (1, 1, 64, "ba08f4bc5ac4aeaae6ca7f88ca2db0d5"),
+    (3, 4, 3, "dac8f8c94a7bf400d5d7ed01966b6f30"),
 ])
 def test_flat_outputs_and_call_order_are_pinned(n, depth, concurrent, expected):
     cfg = SearchConfig(max_depth=depth, seed=4)

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from flywheel.search.config import SearchAblations
+from flywheel.search.config import SearchAblations, RolloutSettings
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
 from flywheel.search.rollout import fork_candidates, fork_random, fork_root, fork_uct, insert_path, split_steps
@@ -123,11 +123,11 @@ def test_fork_rules_and_the_children_cap():
     cfg = SearchConfig(expansion="rollout", max_depth=3)
     assert fork_candidates(tree, cfg) == [0, 1, 2]  # the terminal (3) never
     assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=2)) == [0, 1]  # depth 2 is max depth
-    assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=3, max_children=1)) == []
+    assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=3, rollout=RolloutSettings(max_children=1))) == []
     picks = {fork_random(tree, cfg, random.Random(s)) for s in range(40)}
     assert picks == {0, 1, 2}
     assert fork_root(tree, cfg, random.Random(0)) == 0
-    capped = SearchConfig(expansion="rollout", max_depth=3, max_children=1)
+    capped = SearchConfig(expansion="rollout", max_depth=3, rollout=RolloutSettings(max_children=1))
     assert fork_root(tree, capped, random.Random(0)) is None  # the root is full: nothing to fork from
     # uct with no backup yet: every Q is 0 and N(root) = 0 gives no bonus: the lowest id.
     assert fork_uct(tree, cfg, random.Random(0)) == 0

@@ -33,6 +33,61 @@ MAX_EXPANSION_WIDTH = 1024
 
 
 @dataclass(frozen=True)
+class RolloutSettings:
+    """The settings of rollout expansion (`--data.search.expansion=rollout`, flywheel.search.rollout),
+    refused with step expansion.
+
+    Args:
+        fork_width: T, continuations sampled per fork below the root (TreeRL's script: 2);
+            0 = expansion_width. The root's expansions sample expansion_width.
+        max_children: a node with this many children is no longer forked from (0 = no cap).
+        entropy_forks_per_chain: fork_rule "entropy": N, the tokens of each new rollout (its
+            highest per-token entropies, the first token excepted) before which it is cut into
+            fork points (TreeRL's released script: 2).
+    """
+
+    fork_width: int = 0
+    max_children: int = 0
+    entropy_forks_per_chain: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.fork_width <= MAX_EXPANSION_WIDTH:
+            raise ValueError(f"--data.search.rollout.fork_width must be in [0, {MAX_EXPANSION_WIDTH}] (0 = "
+                             f"expansion_width), got {self.fork_width}; set it to 0 or a width")
+        if self.max_children < 0:
+            raise ValueError(f"--data.search.rollout.max_children must be >= 0 (0 = off), got {self.max_children}; "
+                             "set it to 0 or more")
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """The settings of a selection rule with `agents` (puct_agents: the Countdown MCTS of
+    at2005/llm-mcts, flywheel.search.agents), refused with any other rule.
+
+    Args:
+        count: workers descending the tree per round (the reference: 16); each makes at most one
+            expansion request per round, all of them in the driver's one generator call.
+        iterations: M, rounds of selection per tree (the reference: 100 per worker);
+            max_expansions_per_tree still caps the expansions.
+        virtual_loss: a pending selection counts on every node of its path as a visit with value
+            -virtual_loss until its expansion returns, so the other agents of the round spread out
+            (0 = a visit with value 0).
+    """
+
+    count: int = 1
+    iterations: int = 100
+    virtual_loss: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_finite_fields(self, "data.search.agents")
+        for name in ("count", "iterations"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--data.search.agents.{name} must be >= 1, got {getattr(self, name)}; set it to 1 or more")
+        if self.virtual_loss < 0:
+            raise ValueError(f"--data.search.agents.virtual_loss must be >= 0, got {self.virtual_loss}; set it to 1.0")
+
+
+@dataclass(frozen=True)
 class SearchAblations:
     """Switches that turn a rule of the search into one of the paper's ablations or the official
     code's variant. No recipe, tool or result in docs/ sets them; they are kept so each ablation
@@ -83,9 +138,9 @@ class SearchConfig:
             `SELECTION` (flywheel.search.rule_table; --help lists the registered ones). The
             paper's "frontier" dives by local UCT while expansions produce no terminal and picks
             by the global frontier score after one does. A rule with `agents` (the Countdown MCTS
-            of at2005/llm-mcts, flywheel.search.agents) has `agents` workers descend one shared
+            of at2005/llm-mcts, flywheel.search.agents) has `agents.count` workers descend one shared
             tree by pUCT each round with virtual loss, a new node's Q starting at its value (a
-            value model's V(s), a terminal's reward); after `iterations_per_agent` rounds the
+            value model's V(s), a terminal's reward); after `agents.iterations` rounds the
             most-visited path to a terminal is the tree's ONE training trajectory
             (trajectories_per_tree is not used), to train with the value baseline
             (--model.objective.value_baseline=true, conf/countdown_mcts.yaml).
@@ -135,33 +190,22 @@ class SearchConfig:
             V(s)) over the non-terminal nodes; "root" forks at the root only (flat sampling in
             rounds of n with the tree's stopping rules, the control that tells what the forks
             buy); a rule with `cut` (TreeRL's EPTree forks, "entropy", arXiv 2506.11902) also
-            cuts every new rollout just before its `entropy_forks_per_chain` highest-entropy
+            cuts every new rollout just before its `rollout.entropy_forks_per_chain` highest-entropy
             tokens and forks from the untried cut with the highest entropy. A mid-step cut is no
             reasoning step: it does not count towards max_depth (docs/search.md, "Entropy forks").
-        entropy_forks_per_chain: rollout mode, fork_rule "entropy": N, the tokens of each new
-            rollout (its highest per-token entropies, the first token excepted) before which it
-            is cut into fork points (TreeRL's released script: 2).
-        fork_width: rollout mode: T, continuations sampled per fork below the root (TreeRL's
-            script: 2); 0 = expansion_width. The root's expansions sample expansion_width.
         distinct_children: the n children of one expansion start with n different tokens: their
             first token is drawn without replacement (Gumbel-top-k over the policy's first-token
             distribution), the rest as usual. The recorded log-probs stay the policy's, so the
             trainer's ratio ignores that the n first tokens were not drawn independently (a bias
             towards unlikely first tokens; docs/search.md, "Distinct children"). Needs a generator
             that can (the in-process HFBackend; the vLLM sidecar refuses it).
-        max_children: rollout mode: a node with this many children is no longer forked from
-            (0 = no cap).
         stop_when_solved: a tree that has found a correct answer stops as soon as it holds this
             many trajectories (rollout mode: rollouts) (0 = off: every tree runs to K). With K above it, the expansions a
             solved tree would have spent go to trees that have not found an answer yet.
-        agents: selection "puct_agents": workers descending the tree per round (the reference: 16);
-            each makes at most one expansion request per round, all of them in the driver's one
-            generator call.
-        iterations_per_agent: selection "puct_agents": M, rounds of selection per tree (the
-            reference: 100 per worker); max_expansions_per_tree still caps the expansions.
-        virtual_loss: selection "puct_agents": a pending selection counts on every node of its path
-            as a visit with value -virtual_loss until its expansion returns, so the other agents
-            of the round spread out (0 = a visit with value 0).
+        rollout: the settings of rollout expansion: fork widths, the cap on a node's children, the
+            entropy fork's cuts (`--data.search.rollout.*`, RolloutSettings).
+        agents: the settings of a selection rule with `agents` (puct_agents): how many agents,
+            their rounds, their virtual loss (`--data.search.agents.*`, AgentSettings).
         ablations: the switches of the paper's ablations and the official code's variants that
             no recipe, tool or result in docs/ uses (`--data.search.ablations.*`, SearchAblations).
     """
@@ -194,14 +238,10 @@ class SearchConfig:
     seed: int = 0
     expansion: str = "step"
     fork_rule: str = "uct"
-    entropy_forks_per_chain: int = 2
-    fork_width: int = 0
     distinct_children: bool = False
-    max_children: int = 0
     stop_when_solved: int = 0
-    agents: int = 1
-    iterations_per_agent: int = 100
-    virtual_loss: float = 1.0
+    rollout: RolloutSettings = RolloutSettings()
+    agents: AgentSettings = AgentSettings()
     ablations: SearchAblations = SearchAblations()
 
     def __post_init__(self) -> None:
@@ -230,14 +270,9 @@ class SearchConfig:
                 "first call alone would sample that many sequences per tree before any progress. Set it to "
                 f"{MAX_EXPANSION_WIDTH} or less"
             )
-        for name in ("agents", "iterations_per_agent"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"search.{name} must be >= 1, got {getattr(self, name)}; set --data.search.{name}=1 or more")
-        if self.virtual_loss < 0:
-            raise ValueError(f"search.virtual_loss must be >= 0, got {self.virtual_loss}; set --data.search.virtual_loss=1.0")
-        for name in ("max_children", "stop_when_solved"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"--data.search.{name} must be >= 0 (0 = off), got {getattr(self, name)}; set it to 0 or more")
+        if self.stop_when_solved < 0:
+            raise ValueError(f"--data.search.stop_when_solved must be >= 0 (0 = off), got {self.stop_when_solved}; "
+                             "set it to 0 or more")
 
     def _check_scores(self) -> None:
         """The backup's and the selection scores' constants, and the overlong penalty."""
@@ -280,18 +315,20 @@ class SearchConfig:
             raise ValueError(f"search.selection={self.selection!r} grows the tree by {selection.expansion} expansion; it "
                              f"cannot be combined with --data.search.expansion={self.expansion} (set "
                              f"--data.search.expansion={selection.expansion})")
-        if fork.cut is not None and self.entropy_forks_per_chain < 1 or fork.needs_entropy and self.entropy_top_k < 1:
+        if fork.cut is not None and self.rollout.entropy_forks_per_chain < 1 or fork.needs_entropy and self.entropy_top_k < 1:
             raise ValueError(
                 f"--data.search.fork_rule={self.fork_rule!r} cuts every rollout at its highest-entropy tokens: it needs "
-                f"--data.search.entropy_forks_per_chain >= 1 (got {self.entropy_forks_per_chain}) and "
+                f"--data.search.rollout.entropy_forks_per_chain >= 1 (got {self.rollout.entropy_forks_per_chain}) and "
                 f"--data.search.entropy_top_k >= 1 (got {self.entropy_top_k}); set both to 1 or more"
             )
-        if not 0 <= self.fork_width <= MAX_EXPANSION_WIDTH:
-            raise ValueError(f"--data.search.fork_width must be in [0, {MAX_EXPANSION_WIDTH}] (0 = expansion_width), "
-                             f"got {self.fork_width}; set it to 0 or a width")
-        if self.fork_width and not expansion.whole_rollouts:
-            raise ValueError(f"--data.search.fork_width={self.fork_width} sets the width of rollout forks; it needs "
-                             "--data.search.expansion=rollout (or set --data.search.fork_width=0)")
+        changed = [name for name in ("fork_width", "max_children")
+                   if getattr(self.rollout, name) != getattr(RolloutSettings(), name)]
+        if changed and not expansion.whole_rollouts:
+            raise ValueError(f"--data.search.rollout.{changed[0]}={getattr(self.rollout, changed[0])} is a setting of rollout "
+                             f"forks; it needs --data.search.expansion=rollout (or leave it at its default)")
+        if self.agents != AgentSettings() and not selection.agents:
+            raise ValueError(f"--data.search.agents.* set, but --data.search.selection={self.selection} has no agents: "
+                             "use a selection rule with agents (puct_agents) or leave them at their defaults")
 
     @property
     def whole_rollouts(self) -> bool:

@@ -77,7 +77,7 @@ def cut_at_entropy(
         starts.append(starts[-1] + len(piece.token_ids))
     entropies = [h for piece in pieces[first_new:] for h in piece.entropies]  # type: ignore[union-attr]
     base = starts[first_new]
-    cuts = {base + i for i in top_entropy_positions(entropies, config.entropy_forks_per_chain, max(1 - base, 0),
+    cuts = {base + i for i in top_entropy_positions(entropies, config.rollout.entropy_forks_per_chain, max(1 - base, 0),
                                                      len(entropies))}
     out: list[Completion] = []
     mid: list[bool] = []
@@ -115,7 +115,7 @@ def fork_entropy(tree: SearchTree, config: SearchConfig, rng: random.Random) -> 
     (ties to the lowest id), among the nodes a rollout may start from (`fork_candidates`' test);
     the root when none is left (fresh rollouts bring new fork points); None when the root is
     no candidate either."""
-    cap = config.max_children
+    cap = config.rollout.max_children
     best, best_entropy = None, -math.inf
     for v, entropy in tree.fork_points.items():
         if tree.expanded[v] or tree.terminal[v] or tree.depth[v] >= config.max_depth:

@@ -7,7 +7,7 @@ that reaches an unexpanded leaf asks for K sampled steps of it, and all of the t
 go into the driver's one generator call with every other tree's. When the steps return they
 become the leaf's children, terminals are graded, a value model scores the new non-terminal
 nodes (one call per round for every tree, in the driver), and the leaf's own value is backed
-up along its path while its virtual loss is removed. After `iterations_per_agent` rounds the
+up along its path while its virtual loss is removed. After `agents.iterations` rounds the
 most-visited path to a terminal is the tree's one training trajectory. An agent's descent is
 injected (a SELECTION rule with `agents`, flywheel.search.rule_table).
 """
@@ -126,7 +126,7 @@ class AgentTree:
         # Rounds without any expansion (every agent revisited a terminal) cost no tokens: go on
         # selecting until some agent reaches a leaf or the rounds run out.
         while not self.leaves:
-            if self.selection_rounds >= cfg.iterations_per_agent:
+            if self.selection_rounds >= cfg.agents.iterations:
                 self.status = "complete"
             elif self.expansions >= cfg.max_expansions_per_tree:
                 self.status = "expansion_cap"
@@ -134,7 +134,7 @@ class AgentTree:
                 return
             moved = False
             self.selection_rounds += 1
-            for _ in range(cfg.agents):
+            for _ in range(cfg.agents.count):
                 if self.expansions + len(self.leaves) >= cfg.max_expansions_per_tree:
                     break
                 node = self.descend(tree, self.pending, cfg)

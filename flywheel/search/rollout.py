@@ -140,8 +140,8 @@ def same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int |
 
 def fork_candidates(tree: SearchTree, config: SearchConfig) -> list[int]:
     """Nodes a rollout may start from: non-terminal, above max depth, with fewer than
-    `config.max_children` children (0 = no cap)."""
-    cap = config.max_children
+    `config.rollout.max_children` children (0 = no cap)."""
+    cap = config.rollout.max_children
     return [
         v for v in range(len(tree))
         if not tree.terminal[v] and tree.depth[v] < config.max_depth and (not cap or len(tree.children[v]) < cap)
@@ -226,7 +226,7 @@ class RolloutExpansion:
 
     def width(self, live: LiveTree, node: int) -> int:
         cfg = live.config
-        return cfg.fork_width if cfg.fork_width and node != ROOT else cfg.expansion_width
+        return cfg.rollout.fork_width if cfg.rollout.fork_width and node != ROOT else cfg.expansion_width
 
     def sampling_params(self, live: LiveTree, node: int, params: SamplingParams) -> SamplingParams:
         cfg, tree = live.config, live.tree

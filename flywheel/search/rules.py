@@ -61,7 +61,7 @@ def puct(tree: SearchTree, expanded: int, produced_terminal: bool, config: Searc
 
 def puct_agent(tree: SearchTree, pending: Sequence[int], config: SearchConfig) -> int | None:
     """The seed's Countdown MCTS (rest-mcts-and-countdown.md §B): pUCT with virtual loss."""
-    return agent_descend(tree, pending, config.puct_c, config.virtual_loss)
+    return agent_descend(tree, pending, config.puct_c, config.agents.virtual_loss)
 
 
 SELECTION.register(SearchRule("frontier", frontier, "local UCT until a terminal, then the global frontier score (§5)"))
