@@ -14,7 +14,6 @@ Last line: RESULT flat_tokens_per_s_before=... flat_tokens_per_s_after=... speed
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import subprocess
@@ -69,7 +68,10 @@ def run_arm(root: Path, args) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sys.path.insert(0, str(ROOT))
+    from flywheel.run.flags import StrictParser  # here, not at the top: an arm's process imports its own tree's flywheel
+
+    parser = StrictParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--before", required=True, help="the commit to compare with (checked out in a worktree)")
     parser.add_argument("--problems", type=int, default=512)
     parser.add_argument("--samples", type=int, default=8)

@@ -39,6 +39,7 @@ class SearchTree:
     """Flat storage of one search tree. Node ids are creation order, root = 0."""
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
+        # Long: one line per per-node list of the flat storage, each with why it is kept; the root's entries
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids)
