@@ -161,17 +161,14 @@ def rule_tables() -> dict:
 
 
 @contextmanager
-def plugin_rules_loaded():
-    """The tables with tests/plugin_rules.py's rules registered (one of every family, as
-    `--plugins plugin_rules` loads them), restored to the library's own afterwards."""
+def tables_kept():
+    """The rule tables restored as they were on entering (a test's or a plugin's rules removed,
+    and the plugin module forgotten) when the block ends."""
     import sys
-
-    from flywheel.run.plugins import load_plugins
 
     tables = rule_tables()
     saved = {flag: (dict(table), dict(table.origin)) for flag, table in tables.items()}
     try:
-        load_plugins(["--plugins", "plugin_rules"])
         yield tables
     finally:
         sys.modules.pop("plugin_rules", None)
@@ -179,6 +176,17 @@ def plugin_rules_loaded():
             tables[flag].clear()
             tables[flag].update(rules)
             tables[flag].origin = origin
+
+
+@contextmanager
+def plugin_rules_loaded():
+    """The tables with tests/plugin_rules.py's rules registered (one of every family, as
+    `--plugins plugin_rules` loads them), restored to the library's own afterwards."""
+    from flywheel.run.plugins import load_plugins
+
+    with tables_kept() as tables:
+        load_plugins(["--plugins", "plugin_rules"])
+        yield tables
 
 
 CREDIT_TABLE = r"(?m)^\| `([a-z_]+)`(?: \(default\))? \|"
