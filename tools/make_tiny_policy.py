@@ -4,7 +4,7 @@
     python tools/make_tiny_policy.py --out /tmp/p --steps 200 --seed 1   # a variant elsewhere
     python tools/make_tiny_policy.py --out flywheel/assets/policies/tiny-countdown-h3 --num_heads 3   # the vLLM one
     python tools/make_tiny_policy.py --out /tmp/p --hold_out val.jsonl   # SFT never sees val.jsonl's number multisets
-    python tools/make_tiny_policy.py --task chain --steps 300 --eval_max_new_tokens 192   # tiny-chain (its card has the exact command)
+    python tools/make_tiny_policy.py --task chain --steps 1200 --eval_max_new_tokens 192   # tiny-chain (its card's command)
     python tools/make_tiny_policy.py --task mastermind --steps 600   # tiny-mastermind (likewise)
 
 A character tokenizer and a small Llama built from config (flywheel.policies.tiny), trained by SFT on
