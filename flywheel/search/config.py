@@ -7,6 +7,7 @@ code's rule sits behind a switch.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
@@ -34,8 +35,8 @@ MAX_EXPANSION_WIDTH = 1024
 
 @dataclass(frozen=True)
 class RolloutSettings:
-    """The settings of rollout expansion (`--data.search.expansion=rollout`, flywheel.search.rollout),
-    refused with step expansion.
+    """The settings of rollout expansion (`--data.search.expansion=rollout`, flywheel.search.rollout);
+    a fork width or a children cap is refused with step expansion.
 
     Args:
         fork_width: T, continuations sampled per fork below the root (TreeRL's script: 2);
@@ -118,10 +119,17 @@ class SearchAblations:
 def check_literal_fields(settings: Any, section: str) -> None:
     """Every Literal-typed field of `settings` holds one of its annotation's values; else the one-line
     refusal naming `--{section}.{field}` and the choices."""
-    for name, hint in get_type_hints(type(settings)).items():
-        if get_origin(hint) is Literal and getattr(settings, name) not in get_args(hint):
-            raise ValueError(f"--{section}.{name} must be one of {get_args(hint)}, got {getattr(settings, name)!r}; "
+    for name, allowed in literal_choices(type(settings)).items():
+        if getattr(settings, name) not in allowed:
+            raise ValueError(f"--{section}.{name} must be one of {allowed}, got {getattr(settings, name)!r}; "
                              "pick one of those")
+
+
+@functools.cache
+def literal_choices(settings_class: type) -> dict[str, tuple[Any, ...]]:
+    """The allowed values of every Literal-typed field of a settings class, read once from its
+    annotations (every construction of the class checks against them)."""
+    return {name: get_args(hint) for name, hint in get_type_hints(settings_class).items() if get_origin(hint) is Literal}
 
 
 @dataclass(frozen=True)

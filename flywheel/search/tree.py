@@ -12,6 +12,12 @@ The tree does no search logic beyond the structural bookkeeping of §1 (a new no
 child starts with N = 1) and two derived sets the selection rules read:
 - the frontier: non-terminal nodes without children (§5's F), grouped by parent;
 - dead nodes: terminal, or expanded with every child dead (nothing left to expand below).
+
+Three fields are written by one rule family only and still live here: `mid_step` (the entropy
+fork's cuts; the structure reads it for depth, a prefix's open step and merging), `fork_points`
+(where those cuts were: rules keep no state, one object serving every tree, and the tree's dump
+shows them) and `prm_value` (a value model's score: an input of every selection and fork rule
+and of the agents' backup, not of one rule).
 """
 
 from __future__ import annotations
@@ -39,7 +45,6 @@ class SearchTree:
     """Flat storage of one search tree. Node ids are creation order, root = 0."""
 
     def __init__(self, prompt_ids: Sequence[int]) -> None:
-        # Long: one line per per-node list of the flat storage, each with why it is kept; the root's entries
         if not prompt_ids:
             raise ValueError("prompt_ids must not be empty")
         self.prompt_ids: tuple[int, ...] = tuple(prompt_ids)
@@ -52,20 +57,15 @@ class SearchTree:
         so it has its parent's depth and the node completing that step counts it."""
         self.mid_step: list[bool] = [False]
         """The node ends inside a step: a rollout cut before a high-entropy token (fork_rule
-        "entropy"); its children continue the same step. Kept here, not by the rule, because the
-        structure reads it: depth (a mid-step node adds none), a prefix's open step, merging."""
+        "entropy"); its children continue the same step."""
         self.fork_points: dict[int, float] = {}
         """Rollout fork_rule "entropy": node -> entropy of the token that followed it in a rollout,
-        for the nodes a rollout was cut at (the highest such entropy when several were). Kept
-        here, not by the rule, because rules keep no state (one object serves every tree) and
-        the tree's dump shows where it forked."""
+        for the nodes a rollout was cut at (the highest such entropy when several were)."""
         # Statistics (§4): N and q (a sum); Q = q / N is derived.
         self.visits: list[int] = [0]
         self.value: list[float] = [0.0]
         self.prm_value: list[float] = [math.nan]
-        """A value model's score of the node (NaN = not scored). Kept per node like N and q: the
-        value model is an input of every selection and fork rule (prm_weight) and of the agents'
-        backup, not of one rule."""
+        """A value model's score of the node (NaN = not scored)."""
         # The step itself.
         self.tokens: list[tuple[int, ...]] = [()]
         """The node's own generated tokens (its step, or its action)."""
