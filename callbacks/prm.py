@@ -128,7 +128,7 @@ class PRMUpdate(Callback):
     def _collect(self, results) -> None:
         local = []
         for result in results or ():
-            if result.mode != "search":
+            if not result.searched:
                 continue
             held = zlib.crc32(result.problem_id.encode()) % self.heldout_every == 0
             local += [(held, sample) for sample in tree_samples(result.tree)]

@@ -21,7 +21,7 @@ def epoch_metrics(results: Sequence[TreeResult], stats: DriverStats, seconds: fl
     unboxed fallback shows (issue 36); `data`: the curriculum's and the credit's counts,
     logged as `data/<name>`. An environment's epoch also logs its invalid actions (count and
     share of the actions answered) and the observation tokens it prefilled."""
-    searched = [r for r in results if r.mode == "search"]
+    searched = [r for r in results if r.searched]
     trajectories = [t for r in results for t in r.trajectories]
     metrics = {
         "search/seconds": seconds,

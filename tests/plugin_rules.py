@@ -9,12 +9,12 @@ from flywheel.search.rule_table import EXPANSION, FORK, SELECTION, SearchRule
 from flywheel.search.rules import step_mode
 
 
-def breadth_first(tree, expanded, produced_terminal, config, rng):
+def breadth_first(tree, expanded, produced_terminal, rng):
     """The lowest-id node neither terminal nor expanded: the tree grows level by level."""
     return next((v for v in range(len(tree)) if not tree.terminal[v] and not tree.children[v]), None)
 
 
-def newest(tree, config, rng):
+def newest(tree, rng):
     """The newest node that is not terminal: rollouts fork from the deepest point reached last."""
     return next((v for v in reversed(range(len(tree))) if not tree.terminal[v]), None)
 

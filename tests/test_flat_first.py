@@ -211,8 +211,8 @@ def test_flat_first_with_the_tiny_policy_splits_by_the_flat_samples(one_thread):
     out = rollout(task.problems("train")[:8], generator=HFGenerator(model, tokenizer), task=task, tokenizer=tokenizer,
                   kind="search", search=search, flat_samples=8, max_concurrent_trees=8, credit=Credit(advantage="subtree"),
                   flat_first=4)
-    flat = [r for r in out.results if r.mode == "flat"]
-    trees = [r for r in out.results if r.mode == "search"]
+    flat = [r for r in out.results if not r.searched]
+    trees = [r for r in out.results if r.searched]
     assert flat and trees, [r.mode for r in out.results]  # both kinds occur on these problems
     assert all(len(r.trajectories) == 4 and any(t.verdict.correct for t in r.trajectories) for r in flat)
     for r in trees:

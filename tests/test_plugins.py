@@ -91,3 +91,19 @@ def test_the_docs_check_accepts_the_plugin_rules():
         for flag, table in tables.items():
             assert CHOSEN[flag] in table and CHOSEN[flag] not in table.library_names()
         assert all(name in tables[flag] for _, flag, name in documented_rules(tables))
+
+
+@pytest.mark.parametrize("settings", [{"selection": "breadth_first"}, {"expansion": "rollout", "fork_rule": "newest"},
+                                      {"expansion": "single_step"}])
+def test_the_plugin_search_rules_grow_trees(plugin_tables, settings):
+    """The plugin's search rules, bound as the built-in ones are, drive a whole search: the rule
+    is called with the tree and its rng alone, and its trees finish with graded trajectories."""
+    from flywheel.search import SearchConfig, SearchProblem, run_search
+    from flywheel.tasks.base import StepSpec
+    from scripted import HashGenerator, toy_decode, toy_score
+
+    load_plugins(["fit", "--plugins", "plugin_rules"])
+    cfg = SearchConfig(expansion_width=2, trajectories_per_tree=2, max_depth=3, overlong_penalty=False, **settings)
+    results = run_search([SearchProblem((0,), toy_score, id=f"p{i}") for i in range(3)], HashGenerator(), cfg,
+                         step=StepSpec(2), decode=toy_decode)
+    assert len(results) == 3 and all(r.trajectories for r in results)

@@ -68,7 +68,7 @@ def test_value_model_trains_each_round_steers_the_next_search_and_resumes(tmp_pa
     dm.use_value_model(None)
     plain = dm.rollouts(problems, tokenizer, epoch=11, rank=0).results
     dm.use_value_model(value_fn)
-    assert all(r.mode == "search" for r in guided + plain) and len(guided) == len(plain) == 8
+    assert all(r.searched for r in guided + plain) and len(guided) == len(plain) == 8
 
     def grown(result):  # the expanded nodes' prefixes, in the order they were created
         return [tuple(result.tree.tokens[n]) for n in range(len(result.tree.tokens))]

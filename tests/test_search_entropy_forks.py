@@ -18,9 +18,10 @@ import flywheel.search.entropy_forks as entropy_forks_mod
 from flywheel.search.config import SearchAblations, RolloutSettings
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
-from flywheel.search.entropy_forks import cut_at_entropy, fork_entropy, open_step, top_entropy_positions
+from flywheel.search.entropy_forks import EntropyForkSettings, cut_at_entropy, fork_entropy, open_step, top_entropy_positions
 from flywheel.search.flat import flat_rollouts
 from flywheel.search.rollout import insert_path, split_steps
+from flywheel.search.selection import ForkSettings
 from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
@@ -51,7 +52,7 @@ def test_cuts_inside_a_step_and_at_a_step_boundary():
     0.9 at token 1 (inside step 1: cut into (5,) mid-step + (6, 4)) and 0.8 at token 3 (the first
     token of step 2: no new piece, the node of (6, 4) is the fork point)."""
     steps = [c((5, 6, NEWLINE), (0.1, 0.9, 0.2), "stop"), c((3, EOS), (0.8, 0.3))]
-    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=2)))
+    pieces, mid, forks = cut_at_entropy(EntropyForkSettings(per_chain=2), steps, 0)
     assert [p.token_ids for p in pieces] == [(5,), (6, NEWLINE), (3, EOS)]
     assert [p.finish_reason for p in pieces] == ["length", "stop", "eos"]
     assert [p.entropies for p in pieces] == [(0.1,), (0.9, 0.2), (0.8, 0.3)]
@@ -59,13 +60,13 @@ def test_cuts_inside_a_step_and_at_a_step_boundary():
     assert forks == {1: 0.9, 2: 0.8}
     # Only one cut: the 0.9 token. The first token (0.1 here, 5.0 below) is never a cut.
     steps[0] = c((5, 6, NEWLINE), (5.0, 0.9, 0.2), "stop")
-    pieces, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=1)))
+    pieces, mid, forks = cut_at_entropy(EntropyForkSettings(per_chain=1), steps, 0)
     assert [p.token_ids for p in pieces] == [(5,), (6, NEWLINE), (3, EOS)] and forks == {1: 0.9}
     # Step 1 repeats an existing node (first_new = 1): only step 2's tokens are candidates.
-    pieces, mid, forks = cut_at_entropy(steps, 1, SearchConfig(fork_rule="entropy", rollout=RolloutSettings(entropy_forks_per_chain=1)))
+    pieces, mid, forks = cut_at_entropy(EntropyForkSettings(per_chain=1), steps, 1)
     assert [p.token_ids for p in pieces] == [(5, 6, NEWLINE), (3, EOS)] and mid == [False, False] and forks == {1: 0.8}
     with pytest.raises(RuntimeError, match="fork_rule='entropy' needs per-token entropies"):
-        cut_at_entropy([Completion((5, EOS), (-1.0, -1.0), "eos")], 0, SearchConfig(fork_rule="entropy"))
+        cut_at_entropy(EntropyForkSettings(), [Completion((5, EOS), (-1.0, -1.0), "eos")], 0)
 
 
 def test_a_fork_inside_a_step_continues_that_step():
@@ -177,17 +178,17 @@ def test_fork_entropy_picks_the_untried_highest_then_the_root():
     insert_path(tree, 0, [c((5, NEWLINE), finish="stop"), c((6,), finish="length"), c((7, NEWLINE), finish="stop"),
                           c((3, EOS))], True, merge=False, mid_step=[False, True, False, False])
     rng = random.Random(0)
-    cfg = SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=3)
-    assert fork_entropy(tree, cfg, rng) == 0  # no fork point yet: the root
+    cfg = EntropyForkSettings(ForkSettings(max_depth=3))
+    assert fork_entropy(cfg, tree, rng) == 0  # no fork point yet: the root
     tree.fork_points.update({1: 0.7, 2: 0.9, 3: 0.9})
-    assert fork_entropy(tree, cfg, rng) == 2  # 0.9 tie: the lower id
+    assert fork_entropy(cfg, tree, rng) == 2  # 0.9 tie: the lower id
     tree.expanded[2] = 1
-    assert fork_entropy(tree, cfg, rng) == 3
-    assert fork_entropy(tree, SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=2), rng) == 1  # 3 at d_T
+    assert fork_entropy(cfg, tree, rng) == 3
+    assert fork_entropy(EntropyForkSettings(ForkSettings(max_depth=2)), tree, rng) == 1  # 3 at d_T
     tree.expanded[3] = tree.expanded[1] = 1
-    assert fork_entropy(tree, cfg, rng) == 0  # every fork point tried: fresh rollouts
-    capped = SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=3, rollout=RolloutSettings(max_children=1))
-    assert fork_entropy(tree, capped, rng) is None  # and the root is full
+    assert fork_entropy(cfg, tree, rng) == 0  # every fork point tried: fresh rollouts
+    capped = EntropyForkSettings(ForkSettings(max_depth=3, max_children=1))
+    assert fork_entropy(capped, tree, rng) is None  # and the root is full
 
 
 def test_config_checks_name_the_flag():

@@ -15,7 +15,7 @@ from flywheel.search.backup import backup_trajectory
 from flywheel.search.driver import SearchProblem
 from flywheel.search.rule_table import SELECTION
 from scripted import HashGenerator, toy_decode, toy_score
-from flywheel.search.selection import descend_puct, descend_uct, frontier_score, select_frontier
+from flywheel.search.selection import FrontierSettings, PuctSettings, descend_puct, descend_uct, frontier_score, select_frontier
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
 
@@ -87,7 +87,7 @@ def test_frontier_yields_a_childless_non_terminal_argmax(seed, expansions, width
     for node in range(len(tree)):  # arbitrary values
         tree.visits[node] += rng.randrange(3)
         tree.value[node] = rng.uniform(-2, 2)
-    cfg = SearchConfig(max_depth=5, frontier_lambda2=lambda2, ablations=SearchAblations(depth_bonus=bonus))
+    cfg = FrontierSettings(lambda2=lambda2, depth_bonus=bonus, max_depth=5)
     # brute force over every node of F = {non-terminal, no children, depth < d_T}, root excluded
     brute = [
         n
@@ -106,7 +106,7 @@ def test_frontier_yields_a_childless_non_terminal_argmax(seed, expansions, width
     best = max(score.values())
     assert score[picked] == best and picked == min(n for n in brute if score[n] == best)
     # the descents reach the same kind of node
-    for leaf in (descend_uct(tree, cfg, rng), descend_puct(tree, cfg)):
+    for leaf in (descend_uct(tree, cfg.local, rng), descend_puct(tree, PuctSettings())):
         assert leaf in brute
 
 

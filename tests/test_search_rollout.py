@@ -12,10 +12,11 @@ import random
 
 import pytest
 
-from flywheel.search.config import SearchAblations, RolloutSettings
+from flywheel.search.config import SearchAblations
 from flywheel.generation.base import Completion
 from flywheel.search import SearchConfig, SearchProblem, run_search
-from flywheel.search.rollout import fork_candidates, fork_random, fork_root, fork_uct, insert_path, split_steps
+from flywheel.search.rollout import UctForkSettings, fork_random, fork_root, fork_uct, insert_path, split_steps
+from flywheel.search.selection import ForkSettings, UctSettings, fork_candidates
 from scripted import EOS, NEWLINE, ScriptedGenerator, toy_decode, toy_score
 from flywheel.search.tree import SearchTree
 from flywheel.tasks.base import StepSpec
@@ -120,17 +121,17 @@ def test_rollout_tree_reproduced_exactly():
 def test_fork_rules_and_the_children_cap():
     tree = SearchTree((0,))
     insert_path(tree, 0, [c((5, 4), finish="stop"), c((6, 4), finish="stop"), c((3, EOS))], True, merge=True)
-    cfg = SearchConfig(expansion="rollout", max_depth=3)
+    cfg = ForkSettings(max_depth=3)
     assert fork_candidates(tree, cfg) == [0, 1, 2]  # the terminal (3) never
-    assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=2)) == [0, 1]  # depth 2 is max depth
-    assert fork_candidates(tree, SearchConfig(expansion="rollout", max_depth=3, rollout=RolloutSettings(max_children=1))) == []
-    picks = {fork_random(tree, cfg, random.Random(s)) for s in range(40)}
+    assert fork_candidates(tree, ForkSettings(max_depth=2)) == [0, 1]  # depth 2 is max depth
+    capped = ForkSettings(max_depth=3, max_children=1)
+    assert fork_candidates(tree, capped) == []
+    picks = {fork_random(cfg, tree, random.Random(s)) for s in range(40)}
     assert picks == {0, 1, 2}
-    assert fork_root(tree, cfg, random.Random(0)) == 0
-    capped = SearchConfig(expansion="rollout", max_depth=3, rollout=RolloutSettings(max_children=1))
-    assert fork_root(tree, capped, random.Random(0)) is None  # the root is full: nothing to fork from
+    assert fork_root(cfg, tree, random.Random(0)) == 0
+    assert fork_root(capped, tree, random.Random(0)) is None  # the root is full: nothing to fork from
     # uct with no backup yet: every Q is 0 and N(root) = 0 gives no bonus: the lowest id.
-    assert fork_uct(tree, cfg, random.Random(0)) == 0
+    assert fork_uct(UctForkSettings(cfg, UctSettings()), tree, random.Random(0)) == 0
 
 
 def test_rollouts_longer_than_max_depth_end_as_incomplete_terminals():

@@ -17,8 +17,13 @@ import flywheel.search.values as values_mod
 from flywheel.generation.base import Completion
 from flywheel.rewards import Verdict
 from flywheel.search.backup import backup_trajectory, constrained_update, time_decay_weight, vanilla_update
-from flywheel.search.config import SearchConfig, SearchAblations
+from flywheel.search.config import RolloutSettings, SearchAblations, SearchConfig
+from flywheel.search.rule_table import FORK, SELECTION
 from flywheel.search.selection import (
+    ForkSettings,
+    FrontierSettings,
+    PuctSettings,
+    UctSettings,
     depth_bonus,
     descend_puct,
     descend_uct,
@@ -194,7 +199,7 @@ def _root_with_children(k: int, terminal=None) -> SearchTree:
 
 def test_local_uct_prefers_unvisited_bonus_and_skips_terminals():
     tree = _root_with_children(3, [False, False, True])
-    cfg = SearchConfig()
+    cfg = UctSettings()
     rng = random.Random(0)
     # root N = 4; child 1: q = 0.5, N = 2 -> 0.25 + 2 sqrt(ln4/2) = 1.915
     # child 2: q = 0, N = 1 -> 0 + 2 sqrt(ln4) = 2.355 -> child 2 wins; child 3 is terminal
@@ -212,7 +217,7 @@ def test_local_uct_prefers_unvisited_bonus_and_skips_terminals():
 
 def test_local_uct_softmax_is_seeded():
     tree = _root_with_children(4)
-    cfg = SearchConfig(ablations=SearchAblations(uct_sampling="softmax"))
+    cfg = UctSettings(sampling="softmax")
     picks_a = [local_uct_select(tree, 0, cfg, random.Random(s)) for s in range(30)]
     picks_b = [local_uct_select(tree, 0, cfg, random.Random(s)) for s in range(30)]
     assert picks_a == picks_b and len(set(picks_a)) > 1
@@ -225,11 +230,11 @@ def test_depth_bonus_variants():
 
 
 def test_frontier_score_worked():
-    cfg = SearchConfig(max_depth=4)
+    cfg = FrontierSettings(max_depth=4)
     # 0.4 * tanh(-0.5) + 0.01 * sqrt(2 / 4) = -0.184846 + 0.007071 = -0.177775
     assert frontier_score(-0.5, math.nan, 2, cfg) == pytest.approx(-0.177775, abs=1e-6)
     # lambda2 on: + 0.5 * H; H = NaN adds nothing
-    cfg2 = SearchConfig(max_depth=4, frontier_lambda2=0.5)
+    cfg2 = FrontierSettings(max_depth=4, lambda2=0.5)
     assert frontier_score(0.0, 1.2, 1, cfg2) == pytest.approx(0.6 + 0.005)
     assert frontier_score(0.0, math.nan, 1, cfg2) == pytest.approx(0.005)
 
@@ -244,7 +249,7 @@ def _frontier_tree() -> SearchTree:
 
 def test_select_frontier_worked():
     tree = _frontier_tree()
-    cfg = SearchConfig(max_depth=4)
+    cfg = FrontierSettings(max_depth=4)
     # Q(root) = 0 -> P2: 0.4 * tanh(0) + 0.01 * sqrt(1/4) = 0.005
     # Q(P1) = -0.5 (q = -1, N = 2) -> X: 0.4 * tanh(-0.5) + 0.01 * sqrt(2/4) = -0.1778
     tree.value[1], tree.visits[1] = -1.0, 2
@@ -255,7 +260,7 @@ def test_select_frontier_worked():
     # lambda2 = 1 adds each node's step mean NLL: X 2.0, X' 0.1, P2 1.0. At Q(P1) = -0.5:
     # X: -0.1778 + 2.0 = 1.822 > P2: 0.005 + 1.0 = 1.005 > X': -0.1778 + 0.1
     tree.value[1] = -1.0
-    assert select_frontier(tree, SearchConfig(max_depth=4, frontier_lambda2=1.0)) == 3
+    assert select_frontier(tree, FrontierSettings(max_depth=4, lambda2=1.0)) == 3
     # equal parents' Q: the depth bonus makes the deeper node win
     tree.value[1] = 0.0
     assert select_frontier(tree, cfg) == 3
@@ -273,7 +278,7 @@ def test_frontier_never_offers_expanded_or_terminal_nodes():
 
 def test_descend_uct_from_root():
     tree = _frontier_tree()
-    cfg = SearchConfig()
+    cfg = UctSettings()
     # root N = 0 -> both children score Q = 0: P1 (id 1) by tie; P1 has children, descend:
     # X, X' fresh -> X (id 3), a leaf
     assert descend_uct(tree, cfg, random.Random(0)) == 3
@@ -295,12 +300,29 @@ def test_descend_puct_follows_prior_then_value():
     # two root children with summed log-probs -2 and -0.5: priors 0.18, 0.82
     kids = [Completion((5, 5), (-1.0, -1.0), "length"), Completion((6,), (-0.5,), "length")]
     tree.add_children(0, kids, [False, False])
-    cfg = SearchConfig(selection="puct")
+    cfg = PuctSettings()
     assert descend_puct(tree, cfg) == 2
     # root N = 0 -> sqrt(max(0, 1)) = 1: child 1 0.5 * 0.18 / 2 = 0.046 < child 2 0.5 * 0.82 / 2 = 0.204
     # then child 2 fails badly: q = -3, N = 2 -> -1.5 + 0.5 * 0.82 / 3 = -1.364 < 0.046
     tree.value[2], tree.visits[2] = -3.0, 2
     assert descend_puct(tree, cfg) == 1
+
+
+def test_each_rule_is_bound_to_its_own_settings_read_from_the_flags():
+    cfg = SearchConfig(max_depth=9, uct_lambda=1.5, frontier_lambda2=0.3, puct_c=0.7, prm_weight=0.2,
+                       ablations=SearchAblations(depth_bonus="log", uct_sampling="softmax"))
+    uct = UctSettings(lam=1.5, value_weight=0.2, sampling="softmax")
+    assert SELECTION["frontier"].settings(cfg) == FrontierSettings(0.4, 0.3, 0.01, "log", 9, 0.2, uct)
+    assert SELECTION["vanilla_uct"].settings(cfg) == uct
+    assert SELECTION["puct"].settings(cfg) == PuctSettings(c=0.7, value_weight=0.2)
+    rollout = SearchConfig(expansion="rollout", fork_rule="entropy", max_depth=9,
+                           rollout=RolloutSettings(max_children=3, entropy_forks_per_chain=4))
+    entropy = FORK["entropy"].settings(rollout)
+    assert (entropy.open, entropy.per_chain) == (ForkSettings(max_depth=9, max_children=3), 4)
+    # bound once: the tree calls the rule without any config
+    tree = _frontier_tree()
+    tree.value[1], tree.visits[1] = -1.0, 2
+    assert SELECTION["frontier"].bind(SearchConfig(max_depth=4))(tree, 1, True, random.Random(0)) == 2
 
 
 # ---------------------------------------------------------------------------- values §2, §6

@@ -28,7 +28,7 @@ calls: list[tuple[int, bool]] = []
 """(expanded, produced_terminal) of every call of the rule below."""
 
 
-def breadth_first(tree, expanded, produced_terminal, config, rng):
+def breadth_first(tree, expanded, produced_terminal, rng):
     """A selection rule the package does not have: the lowest-id node that is neither terminal
     nor expanded, so the tree grows level by level."""
     calls.append((expanded, produced_terminal))
@@ -87,7 +87,7 @@ def test_a_name_is_valid_exactly_while_a_rule_is_registered_under_it(monkeypatch
         SearchConfig(selection="breadth_first")
     monkeypatch.setitem(SELECTION, "breadth_first", SearchRule("breadth_first", breadth_first))
     assert SearchConfig(selection="breadth_first").selection == "breadth_first"
-    monkeypatch.setitem(FORK, "deepest", SearchRule("deepest", lambda tree, config, rng: None))
+    monkeypatch.setitem(FORK, "deepest", SearchRule("deepest", lambda tree, rng: None))
     assert SearchConfig(expansion="rollout", fork_rule="deepest").fork_rule == "deepest"
 
 

@@ -87,9 +87,9 @@ def test_a_rollout_with_a_cached_problem_splits_its_tokens_between_trees_and_fla
     modes = {r.problem_id: r.mode for r in out.results}
     assert modes == {problems[0].id: "flat", problems[1].id: "search", problems[2].id: "search"}
     split = out.tokens
-    mixed = next(r for r in out.results if r.mode == "flat")
+    mixed = next(r for r in out.results if not r.searched)
     assert len(mixed.trajectories) == 3 and split.flat == mixed.stats.generated_tokens > 0
-    assert split.tree == sum(r.stats.generated_tokens for r in out.results if r.mode == "search") > 0
+    assert split.tree == sum(r.stats.generated_tokens for r in out.results if r.searched) > 0
     assert split.tree + split.flat == out.stats.generated_tokens and split.screening == 0
     # A problem drawn twice in one epoch (a hard set smaller than --data.batching.problems_per_epoch)
     # is searched twice; both searches' tokens count, though its results share one id.

@@ -114,7 +114,7 @@ def tree_arm(results, rows_per_tree: Sequence[int]) -> dict:
     A tree that started from the m responses has its root marked expanded once for them
     (`expansions_by_depth` depth 0), though no request was made (`expansions_per_tree`)."""
     problems = len(results)
-    searched = [r for r in results if r.mode == "search"]
+    searched = [r for r in results if r.searched]
     tokens = solved = distinct = terminals = 0
     branching: list[int] = []
     depths: dict[int, int] = {}
@@ -153,8 +153,8 @@ def flat_first_split(results, m: int) -> dict:
     A flat group (mode "flat") is a problem its m samples solved; a tree's first m chains are
     its problem's m samples (`reused_tokens`), the rest its own rollouts."""
     problems = len(results)
-    trees = [r for r in results if r.mode == "search"]
-    flat_tokens = sum(r.stats.generated_tokens for r in results if r.mode == "flat") + \
+    trees = [r for r in results if r.searched]
+    flat_tokens = sum(r.stats.generated_tokens for r in results if not r.searched) + \
         sum(r.stats.reused_tokens for r in trees)
     return {
         "flat_first": m,

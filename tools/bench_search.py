@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from flywheel.search import SearchConfig, SearchDriver, SearchProblem
+from flywheel.search.rules import frontier_settings
 from flywheel.search.selection import select_frontier
 from flywheel.tasks.base import StepSpec
 from flywheel.run.flags import StrictParser
@@ -56,11 +57,12 @@ def scripted_run(trees: int, concurrency: int, eos_prob: float, *, step_tokens: 
     nodes = [r.stats.nodes for r in results]
     # The frontier argmax alone, on the finished trees (O(|F| / n) per call).
     probe = [r.tree for r in results[: min(len(results), 32)]]
+    settings = frontier_settings(cfg)
     t0 = time.perf_counter()
     reps = 20
     for _ in range(reps):
         for tree in probe:
-            select_frontier(tree, cfg)
+            select_frontier(tree, settings)
     frontier_us = 1e6 * (time.perf_counter() - t0) / (reps * len(probe))
     return {
         "trees": trees,

@@ -11,10 +11,20 @@ lowest node id, so a search is reproducible.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 from flywheel.search.selection import puct_score, sequence_priors
 from flywheel.search.tree import ROOT, SearchTree
+
+
+@dataclass(frozen=True)
+class AgentPuctSettings:
+    """One agent's descent: pUCT's `c` (--data.search.puct_c) and the `virtual_loss` a pending
+    selection puts on its path (--data.search.agents.virtual_loss)."""
+
+    c: float = 0.5
+    virtual_loss: float = 1.0
 
 
 def initial_value(tree: SearchTree, node: int) -> float:

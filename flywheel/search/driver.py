@@ -106,12 +106,13 @@ class SearchDriver:
         self.new_tree = self._tree_factory()
 
     def _tree_factory(self) -> Callable[[int, SearchProblem], LiveTree | AgentTree]:
-        """The config's rules, resolved once (flywheel.search.rule_table): a tree searched by several
+        """The config's rules, looked up and their settings bound once (flywheel.search.rule_table): a tree searched by several
         agents (a selection rule with `agents`), else a LiveTree grown by the config's expansion mode."""
         config = self.config
         selection = SELECTION[config.selection]
         if selection.agents:
-            return lambda index, problem: AgentTree(index, problem, config, selection.run)
+            descend = selection.bind(config)
+            return lambda index, problem: AgentTree(index, problem, config, descend)
         mode = EXPANSION[config.expansion].run(config, self.step, self.ends_step)
         if config.whole_rollouts:  # an episode's rollouts are played turn by turn
             return lambda index, problem: (EpisodeRolloutTree(index, problem, config, mode) if problem.respond is not None

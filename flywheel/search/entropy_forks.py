@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from flywheel.generation.base import Completion
-from flywheel.search.config import SearchConfig
+from flywheel.search.selection import ForkSettings
 from flywheel.search.tree import ROOT, SearchTree
 
 
@@ -49,8 +50,17 @@ def open_step(tree: SearchTree, node: int) -> tuple[int, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class EntropyForkSettings:
+    """fork_rule "entropy": the candidates (`open`) and N, the cuts of each new rollout
+    (`per_chain`, --data.search.rollout.entropy_forks_per_chain; TreeRL's released script: 2)."""
+
+    open: ForkSettings = field(default_factory=ForkSettings)
+    per_chain: int = 2
+
+
 def cut_at_entropy(
-    pieces: Sequence[Completion], first_new: int, config: SearchConfig
+    settings: EntropyForkSettings, pieces: Sequence[Completion], first_new: int
 ) -> tuple[list[Completion], list[bool], dict[int, float]]:
     """Cut the steps `pieces` of one rollout just before its top-N entropy tokens among the
     pieces from `first_new` on (the earlier ones repeat existing nodes) and after its first token.
@@ -63,7 +73,7 @@ def cut_at_entropy(
 
     >>> steps = [Completion((5, 6, 4), (-1.0,) * 3, "stop", (0.1, 0.9, 0.2)),
     ...          Completion((7, 1), (-1.0,) * 2, "eos", (0.8, 0.3))]
-    >>> cut, mid, forks = cut_at_entropy(steps, 0, SearchConfig(fork_rule="entropy"))
+    >>> cut, mid, forks = cut_at_entropy(EntropyForkSettings(per_chain=2), steps, 0)
     >>> [p.token_ids for p in cut], mid, forks
     ([(5,), (6, 4), (7, 1)], [True, False, False], {1: 0.9, 2: 0.8})
     """
@@ -77,7 +87,7 @@ def cut_at_entropy(
         starts.append(starts[-1] + len(piece.token_ids))
     entropies = [h for piece in pieces[first_new:] for h in piece.entropies]  # type: ignore[union-attr]
     base = starts[first_new]
-    cuts = {base + i for i in top_entropy_positions(entropies, config.rollout.entropy_forks_per_chain, max(1 - base, 0),
+    cuts = {base + i for i in top_entropy_positions(entropies, settings.per_chain, max(1 - base, 0),
                                                      len(entropies))}
     out: list[Completion] = []
     mid: list[bool] = []
@@ -110,15 +120,15 @@ def record_fork_points(tree: SearchTree, path: Sequence[int], start: int, forks:
             tree.fork_points[node] = entropy
 
 
-def fork_entropy(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+def fork_entropy(settings: EntropyForkSettings, tree: SearchTree, rng: random.Random) -> int | None:
     """fork_rule "entropy": the fork point never forked from whose token had the highest entropy
     (ties to the lowest id), among the nodes a rollout may start from (`fork_candidates`' test);
     the root when none is left (fresh rollouts bring new fork points); None when the root is
     no candidate either."""
-    cap = config.rollout.max_children
+    cap, max_depth = settings.open.max_children, settings.open.max_depth
     best, best_entropy = None, -math.inf
     for v, entropy in tree.fork_points.items():
-        if tree.expanded[v] or tree.terminal[v] or tree.depth[v] >= config.max_depth:
+        if tree.expanded[v] or tree.terminal[v] or tree.depth[v] >= max_depth:
             continue
         if cap and len(tree.children[v]) >= cap:
             continue

@@ -27,9 +27,10 @@ from flywheel.search.outputs import TreeResult, build_trajectory
 from flywheel.search.step_expansion import grade_children
 from flywheel.search.tree import ROOT, SearchTree
 
-AgentDescent = Callable[[SearchTree, Sequence[int], SearchConfig], int | None]
-"""(tree, pending selections per node this round, config) -> where one agent's descent stops: a
-terminal or an unexpanded leaf, or None when nothing is open. Reads the tree, never changes it."""
+AgentDescent = Callable[[SearchTree, Sequence[int]], int | None]
+"""(tree, pending selections per node this round) -> where one agent's descent stops: a terminal
+or an unexpanded leaf, or None when nothing is open: a selection rule with `agents`, its settings
+bound (flywheel.search.rule_table.SearchRule.bind). Reads the tree, never changes it."""
 
 
 class AgentTree:
@@ -137,7 +138,7 @@ class AgentTree:
             for _ in range(cfg.agents.count):
                 if self.expansions + len(self.leaves) >= cfg.max_expansions_per_tree:
                     break
-                node = self.descend(tree, self.pending, cfg)
+                node = self.descend(tree, self.pending)
                 if node is None:
                     break
                 moved = True

@@ -138,6 +138,11 @@ class TreeResult:
     """"search" = DeepSearch MCTS; "flat" = independent rollouts (DAPO / best-of-N baselines)."""
 
     @property
+    def searched(self) -> bool:
+        """Was this a tree search (not a flat group of independent rollouts)?"""
+        return self.mode == "search"
+
+    @property
     def complete(self) -> bool:
         """True when the tree stopped by its rule (K trajectories, or solved early); False when
         it ran out of budget or of nodes first (see status)."""

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from flywheel.generation.base import Completion, SamplingParams
 from flywheel.search.backup import backup_trajectory
-from flywheel.search.config import SearchConfig
 from flywheel.search.entropy_forks import open_step, record_fork_points
 from flywheel.search.expansion import Decode, emitted_eos, grade_terminal, rollout_sampling_params
-from flywheel.search.selection import prm_term, uct_score
+from flywheel.search.selection import ForkSettings, UctSettings, fork_candidates, prm_term, uct_score
 from flywheel.search.terminal import is_terminal_step
 from flywheel.search.tree import ROOT, SearchTree
 from flywheel.tasks.base import StepSpec
@@ -35,9 +34,10 @@ from flywheel.tasks.base import StepSpec
 if TYPE_CHECKING:
     from flywheel.search.live import LiveTree
 
-ForkSelection = Callable[[SearchTree, SearchConfig, random.Random], int | None]
-"""(tree, config, the tree's rng) -> the node the next rollouts start from, or None when nothing
-is left to fork from. It reads the tree and never changes it; it may draw from the rng."""
+ForkSelection = Callable[[SearchTree, random.Random], int | None]
+"""(tree, the tree's rng) -> the node the next rollouts start from, or None when nothing is left
+to fork from: a fork rule with its settings bound (flywheel.search.rule_table.SearchRule.bind).
+It reads the tree and never changes it; it may draw from the rng."""
 
 
 def split_steps(
@@ -138,44 +138,43 @@ def same_child(tree: SearchTree, node: int, token_ids: tuple[int, ...]) -> int |
     return None
 
 
-def fork_candidates(tree: SearchTree, config: SearchConfig) -> list[int]:
-    """Nodes a rollout may start from: non-terminal, above max depth, with fewer than
-    `config.rollout.max_children` children (0 = no cap)."""
-    cap = config.rollout.max_children
-    return [
-        v for v in range(len(tree))
-        if not tree.terminal[v] and tree.depth[v] < config.max_depth and (not cap or len(tree.children[v]) < cap)
-    ]
+@dataclass(frozen=True)
+class UctForkSettings:
+    """fork_rule "uct": the candidates (`open`) and the UCT over them (`uct`: lambda and the value
+    model's weight; its sampling is not used, the fork is an argmax)."""
+
+    open: ForkSettings
+    uct: UctSettings
 
 
-def fork_uct(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+def fork_uct(settings: UctForkSettings, tree: SearchTree, rng: random.Random) -> int | None:
     """fork_rule "uct": argmax over the candidates of Q(s) + lambda * sqrt(ln N(root) / N(s))
-    (+ prm_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to the
+    (+ value_weight * V(s)): nodes with good outcomes below, and rarely tried ones; ties to the
     lowest id. None: nothing left to fork from."""
-    candidates = fork_candidates(tree, config)
+    candidates = fork_candidates(tree, settings.open)
     if not candidates:
         return None
-    total = tree.visits[ROOT]
+    total, lam, weight = tree.visits[ROOT], settings.uct.lam, settings.uct.value_weight
     best, best_score = -1, -math.inf
     for v in candidates:
-        score = uct_score(tree.mean_q(v), total, tree.visits[v], config.uct_lambda) + prm_term(tree, v, config)
+        score = uct_score(tree.mean_q(v), total, tree.visits[v], lam) + prm_term(tree, v, weight)
         if score > best_score:
             best, best_score = v, score
     return best
 
 
-def fork_random(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+def fork_random(settings: ForkSettings, tree: SearchTree, rng: random.Random) -> int | None:
     """fork_rule "random": uniform over the candidates."""
-    candidates = fork_candidates(tree, config)
+    candidates = fork_candidates(tree, settings)
     if not candidates:
         return None
     return candidates[rng.randrange(len(candidates))]
 
 
-def fork_root(tree: SearchTree, config: SearchConfig, rng: random.Random) -> int | None:
+def fork_root(settings: ForkSettings, tree: SearchTree, rng: random.Random) -> int | None:
     """fork_rule "root": the root while it is a candidate (flat sampling under the tree's
     stopping rules: the control arm)."""
-    candidates = fork_candidates(tree, config)
+    candidates = fork_candidates(tree, settings)
     return ROOT if candidates and candidates[0] == ROOT else None
 
 
@@ -204,8 +203,8 @@ def back_up_rollout(live: LiveTree, leaf: int, fresh: bool) -> None:
         live.trajectories.append(leaf)
 
 
-ForkCut = Callable[[Sequence[Completion], int, SearchConfig], tuple[list[Completion], list[bool], dict[int, float]]]
-"""(a rollout's steps, how many of them repeat existing nodes, config) -> the pieces cut further
+ForkCut = Callable[[Sequence[Completion], int], tuple[list[Completion], list[bool], dict[int, float]]]
+"""(a rollout's steps, how many of them repeat existing nodes) -> the pieces cut further
 (inside steps too), whether each ends inside a step, and {piece index: score} for the pieces whose
 preceding node becomes a fork point (flywheel.search.entropy_forks.cut_at_entropy)."""
 
@@ -247,7 +246,7 @@ class RolloutExpansion:
             mid: list[bool] | None = None
             if self.cut is not None:
                 repeated = repeated_steps(tree, node, pieces, terminal) if cfg.merge_duplicate_steps else 0
-                pieces, mid, forks = self.cut(pieces, repeated, cfg)
+                pieces, mid, forks = self.cut(pieces, repeated)
             path: list[int] = []
             leaf, new = insert_path(tree, node, pieces, terminal, cfg.merge_duplicate_steps, mid, path)
             if mid is not None:
@@ -264,7 +263,7 @@ class RolloutExpansion:
             back_up_rollout(live, leaf, fresh)
 
     def next_node(self, live: LiveTree) -> int | None:
-        return self.fork(live.tree, live.config, live.rng)
+        return self.fork(live.tree, live.rng)
 
     def counted(self, live: LiveTree) -> int:
         return live.rollouts

@@ -17,6 +17,7 @@ the same table.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -25,14 +26,18 @@ from flywheel.tables import Table
 
 @dataclass(frozen=True)
 class SearchRule:
-    """One rule of a table. `run` has the signature of its table's kind: step_expansion.SelectionRule,
-    live_agents.AgentDescent (a selection rule with `agents`), rollout.ForkSelection,
-    rules.ExpansionModeBuilder."""
+    """One rule of a table. `run`, its settings bound (`bind`), has the signature of its table's
+    kind: step_expansion.SelectionRule, live_agents.AgentDescent (a selection rule with `agents`),
+    rollout.ForkSelection; an expansion's `run` is a rules.ExpansionModeBuilder, which binds the
+    rules it grows the tree by."""
 
     name: str
     run: Callable[..., Any]
     summary: str = ""
     """One line for messages and docs."""
+    settings: Callable[[Any], Any] | None = None
+    """SearchConfig -> the rule's own settings (a small frozen dataclass), passed to `run` (and
+    `cut`) as their first argument; None: the rule takes none."""
     agents: bool = False
     """Selection: several agents descend one tree per round (AgentDescent); one trajectory per tree."""
     needs_entropy: bool = False
@@ -45,6 +50,17 @@ class SearchRule:
     """Expansion: samples whole continuations (to EOS or max depth) that later rollouts fork from."""
     uses_value_head: bool = False
     """Selection: the policy's own value head scores the tree's nodes when the policy has one."""
+
+    def bind(self, config: Any) -> Callable[..., Any]:
+        """`run` with the rule's settings, read from the SearchConfig `config`, bound once (mctx binds
+        its policies' hyperparameters the same way): what a tree calls every round."""
+        return self.run if self.settings is None else functools.partial(self.run, self.settings(config))
+
+    def bind_cut(self, config: Any) -> Callable[..., Any] | None:
+        """`cut` with the same settings as `run` bound; None for a rule that does not cut."""
+        if self.cut is None or self.settings is None:
+            return self.cut
+        return functools.partial(self.cut, self.settings(config))
 
 
 SELECTION: Table[SearchRule] = Table("--data.search.selection")

@@ -20,10 +20,11 @@ from flywheel.search.tree import SearchTree
 if TYPE_CHECKING:
     from flywheel.search.live import LiveTree
 
-SelectionRule = Callable[[SearchTree, int, bool, SearchConfig, random.Random], int | None]
-"""(tree, the node just expanded, whether that expansion added a terminal, config, the tree's
-rng) -> the node to expand next, or None when nothing is left (the tree finishes "exhausted").
-It reads the tree and never changes it; it may draw from the rng."""
+SelectionRule = Callable[[SearchTree, int, bool, random.Random], int | None]
+"""(tree, the node just expanded, whether that expansion added a terminal, the tree's rng) -> the
+node to expand next, or None when nothing is left (the tree finishes "exhausted"): a selection
+rule with its settings bound (flywheel.search.rule_table.SearchRule.bind). It reads the tree and
+never changes it; it may draw from the rng."""
 
 
 class StepExpansion:
@@ -61,7 +62,7 @@ class StepExpansion:
             back_up_new_terminals(live, new_terminals)
 
     def next_node(self, live: LiveTree) -> int | None:
-        return self.select(live.tree, live.last_expanded, live.produced_terminal, live.config, live.rng)
+        return self.select(live.tree, live.last_expanded, live.produced_terminal, live.rng)
 
     def counted(self, live: LiveTree) -> int:
         return len(live.trajectories)  # backed-up trajectories
