@@ -79,7 +79,7 @@ def _result(*reasons: str):
                     for r in reasons]
     stats = SimpleNamespace(expansions=1, nodes=2, max_depth=1)
     tree = SimpleNamespace(turns={}, observation=[()])  # not an environment's
-    return SimpleNamespace(mode="search", complete=True, stats=stats, trajectories=trajectories, tree=tree)
+    return SimpleNamespace(searched=True, complete=True, stats=stats, trajectories=trajectories, tree=tree)
 
 
 def test_epoch_metrics_give_the_share_of_each_answer_rule():
