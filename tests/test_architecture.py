@@ -131,6 +131,7 @@ NEVER = {
     "flywheel.objectives": GLUE + FRAMEWORKS + ("flywheel.search", "flywheel.generation"),
     "flywheel.rewards": GLUE + FRAMEWORKS,
     "flywheel.generation": GLUE + ("flywheel.objectives", "flywheel.search"),
+    "flywheel.sft": FRAMEWORKS + ("data_modules", "callbacks", "flywheel.module"),  # a plain loop, no Lightning
 }
 
 

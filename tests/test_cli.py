@@ -104,7 +104,7 @@ def test_bad_values_fail_with_the_flag_named():
 
 def test_help_lists_subcommands_and_documents_options():
     out = subprocess.run([sys.executable, "-m", "flywheel", "--help"], capture_output=True, text=True, check=True).stdout
-    for sub in ("fit", "validate", "test", "eval", "tree"):
+    for sub in ("fit", "validate", "test", "sft", "eval", "tree"):
         assert sub in out
     fit_help = subprocess.run(
         [sys.executable, "-m", "flywheel", "fit", "--help"], capture_output=True, text=True, check=True
@@ -113,7 +113,7 @@ def test_help_lists_subcommands_and_documents_options():
     assert "--data.search.expansion_width" in fit_help
     assert "children sampled per expansion" in fit_help
     assert "--data.rollout" in fit_help and "best_of_n" in fit_help
-    for sub, option in (("eval", "--checkpoint"), ("tree", "--epoch")):
+    for sub, option in (("sft", "--response_column"), ("eval", "--checkpoint"), ("tree", "--epoch")):
         sub_help = subprocess.run([sys.executable, "-m", "flywheel", sub, "--help"], capture_output=True, text=True, check=True).stdout
         assert option in sub_help
 
