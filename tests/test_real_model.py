@@ -315,3 +315,41 @@ def test_fit_killed_then_resumed_evaluated_and_viewed_on_the_real_model(folder, 
     assert texts and dumped["prompt_text"].count("Compute") == 1
     shown = page.read_text()
     assert any(html.escape(t) in shown or json.dumps(t)[1:-1] in shown for t in texts)
+
+
+# ---------------------------------------------------------------- flywheel sft on the real model
+def test_sft_trains_the_real_model_on_chat_prompts_and_writes_a_folder_eval_reads(folder, tok, tmp_path):
+    """`flywheel sft` on SmolLM2: every row is the task's chat prompt (ChatML, the template's
+    default system turn) then the worked solution and <|im_end|>, the loss on the solution only;
+    bf16 autocast on a CPU with native bf16; the folder written is sampled by `flywheel eval`."""
+    from flywheel.__main__ import main
+    from flywheel.generation.precision import cpu_has_bf16
+    from flywheel.reporting.problem_view import encode_prompt
+    from flywheel.sft.loop import collate
+    from flywheel.sft.traces import solver_traces
+    from flywheel.tasks.chain import ChainTask
+
+    task = ChainTask(chat_template=True, lengths=[2])
+    (problem,) = task.problems("train")[:1]
+    ((trace,),) = solver_traces(task, tok, [problem], 1)
+    assert trace.input_ids[:trace.prompt_len] == encode_prompt(tok, task, problem)
+    assert trace.input_ids[trace.prompt_len - 4:trace.prompt_len] == tuple(tok("<|im_start|>assistant\n")["input_ids"])
+    assert trace.input_ids[-1] == IM_END and IM_END in trace.input_ids[:trace.prompt_len]  # the prompt's own turn ends
+    _, _, labels = collate([trace], tok.pad_token_id)
+    trained = labels[0][labels[0] != -100].tolist()
+    assert tok.decode(trained) == task_solution(problem) + "<|im_end|>"
+    out = tmp_path / "smol-sft"
+    record = main(["sft", "--policy", NAME, "--task", "flywheel.tasks.chain.ChainTask",
+                   "--task.init_args.chat_template=true", "--task.init_args.lengths=[2]", "--max_rows", "16",
+                   "--train.steps", "2", "--train.batch_size", "4", "--train.warmup_steps", "1", "--train.lr", "1e-5",
+                   "--eval_max_problems", "2", "--eval_samples", "1", "--out", str(out)])
+    assert record["steps"] == 2 and record["first_loss"] > 0 and record["eval"]["val"]["problems"] == 2
+    assert record["machine"].endswith("native bf16 (AVX512-BF16/AMX)") == cpu_has_bf16()
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and (out / "tokenizer.json").exists()
+
+
+def task_solution(problem) -> str:
+    from flywheel.tasks.chain_data import format_completion
+
+    return format_completion(problem.start, problem.ops)

@@ -14,8 +14,8 @@ UNDERTRAINED: a correct-only SFT base that solves some held-out problems but far
 gains the most from RL (shared/notes/tiny-countdown-rl.md: 300 steps -> ~15% Pass@1, 800 ->
 ~36%), and Pass@8 well above Pass@1 leaves the search something to find.
 
-The recipe and its training loop are tools/tiny_policy_sft.py, the evaluation and the model
-card tools/tiny_policy_card.py. The tool then samples the held-out splits with HFGenerator at T = 1.0, grades with the
+The recipe is tools/tiny_policy_sft.py, whose traces and training loop are `flywheel sft`'s own
+(flywheel.sft, float32 and padded rows), the evaluation and the model card tools/tiny_policy_card.py. The tool then samples the held-out splits with HFGenerator at T = 1.0, grades with the
 Countdown verifier and writes the model card (README.md) and eval_results.json from those
 measurements, so the shipped folder is reproducible by this one command. `--task mastermind`
 learns whole episodes of a noisy Mastermind solver instead (tools/tiny_policy_sft.py) and its
