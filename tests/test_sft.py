@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from flywheel.io import file_sha256
 from flywheel.policies.tiny import build_char_tokenizer, build_tiny_llama
 from flywheel.run.errors import PreflightError
 from flywheel.sft.command import run_sft
@@ -151,6 +152,7 @@ def test_the_command_writes_a_policy_folder_that_fit_loads(tmp_path):
     assert {"pass@1", "pass@2"} <= set(record["eval"]["val"]) and record["heldout_loss"] > 0
     assert json.loads((out / "sft.json").read_text())["trained_tokens"] == record["trained_tokens"] > 0
     assert (out / "config.json").exists() and not (out / CHECKPOINT).exists()
+    assert record["weights_sha256"] == {"model.safetensors": file_sha256(out / "model.safetensors")}
     with pytest.raises(PreflightError, match="holds a policy already"):
         run_sft(policy="tiny-chain", out=str(out), task=ChainTask(), files=[str(file)], response_column="worked")
 

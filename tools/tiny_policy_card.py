@@ -5,7 +5,6 @@ per-problem seeds, and the README.md written from those measurements.
 
 from __future__ import annotations
 
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 import transformers
 from transformers import PreTrainedModel, PreTrainedTokenizerFast
 
+from flywheel.io import file_sha256
 from flywheel.reporting.evaluation import EvalConfig, evaluate_sharded
 from flywheel.generation.hf import HFGenerator
 from flywheel.tasks import Problem, Task
@@ -230,8 +230,4 @@ on this policy in flywheel's docs/results.md show.
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(path)

@@ -46,14 +46,8 @@ class Recipe:
         num_layers: decoder layers.
         num_heads: attention heads.
         intermediate_size: MLP width.
-        steps: SFT optimizer steps; the only cap on training (a wall-clock cap would make
-            the weights depend on machine load).
-        batch_size: traces per step.
-        lr: peak AdamW learning rate.
-        warmup_steps: linear warmup, then cosine decay to `min_lr_ratio * lr`.
-        min_lr_ratio: floor of the cosine schedule as a fraction of `lr`.
-        weight_decay: AdamW weight decay.
-        grad_clip: max gradient norm.
+        steps, batch_size, lr, warmup_steps, min_lr_ratio, weight_decay, grad_clip: the SFT
+            loop's settings, as flywheel.sft.SftSettings documents them (`sft_settings`).
         max_solutions: most distinct solver traces kept per train problem; each time a
             problem is drawn one of them is picked at random, so the policy sees several
             routes and its samples stay diverse (Pass@k > Pass@1). Mastermind: the noisy

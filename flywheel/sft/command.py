@@ -29,7 +29,7 @@ from typing import Any, Sequence
 
 import torch
 
-from flywheel.io import atomic_write_json
+from flywheel.io import atomic_write_json, file_sha256
 from flywheel.sft.loop import SftSettings, SftState, collate, lr_at
 from flywheel.sft.train import CHECKPOINT, train as run_steps
 from flywheel.sft.traces import Trace, episode_traces, file_traces, solver_episodes, solver_traces
@@ -123,7 +123,7 @@ def run_sft(
     except (ValueError, TypeError, FileNotFoundError) as err:
         raise PreflightError(str(err)) from None
     check_lengths(traces, model, "training")
-    log.info("%d problems, %d traces, %d trained tokens per pass over one trace each", len(traces),
+    log.info("%d problems, %d traces (%d trained tokens in one trace of each problem)", len(traces),
              sum(map(len, traces)), sum(group[0].trained_tokens for group in traces))
     # 4. The steps.
     started = time.perf_counter()
@@ -136,6 +136,7 @@ def run_sft(
               "command": "python -m flywheel sft " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sft"] else None,
               "settings": asdict(train), "problems": len(traces), "traces": sum(map(len, traces)),
               **loss_record(state), "sft_seconds": round(sft_seconds, 1), "machine": machine()}
+    record["weights_sha256"] = {f.name: file_sha256(f) for f in sorted(folder.glob("*.safetensors"))}
     record.update(held_out(folder, model, tokenizer, task, eval_split, eval_files, response_column, columns,
                            eval_samples, eval_max_problems, eval_temperature, train))
     # 6. The record; the checkpoint is spent.
