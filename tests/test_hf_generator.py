@@ -491,3 +491,14 @@ def test_prefix_cache_reuses_nodes_across_calls_and_follows_the_weights(one_thre
     small = HFGenerator(policy, ptok, seed=0, prefix_cache_mb=0.01)
     search(small)
     assert small.prefix_cache.bytes <= 0.01 * 2**20
+
+
+def test_passes_with_under_half_the_row_budget_busy_are_counted(model, tok):
+    """8 rows, none ended by EOS (an id greedy decoding never picks stands in for it): 6 stop
+    after 2 tokens, 2 after 10. Budget min(512, 8) = 8. Passes t = 0..8 run (the 10th token is
+    sampled from pass 8's logits); from t = 1 on 2 rows are busy, under 4: 8 sparse passes."""
+    gen = HFGenerator(model, tok, eos_token_id=[tok.vocab_size - 1])
+    greedy = {"temperature": 0.0}
+    gen.sample([GenerationRequest((1, 5, 6), 6, SamplingParams(max_new_tokens=2, **greedy), seed=0),
+                GenerationRequest((1, 5, 7), 2, SamplingParams(max_new_tokens=10, **greedy), seed=1)])
+    assert (gen.stats.extra["decode_passes"], gen.stats.extra["decode_sparse_passes"]) == (9, 8)

@@ -86,6 +86,7 @@ def decode_shapes(stats) -> str:
     extra = stats.extra
     passes, rows = extra.get("decode_passes", 0), max(extra.get("decode_row_steps", 0), 1)
     return (f"{passes:.0f} decode passes, mean batch {rows / max(passes, 1):.0f} rows, "
+            f"{extra.get('decode_sparse_passes', 0) / max(passes, 1):.0%} of them with under half the row budget busy, "
             f"KV width {extra.get('decode_kv_columns', 0) / rows:.1f} ({extra.get('decode_real_columns', 0) / rows:.1f} real)")
 
 

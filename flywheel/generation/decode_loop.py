@@ -65,13 +65,16 @@ def decode_rows(
     compact_fraction: float,
     prefix_cache: PrefixCache | None,
     stats: GenerationStats,
+    row_budget: int = 0,
 ) -> list[Completion]:
     """Decode one chunk of rows from the prefill's last-position logits [R, V]; their
     completions in row order.
 
     Batch position b holds row `slots[b]`, still decoding while `active[b]`. Finished rows ride
     along masked until enough have finished to compact the batch; the per-position tensors are
-    gathered anew only then.
+    gathered anew only then. `row_budget`: the rows the generator could decode at once in this
+    call (its chunk size, or all of the call's rows when fewer); a pass with fewer than half of
+    them still decoding counts as sparse (`decode_sparse_passes`: the chunk's tail of stragglers).
     """
     device = logits.device
     horizon = max(r.params.max_new_tokens for r in rows)
@@ -82,7 +85,7 @@ def decode_rows(
     prompt_total = int(prompt_len.sum())
     temperature, top_p, uniforms = row_settings(rows, horizon, device)  # [B], [B], [B, T]
     first = distinct_first_tokens(rows, logits, temperature, top_p)  # [B] or None
-    passes = row_steps = kv_columns = real_columns = 0
+    passes = row_steps = kv_columns = real_columns = sparse = 0
     for t in range(horizon):
         new, reason = decode_step(t, logits, temperature, top_p, uniforms, slots, active, record, rules,
                                   tokenizer, first if t == 0 else None)  # [B], [B]
@@ -92,8 +95,10 @@ def decode_rows(
             emitted = int(active.sum())
             stats.tick(emitted, emitted - int((active & (reason == ACTIVE)).sum()))
         active &= reason == ACTIVE
-        if not bool(active.any()):
+        busy = int(active.sum())
+        if not busy:
             break
+        sparse += 2 * busy < row_budget
         if compaction_due(active, compact_fraction):
             keep, moves = compaction(active)
             slots, new, active = slots[keep], new[keep], active[keep]
@@ -106,7 +111,7 @@ def decode_rows(
         real_columns += prompt_total + len(slots) * (t + 1)
         logits = kv.forward(new, prompt_len + t, t)
     stats.add(decode_passes=passes, decode_row_steps=row_steps, decode_kv_columns=kv_columns,
-              decode_real_columns=real_columns)
+              decode_real_columns=real_columns, decode_sparse_passes=sparse)
     return record.completions(rows)
 
 

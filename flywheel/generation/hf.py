@@ -140,6 +140,7 @@ class HFGenerator:
         """The model this call samples from: `model`, or its copy in the sampling dtype."""
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self._row_budget = max_batch_size
         self.compact_fraction = compact_fraction
         self.seed = seed
         self.stats = GenerationStats()
@@ -209,6 +210,7 @@ class HFGenerator:
             self.prefix_cache.follow_weights(self.model)
         self.sampler = self.weights.current()
         rows = self._rows(requests)
+        self._row_budget = min(self.max_batch_size, len(rows))  # rows this call could decode at once
         # Sorting by prompt puts identical prompts side by side (one prefill for all of
         # them) and similar lengths in the same chunk (little padding).
         order = sorted(range(len(rows)), key=lambda i: (len(rows[i].prompt), rows[i].prompt, i))
@@ -370,4 +372,4 @@ class HFGenerator:
         vocab = self.model.config.get_text_config().vocab_size
         rules = StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, self.sampler.device)
         return decode_rows(rows, logits, kv, rules=rules, tokenizer=self.tokenizer, compact_fraction=self.compact_fraction,
-                           prefix_cache=self.prefix_cache, stats=self.stats)
+                           prefix_cache=self.prefix_cache, stats=self.stats, row_budget=self._row_budget)
