@@ -24,6 +24,7 @@ GPU_RECIPES = {
     # The real model is the realmodel group's (tests/test_real_model.py); here the recipe's
     # settings are instantiated around the tiny policy.
     "smollm2_cpu.yaml": ["--model.policy=tiny-countdown"],
+    "smollm2_chain.yaml": ["--model.policy=tiny-chain"],  # its policy is a `flywheel sft` folder (docs/sft.md)
 }
 
 
