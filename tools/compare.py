@@ -93,6 +93,9 @@ TASKS = {
     # Mastermind episodes with tiny-mastermind (docs/results.md, "Trees where the environment answers");
     # learning rates and budgets chosen with `--eval-split val`, the verdict on test
     "mastermind": ("conf/mastermind.yaml", "test", False),
+    # SmolLM2-135M-Instruct from its SFT cold start (conf/smollm2_chain.yaml, docs/real-model.md): chains of
+    # 2-4 operations on the chat prompt; learning rate chosen with `--eval-split val`, the verdict on test
+    "smollm2_chain": ("conf/smollm2_chain.yaml", "test", False),
 }
 ROLLOUT = [
     "--data.search.expansion=rollout", "--data.search.trajectories_per_tree=32", "--data.search.stop_when_solved=8",
@@ -344,7 +347,8 @@ def main() -> None:
     parser.add_argument("--task", choices=list(TASKS), default="countdown",
                         help="countdown (the arms on conf/step_tree.yaml), chain (on conf/chain.yaml: chain arithmetic "
                              "with the tiny chain policy, held-out split test) or mastermind (on conf/mastermind.yaml: "
-                             "episodes of Mastermind with tiny-mastermind, held-out split test)")
+                             "episodes of Mastermind with tiny-mastermind, held-out split test) or smollm2_chain (on "
+                             "conf/smollm2_chain.yaml: SmolLM2 from its SFT folder on chains of 2-4 operations)")
     parser.add_argument("--numbers", type=int, default=4, help="Countdown numbers per problem (4 = the hard problems)")
     parser.add_argument("--eval-split", default=None,
                         help="held-out split (default: the task's: Countdown test_hard, 500 4-number hard problems; "
