@@ -167,3 +167,35 @@ def test_an_unfinished_run_is_resumed_only_when_asked(tmp_path):
         run_sft(policy="tiny-chain", out=str(tmp_path), task=ChainTask())
     with pytest.raises(PreflightError, match="holds no unfinished SFT run"):
         run_sft(policy="tiny-chain", out=str(tmp_path / "empty"), task=ChainTask(), resume=True)
+
+
+def test_ctrl_c_then_resume_on_the_command_line_gives_the_uninterrupted_weights(tmp_path):
+    """`flywheel sft` as a user runs it: Ctrl-C mid-run exits 130 with its checkpoint written and
+    no policy folder yet; the same command with --resume=true finishes it, with the weights an
+    uninterrupted run writes (sft.json's SHA-256)."""
+    import subprocess
+    import sys
+    import time
+
+    def command(out: Path, *extra: str) -> list[str]:
+        return [sys.executable, "-m", "flywheel", "sft", "--policy", "tiny-chain", "--task",
+                "flywheel.tasks.chain.ChainTask", "--max_rows", "32", "--train.steps", "20", "--train.batch_size", "8",
+                "--train.warmup_steps", "2", "--train.lr", "1e-4", "--save_every", "2", "--threads", "1",
+                "--eval_split", "null", "--out", str(out), *extra]
+
+    whole = tmp_path / "whole"
+    subprocess.run(command(whole), cwd=ROOT, check=True, capture_output=True, timeout=300)
+    stopped = tmp_path / "stopped"
+    proc = subprocess.Popen(command(stopped), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (stopped / CHECKPOINT).exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "stopped at step" in err and (stopped / CHECKPOINT).exists() and not (stopped / "config.json").exists()
+    again = subprocess.run(command(stopped, "--resume=true"), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "resuming" in again.stderr
+    records = [json.loads((folder / "sft.json").read_text()) for folder in (whole, stopped)]
+    assert records[0]["weights_sha256"] == records[1]["weights_sha256"] and records[1]["steps"] == 20
