@@ -236,12 +236,15 @@ def test_bench_generation_profiles_the_decode_batches():
     fields, out = run_tool("tools/bench_generation.py", "--quickstart", "--skip-sidecar", "--problems", "2",
                            "--width", "2", "--k", "2", "--max-expansions", "4", "--profile")
     assert "1 torch thread(s)" in out and 0.0 < float(fields["batch_efficiency"]) < 10.0
-    # One line per phase: decode passes, mean batch (at most 2 trees x 2 samples in the search), KV width.
-    search, flat = (re.search(rf"in-process {phase} \(float32\): +(\d+) decode passes, mean batch (\d+) rows, KV width "
-                              rf"([\d.]+) \(([\d.]+) real\)", out) for phase in ("search", "flat"))
+    # One line per phase: decode passes, mean batch (at most 2 trees x 2 samples in the search), the share of
+    # passes with under half the row budget busy, KV width.
+    search, flat = (re.search(rf"in-process {phase} \(float32\): +(\d+) decode passes, mean batch (\d+) rows, (\d+)% "
+                              rf"of them with under half the row budget busy, KV width ([\d.]+) \(([\d.]+) real\)", out)
+                    for phase in ("search", "flat"))
     assert search and flat, out
-    assert int(search[1]) > 0 and 1 <= int(search[2]) <= 4 and float(search[3]) >= float(search[4]) > 0
-    assert int(flat[1]) > 0 and float(flat[3]) >= float(flat[4]) > 0
+    assert int(search[1]) > 0 and 1 <= int(search[2]) <= 4 and float(search[4]) >= float(search[5]) > 0
+    assert int(flat[1]) > 0 and float(flat[4]) >= float(flat[5]) > 0
+    assert 0 <= int(search[3]) <= 100 and 0 <= int(flat[3]) <= 100
 
 
 @pytest.mark.vllm
