@@ -128,6 +128,7 @@ def test_a_row_without_a_worked_solution_is_refused_with_its_file_and_line(tmp_p
         file_traces(task, TOKENIZER, str(file), "solution")
     traces, skipped = file_traces(task, TOKENIZER, str(file), "solution", skip_bad_rows=True)
     assert (len(traces), skipped) == (1, 1)
+    assert [len(g) for g in file_traces(task, TOKENIZER, str(file), "solution", limit=1)[0]] == [1]  # line 2 unread
     (trace,) = traces[0]
     text = TOKENIZER.decode(trace.input_ids[trace.prompt_len:], skip_special_tokens=True)
     assert text == GOOD["solution"] and trace.input_ids[-1] == TOKENIZER.eos_token_id

@@ -140,7 +140,6 @@ class HFGenerator:
         """The model this call samples from: `model`, or its copy in the sampling dtype."""
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
-        self._row_budget = max_batch_size
         self.compact_fraction = compact_fraction
         self.seed = seed
         self.stats = GenerationStats()
@@ -210,7 +209,7 @@ class HFGenerator:
             self.prefix_cache.follow_weights(self.model)
         self.sampler = self.weights.current()
         rows = self._rows(requests)
-        self._row_budget = min(self.max_batch_size, len(rows))  # rows this call could decode at once
+        row_budget = min(self.max_batch_size, len(rows))  # rows this call could decode at once
         # Sorting by prompt puts identical prompts side by side (one prefill for all of
         # them) and similar lengths in the same chunk (little padding).
         order = sorted(range(len(rows)), key=lambda i: (len(rows[i].prompt), rows[i].prompt, i))
@@ -221,7 +220,7 @@ class HFGenerator:
         try:
             with torch.no_grad():
                 for chunk in self._chunks(rows, order):
-                    for row, completion in zip(chunk, self._decode(chunk)):
+                    for row, completion in zip(chunk, self._decode(chunk, row_budget)):
                         results[row.request][row.sample] = completion
         finally:
             for module, training in modes:
@@ -357,9 +356,10 @@ class HFGenerator:
         cache.batch_select_indices(row_prompt)  # gather with repeats: [U, ...] -> [R, ...]
         return cache, logits[row_prompt], mask.to(device)[row_prompt]
 
-    def _decode(self, rows: list[_Row]) -> list[Completion]:
+    def _decode(self, rows: list[_Row], row_budget: int) -> list[Completion]:
         """Decode one chunk of rows together (flywheel.generation.decode_loop); returns their
-        completions in row order. The prompts' KV is kept once where the lean pass and the
+        completions in row order. `row_budget`: the rows the call could decode at once (its
+        sparse passes are counted against half of it). The prompts' KV is kept once where the lean pass and the
         prefix-attention kernel serve the model, else replicated to the rows."""
         lean = lean_decoder(self.sampler) if uses_block_cache(self.sampler.config) else None
         if lean is not None and prefix_attention.usable(self.sampler):
@@ -372,4 +372,4 @@ class HFGenerator:
         vocab = self.model.config.get_text_config().vocab_size
         rules = StopRules(rows, self.eos_token_ids, vocab, self._stop_matcher, self.sampler.device)
         return decode_rows(rows, logits, kv, rules=rules, tokenizer=self.tokenizer, compact_fraction=self.compact_fraction,
-                           prefix_cache=self.prefix_cache, stats=self.stats, row_budget=self._row_budget)
+                           prefix_cache=self.prefix_cache, stats=self.stats, row_budget=row_budget)

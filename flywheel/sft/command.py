@@ -35,6 +35,7 @@ from flywheel.sft.train import CHECKPOINT, train as run_steps
 from flywheel.sft.traces import Trace, episode_traces, file_traces, solver_episodes, solver_traces
 from flywheel.tasks import Task
 from flywheel.tasks.columns import Columns
+from flywheel.tasks.sources import check_no_file_twice
 
 log = logging.getLogger("flywheel.sft")
 
@@ -102,7 +103,6 @@ def run_sft(
         eval_max_problems: measure the first this many held-out problems.
         eval_temperature: sampling temperature of the held-out samples.
     """
-    # Long: the command's signature is its flags, and its body the six steps of the module docstring, one call each.
     from flywheel.policies.check import load_checked_policy
     from flywheel.run.preflight import PreflightError, check_folder
     from flywheel.tasks.countdown import CountdownTask
@@ -132,11 +132,7 @@ def run_sft(
     sft_seconds = time.perf_counter() - started
     # 5. The policy folder, then what it measures.
     save_policy_folder(model, tokenizer, folder)
-    record = {"format": SFT_FORMAT, "policy": policy, "task": f"{type(task).__module__}.{type(task).__qualname__}",
-              "command": "python -m flywheel sft " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sft"] else None,
-              "settings": asdict(train), "problems": len(traces), "traces": sum(map(len, traces)),
-              **loss_record(state), "sft_seconds": round(sft_seconds, 1), "machine": machine()}
-    record["weights_sha256"] = {f.name: file_sha256(f) for f in sorted(folder.glob("*.safetensors"))}
+    record = sft_record(folder, policy, task, train, traces, state, sft_seconds)
     record.update(held_out(folder, model, tokenizer, task, eval_split, eval_files, response_column, columns,
                            eval_samples, eval_max_problems, eval_temperature, train))
     # 6. The record; the checkpoint is spent.
@@ -166,13 +162,17 @@ def training_traces(task: Task, tokenizer: Any, files: list[str] | str | None, r
                     solver_noise: float, solver_pick: str, seed: int) -> list[list[Trace]]:
     """The training traces: every file's worked solutions, or the task's solver traces of `split`."""
     if files:
+        files = [files] if isinstance(files, str) else files
+        check_no_file_twice(files)
         out: list[list[Trace]] = []
-        for file in [files] if isinstance(files, str) else files:
-            traces, skipped = file_traces(task, tokenizer, file, response_column, columns, skip_bad_rows)
+        for file in files:  # max_rows counts over all files together, read no further than it needs
+            if max_rows is not None and len(out) >= max_rows:
+                break
+            left = None if max_rows is None else max_rows - len(out)
+            traces, skipped = file_traces(task, tokenizer, file, response_column, columns, skip_bad_rows, left)
             if skipped:
                 log.warning("%s: %d bad rows skipped", file, skipped)
             out += traces
-        out = out[:max_rows] if max_rows is not None else out
     else:
         out = task_traces(task, tokenizer, task.problems(split)[:max_rows], max_solutions, solver_noise, solver_pick,
                           seed)
@@ -242,11 +242,19 @@ def save_policy_folder(model: Any, tokenizer: Any, folder: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def loss_record(state: SftState) -> dict[str, Any]:
+def sft_record(folder: Path, policy: str, task: Task, settings: SftSettings, traces: Sequence[Sequence[Trace]],
+               state: SftState, sft_seconds: float) -> dict[str, Any]:
+    """sft.json's record of the run before its held-out numbers: the command, the settings, the
+    rows, the losses, the speed, the weights' SHA-256 and the machine."""
     tail = state.losses[-20:]
-    seconds = sum(state.seconds)
-    return {"steps": state.step, "first_loss": state.losses[0], "last_loss": sum(tail) / len(tail),
-            "trained_tokens": state.tokens, "tokens_per_second": round(state.tokens / max(seconds, 1e-9), 1)}
+    return {"format": SFT_FORMAT, "policy": policy, "task": f"{type(task).__module__}.{type(task).__qualname__}",
+            "command": "python -m flywheel sft " + " ".join(sys.argv[2:]) if sys.argv[1:2] == ["sft"] else None,
+            "settings": asdict(settings), "problems": len(traces), "traces": sum(map(len, traces)),
+            "steps": state.step, "first_loss": state.losses[0], "last_loss": sum(tail) / len(tail),
+            "trained_tokens": state.tokens,
+            "tokens_per_second": round(state.tokens / max(sum(state.seconds), 1e-9), 1),
+            "sft_seconds": round(sft_seconds, 1), "machine": machine(),
+            "weights_sha256": {f.name: file_sha256(f) for f in sorted(folder.glob("*.safetensors"))}}
 
 
 def heldout_loss(model: Any, traces: Sequence[Sequence[Trace]], pad_id: int, batch_size: int) -> float:

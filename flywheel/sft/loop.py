@@ -22,7 +22,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Literal, Sequence
 
 import torch
@@ -223,17 +223,14 @@ def loss_function(model: Any, traces: Sequence[Sequence[Trace]], settings: SftSe
 
 @dataclass
 class SftState:
-    """Where a run is: the next step, every finished step's loss and seconds, its trained tokens,
-    and the optimizer's state (the weights are the model's). Written at a checkpoint, restored on resume."""
+    """Where a run is: the next step, every finished step's loss and seconds, and its trained
+    tokens (the weights are the model's, the moments the optimizer's). Written at a checkpoint
+    beside them, restored on resume."""
 
     step: int = 0
-    losses: list[float] | None = None
-    seconds: list[float] | None = None
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
     tokens: int = 0
-    optimizer: dict[str, Any] | None = None
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def make_optimizer(model: Any, settings: SftSettings) -> torch.optim.Optimizer:

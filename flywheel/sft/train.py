@@ -56,17 +56,16 @@ def traces_fingerprint(traces: Sequence[Sequence[Trace]]) -> str:
 
 def save_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, state: SftState,
                     settings: SftSettings, fingerprint: str) -> None:
-    state.optimizer = optimizer.state_dict()
-    payload = {"model": model.state_dict(), "state": state.as_dict(), "settings": asdict(settings),
-               "traces": fingerprint}
+    payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": asdict(state),
+               "settings": asdict(settings), "traces": fingerprint}
     with atomic_writer(path) as fh:
         torch.save(payload, fh)
-    state.optimizer = None
 
 
-def load_checkpoint(path: Path, model: Any, settings: SftSettings, fingerprint: str) -> SftState:
-    """The state saved at `path`, its weights loaded into `model`; ValueError when the run it
-    belongs to had other settings or other traces."""
+def load_checkpoint(path: Path, model: Any, optimizer: torch.optim.Optimizer, settings: SftSettings,
+                    fingerprint: str) -> SftState:
+    """The state saved at `path`, its weights loaded into `model` and its moments into `optimizer`;
+    ValueError when the run it belongs to had other settings or other traces."""
     payload = torch.load(path, map_location="cpu", weights_only=True)
     saved, given = payload["settings"], asdict(settings)
     if saved != given:
@@ -77,6 +76,7 @@ def load_checkpoint(path: Path, model: Any, settings: SftSettings, fingerprint: 
         raise ValueError(f"{path} was written by a run on other training rows; give the same data to resume it, "
                          "or another --out to start afresh")
     model.load_state_dict(payload["model"])
+    optimizer.load_state_dict(payload["optimizer"])
     return SftState(**payload["state"])
 
 
@@ -117,14 +117,11 @@ def train(model: Any, traces: Sequence[Sequence[Trace]], settings: SftSettings, 
     on_step: called after every step with the state (progress bars, logs).
     """
     fingerprint = traces_fingerprint(traces) if checkpoint is not None else ""
-    state = SftState(losses=[], seconds=[])
-    if resume and checkpoint is not None and checkpoint.exists():
-        state = load_checkpoint(checkpoint, model, settings, fingerprint)
-        log.info("resuming %s at step %d of %d", checkpoint, state.step, settings.steps)
     optimizer = make_optimizer(model, settings)
-    if state.optimizer is not None:
-        optimizer.load_state_dict(state.optimizer)
-        state.optimizer = None
+    state = SftState()
+    if resume and checkpoint is not None and checkpoint.exists():
+        state = load_checkpoint(checkpoint, model, optimizer, settings, fingerprint)
+        log.info("resuming %s at step %d of %d", checkpoint, state.step, settings.steps)
     model.train()
     loss_of = loss_function(model, traces, settings)
     bf16 = autocast_bf16(settings, model)
